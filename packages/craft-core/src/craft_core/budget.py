@@ -1,0 +1,122 @@
+"""Input validation and token budgets shared by CRAFT and every baseline compressor.
+
+A budget is either a fixed ratio (stop at exactly `max(1, floor(N / ratio))` tokens) or a
+similarity threshold (stop when no pair is that similar, never below a floor). Baselines in
+craft-eval call the same functions so that every method is held to the same token count.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A resolved budget for one video of `N` tokens.
+
+    Attributes:
+        floor: the fewest tokens the compressor may leave (`N_tgt` or `N_min`).
+        threshold: `s_theta` in threshold mode; None in fixed-ratio mode.
+    """
+
+    floor: int
+    threshold: float | None = None
+
+
+def target_token_count(num_tokens: int, ratio: float) -> int:
+    """Token count of the fixed-ratio mode: `max(1, floor(N / ratio))`."""
+    return max(1, math.floor(num_tokens / ratio))
+
+
+def default_min_tokens(num_tokens: int) -> int:
+    """Floor of the threshold mode when none is given: `max(1, floor(N / 128))`."""
+    return max(1, num_tokens // 128)
+
+
+def resolve_budget(
+    num_tokens: int,
+    *,
+    ratio: float | None = None,
+    threshold: float | None = None,
+    min_tokens: int | None = None,
+) -> Budget:
+    """Check the budget arguments and turn them into a floor (+ threshold).
+
+    Raises:
+        ValueError: both or neither of `ratio` / `threshold` given, `ratio < 1`,
+            `threshold` outside (-1, 1], `min_tokens < 1`, or `min_tokens` with a ratio.
+        TypeError: a budget argument that is not a number.
+    """
+    if (ratio is None) == (threshold is None):
+        raise ValueError(
+            "give exactly one budget: ratio=... (fixed-ratio mode) or threshold=... "
+            f"(adaptive mode); got ratio={ratio!r}, threshold={threshold!r}"
+        )
+    if ratio is not None:
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
+            raise TypeError(f"ratio must be a number, got {type(ratio).__name__}")
+        if not math.isfinite(ratio) or ratio < 1:
+            raise ValueError(f"ratio must be a finite number >= 1, got {ratio!r}")
+        if min_tokens is not None:
+            raise ValueError(
+                "min_tokens applies to the threshold mode only; with ratio=... the floor is "
+                "max(1, floor(N / ratio))"
+            )
+        return Budget(floor=target_token_count(num_tokens, float(ratio)))
+    assert threshold is not None
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
+        raise TypeError(f"threshold must be a number, got {type(threshold).__name__}")
+    if not (-1.0 < threshold <= 1.0):
+        raise ValueError(f"threshold must lie in (-1, 1], got {threshold!r}")
+    if min_tokens is None:
+        floor = default_min_tokens(num_tokens)
+    else:
+        if isinstance(min_tokens, bool) or not isinstance(min_tokens, int):
+            raise TypeError(f"min_tokens must be an int, got {type(min_tokens).__name__}")
+        if min_tokens < 1:
+            raise ValueError(f"min_tokens must be >= 1, got {min_tokens}")
+        floor = min_tokens
+    return Budget(floor=floor, threshold=float(threshold))
+
+
+def check_tokens(features: torch.Tensor, coords: torch.Tensor, hidden_size: int | None = None) -> None:
+    """Validate one video's tokens.
+
+    Args:
+        features: `[N, D]` floating tensor, finite.
+        coords: `[N, 3]` integer tensor of `(t, h, w)`, on the same device.
+        hidden_size: expected `D`, if the compressor has a fixed width.
+
+    Raises:
+        TypeError: a non-tensor, non-floating `features` or non-integer `coords`.
+        ValueError: wrong rank or shape, N = 0, NaN/inf features, devices that differ.
+    """
+    if not isinstance(features, torch.Tensor):
+        raise TypeError(f"features must be a torch.Tensor, got {type(features).__name__}")
+    if not isinstance(coords, torch.Tensor):
+        raise TypeError(f"coords must be a torch.Tensor, got {type(coords).__name__}")
+    if features.dim() != 2:
+        raise ValueError(f"features must be [N, D], got shape {tuple(features.shape)}")
+    if not features.is_floating_point():
+        raise TypeError(f"features must be a floating tensor, got dtype {features.dtype}")
+    if features.shape[0] == 0:
+        raise ValueError("features is empty (N = 0): there is nothing to compress")
+    if hidden_size is not None and features.shape[1] != hidden_size:
+        raise ValueError(
+            f"features has width D = {features.shape[1]} but the compressor was built for "
+            f"hidden_size = {hidden_size}"
+        )
+    if coords.dtype.is_floating_point or coords.dtype.is_complex or coords.dtype == torch.bool:
+        raise TypeError(f"coords must be an integer tensor (t, h, w), got dtype {coords.dtype}")
+    if coords.dim() != 2 or coords.shape[1] != 3 or coords.shape[0] != features.shape[0]:
+        raise ValueError(
+            f"coords must be [N, 3] with N = {features.shape[0]} (one (t, h, w) per token), "
+            f"got shape {tuple(coords.shape)}"
+        )
+    if coords.device != features.device:
+        raise ValueError(f"coords is on {coords.device} but features on {features.device}")
+    if not bool(torch.isfinite(features).all()):
+        raise ValueError("features contains NaN or inf values")

@@ -1,0 +1,97 @@
+"""CraftConfig: every hyper-parameter of the CRAFT compressor, with the paper's defaults.
+
+The config is a frozen pydantic model so that a checkpoint's `config.json` round-trips exactly
+and a bad value is rejected with the field's name before any tensor is touched.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class CraftConfig(BaseModel):
+    """Hyper-parameters of `CraftCompressor` (see `shared/design/algorithm.md`).
+
+    Only `hidden_size` has no default: it is the width `D` of the language model's embedding
+    space, which the vision projector already maps the video tokens into.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    hidden_size: int = Field(
+        gt=0, description="D: width of the video tokens (the language model's hidden size)."
+    )
+    sim_dim: int = Field(
+        default=128,
+        gt=0,
+        description="d_sim: width of the fixed random projection used for selection similarity.",
+    )
+    sim_block: int = Field(
+        default=2048,
+        gt=0,
+        description="Rows per block of the blockwise similarity pass; bounds the extra memory "
+        "to about sim_block x N floats (the N x N matrix is never built).",
+    )
+    rank: int = Field(
+        default=128,
+        gt=0,
+        description="r: width of the query/key projections W_q, W_k of the position-aware "
+        "weighting. Must be even (RoPE rotates pairs).",
+    )
+    gate_hidden: int = Field(
+        default=512, gt=0, description="d_h: hidden width of the per-channel gate MLP."
+    )
+    round_embed_dim: int = Field(
+        default=256,
+        gt=0,
+        description="d_phi: width of the sine-cosine encoding phi(m) of the merge round m. Even.",
+    )
+    temperature: float = Field(
+        default=0.1,
+        gt=0.0,
+        description="tau: softmax temperature of the source weights. Decided here (the paper "
+        "gives no value): both terms of the logit, Q.K and s_ti, lie in [-1, 1], so 0.1 lets "
+        "the learned scorer move a weight by about e^20 while an untrained scorer stays mild.",
+    )
+    seed: int = Field(
+        default=0,
+        ge=0,
+        description="Seed of the CPU generator that draws W_rand; same seed and hidden_size give "
+        "the same matrix on every machine.",
+    )
+    weighting: Literal["position", "uniform"] = Field(
+        default="position",
+        description="Source weights w_i: 'position' = softmax of RoPE3d(Q).RoPE3d(K) + s_ti over "
+        "the target's sources; 'uniform' = 1/|S|.",
+    )
+    reduce: Literal["gate", "mean", "target"] = Field(
+        default="gate",
+        description="How sources are fused into the target: 'gate' = learned per-channel gate; "
+        "'mean' = G = 1 (weighted mean of the sources); 'target' = G = 0 (pruning).",
+    )
+    rope_theta: float = Field(
+        default=10000.0, gt=0.0, description="Base of the 3D rotary frequencies."
+    )
+    rope_sections: tuple[int, int, int] = Field(
+        default=(16, 24, 24),
+        description="Rotary pairs given to t, h and w, in that order; must sum to rank / 2.",
+    )
+    layer_norm_eps: float = Field(
+        default=1e-6, gt=0.0, description="Epsilon of the affine-free LayerNorm inside the gate."
+    )
+
+    @model_validator(mode="after")
+    def _check_shapes(self) -> CraftConfig:
+        if self.rank % 2:
+            raise ValueError(f"rank must be even (RoPE rotates pairs), got {self.rank}")
+        if self.round_embed_dim % 2:
+            raise ValueError(f"round_embed_dim must be even, got {self.round_embed_dim}")
+        if any(s < 0 for s in self.rope_sections):
+            raise ValueError(f"rope_sections must be non-negative, got {self.rope_sections}")
+        if sum(self.rope_sections) != self.rank // 2:
+            raise ValueError(
+                f"rope_sections {self.rope_sections} must sum to rank / 2 = {self.rank // 2}"
+            )
+        return self
