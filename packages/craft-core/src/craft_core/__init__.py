@@ -1,7 +1,20 @@
-"""craft-core: the CRAFT video-token compressor on plain torch tensors."""
+"""craft-core: the CRAFT video-token compressor on plain torch tensors.
 
-from craft_core.budget import Budget, check_tokens, resolve_budget, target_token_count
+from craft_core import CraftConfig, CraftCompressor
+compressor = CraftCompressor(CraftConfig(hidden_size=2560))
+out = compressor(features, coords, ratio=8.0)   # features [N, D], coords [N, 3] (t, h, w)
+"""
+
+from craft_core.budget import (
+    Budget,
+    check_tokens,
+    default_min_tokens,
+    resolve_budget,
+    target_token_count,
+)
+from craft_core.compressor import CraftCompressor
 from craft_core.config import CraftConfig
+from craft_core.merge import GatedMerge
 from craft_core.result import CompressionResult
 
 __version__ = "0.1.0"
@@ -9,8 +22,11 @@ __version__ = "0.1.0"
 __all__ = [
     "Budget",
     "CompressionResult",
+    "CraftCompressor",
     "CraftConfig",
+    "GatedMerge",
     "check_tokens",
+    "default_min_tokens",
     "resolve_budget",
     "target_token_count",
 ]

@@ -82,7 +82,9 @@ def resolve_budget(
     return Budget(floor=floor, threshold=float(threshold))
 
 
-def check_tokens(features: torch.Tensor, coords: torch.Tensor, hidden_size: int | None = None) -> None:
+def check_tokens(
+    features: torch.Tensor, coords: torch.Tensor, hidden_size: int | None = None
+) -> None:
     """Validate one video's tokens.
 
     Args:

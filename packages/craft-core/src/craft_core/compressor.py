@@ -1,0 +1,331 @@
+"""CraftCompressor: CRAFT's select-then-fuse loop on one video's tokens, as an nn.Module.
+
+    from craft_core import CraftConfig, CraftCompressor
+    compressor = CraftCompressor(CraftConfig(hidden_size=2560))
+    out = compressor(features, coords, ratio=8.0)        # features [N, D], coords [N, 3] long
+    out = compressor(features, coords, threshold=0.9)    # adaptive mode
+
+Each round pairs every active token with its most similar one (training-free, float32,
+blockwise, incrementally updated), keeps the best edges within the budget, orients them by
+L2 norm, drops chains, and fuses each target with its sources through `GatedMerge`
+(differentiable). See `shared/design/algorithm.md` for every rule.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from craft_core.budget import Budget, check_tokens, resolve_budget
+from craft_core.config import CraftConfig
+from craft_core.merge import GatedMerge
+from craft_core.result import CompressionResult
+from craft_core.selection import PairingState, make_projection, select_edges, similarity_embedding
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+class _RowStore:
+    """Current feature rows without copying `[N, D]` every round.
+
+    Row i lives in `pieces[piece[i]][row[i]]`: piece 0 is the input, piece m holds the
+    targets rewritten in round m. Gathers stitch the pieces, so autograd follows every row
+    through every round and nothing is written in place.
+    """
+
+    def __init__(self, features: torch.Tensor) -> None:
+        n = features.shape[0]
+        self.pieces = [features]
+        self.piece = torch.zeros(n, dtype=torch.long, device=features.device)
+        self.row = torch.arange(n, device=features.device)
+
+    def gather(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` (`[k]` original indices) -> `[k, D]`."""
+        piece = self.piece[ids]
+        if len(self.pieces) == 1 or not bool(piece.any()):
+            return self.pieces[0][self.row[ids]]
+        parts, positions = [], []
+        for index in torch.unique(piece).tolist():
+            where = torch.nonzero(piece == index).squeeze(1)
+            parts.append(self.pieces[index][self.row[ids[where]]])
+            positions.append(where)
+        order = torch.argsort(torch.cat(positions))
+        return torch.cat(parts)[order]
+
+    def replace(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Rows `ids` (`[k]`) now read from `rows` (`[k, D]`)."""
+        self.piece[ids] = len(self.pieces)
+        self.row[ids] = torch.arange(ids.numel(), device=ids.device)
+        self.pieces.append(rows)
+
+
+class CraftCompressor(nn.Module):
+    """The CRAFT compressor: ~5M learnable parameters (at D = 2560) plus a fixed projection.
+
+    Attributes:
+        config: the `CraftConfig` it was built from.
+        merge: the learnable `GatedMerge`.
+        projection: buffer W_rand `[D, d_sim]` (float32, saved with checkpoints, never trained).
+    """
+
+    projection: torch.Tensor
+
+    def __init__(self, config: CraftConfig) -> None:
+        super().__init__()
+        if not isinstance(config, CraftConfig):
+            raise TypeError(f"config must be a CraftConfig, got {type(config).__name__}")
+        self.config = config
+        self.merge = GatedMerge(config)
+        projection = make_projection(config.hidden_size, config.sim_dim, config.seed)
+        self.register_buffer("projection", projection)
+
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        # Casting the module (e.g. to bf16) must not round W_rand: selection stays float32.
+        projection = self.projection
+        super()._apply(fn, recurse)
+        self.projection = projection.to(device=self.projection.device, dtype=torch.float32)
+        return self
+
+    def forward(
+        self,
+        features: torch.Tensor,
+        coords: torch.Tensor,
+        *,
+        ratio: float | None = None,
+        threshold: float | None = None,
+        min_tokens: int | None = None,
+        importance: torch.Tensor | None = None,
+    ) -> CompressionResult:
+        """Compress one video.
+
+        Args:
+            features: `[N, D]` video tokens after the vision projector (any float dtype).
+            coords: `[N, 3]` integer (t, h, w) of each token.
+            ratio: fixed-ratio mode: stop at exactly `max(1, floor(N / ratio))` tokens.
+            threshold: adaptive mode: stop when no pair is at least this similar.
+            min_tokens: floor of the adaptive mode (default `max(1, N // 128)`).
+            importance: accepted for a uniform call signature with baselines; unused.
+
+        Returns:
+            A `CompressionResult` (features in the input dtype, ascending `kept_index`).
+        """
+        del importance
+        check_tokens(features, coords, self.config.hidden_size)
+        budget = resolve_budget(
+            features.shape[0], ratio=ratio, threshold=threshold, min_tokens=min_tokens
+        )
+        if self.projection.device != features.device:
+            raise ValueError(
+                f"features are on {features.device} but the compressor is on "
+                f"{self.projection.device}; move one of them (compressor.to(device))"
+            )
+        return self._compress(features, coords.long(), budget)
+
+    def _compress(
+        self, features: torch.Tensor, coords: torch.Tensor, budget: Budget
+    ) -> CompressionResult:
+        started = time.perf_counter()
+        n = features.shape[0]
+        device = features.device
+        store = _RowStore(features)
+        parent = torch.arange(n, device=device)
+        rounds = 0
+        with torch.no_grad():
+            norms = features.detach().float().norm(dim=1)
+            state = (
+                PairingState(similarity_embedding(features, self.projection), self.config.sim_block)
+                if n > budget.floor
+                else None
+            )
+        while state is not None:
+            with torch.no_grad():
+                active_ids = state.active_ids()
+                if active_ids.numel() <= budget.floor:
+                    break
+                edges = select_edges(
+                    active_ids,
+                    state.partner[active_ids],
+                    state.partner_sim[active_ids],
+                    norms,
+                    budget.floor,
+                    budget.threshold,
+                )
+            if edges is None:
+                break
+            rounds += 1
+            targets, group = torch.unique(edges.targets, return_inverse=True)
+            new_rows = self.merge(
+                store.gather(targets),
+                store.gather(edges.sources),
+                group,
+                coords[targets],
+                coords[edges.sources],
+                edges.similarity,
+                rounds,
+            )
+            store.replace(targets, new_rows)
+            parent[edges.sources] = edges.targets
+            with torch.no_grad():
+                norms[targets] = new_rows.detach().float().norm(dim=1)
+                state.update(
+                    targets, similarity_embedding(new_rows, self.projection), edges.sources
+                )
+
+        kept = state.active_ids() if state is not None else torch.arange(n, device=device)
+        # Each source points at its round's target; follow the pointers to the final one.
+        while True:
+            hop = parent[parent]
+            if torch.equal(hop, parent):
+                break
+            parent = hop
+        assignment = torch.searchsorted(kept, parent)
+        info: dict[str, object] = {
+            "method": "craft",
+            "mode": "ratio" if budget.threshold is None else "threshold",
+            "floor": budget.floor,
+            "seconds": time.perf_counter() - started,
+        }
+        if state is not None:
+            info["pairing_passes"] = state.full_rows / n
+        return CompressionResult(
+            features=store.gather(kept),
+            coords=coords[kept],
+            kept_index=kept,
+            assignment=assignment,
+            rounds=rounds,
+            info=info,
+        )
+
+    def compress_batch(
+        self,
+        features_list: Sequence[torch.Tensor],
+        coords_list: Sequence[torch.Tensor],
+        *,
+        ratio: float | None = None,
+        threshold: float | None = None,
+        min_tokens: int | None = None,
+    ) -> list[CompressionResult]:
+        """Compress several videos (of any lengths) with one budget: one result per video.
+
+        Args:
+            features_list: B tensors `[N_b, D]`.
+            coords_list: B tensors `[N_b, 3]`.
+        """
+        if len(features_list) != len(coords_list):
+            raise ValueError(
+                f"features_list has {len(features_list)} videos but coords_list has "
+                f"{len(coords_list)}"
+            )
+        return [
+            self(f, c, ratio=ratio, threshold=threshold, min_tokens=min_tokens)
+            for f, c in zip(features_list, coords_list)
+        ]
+
+    def fuse_groups(
+        self,
+        features: torch.Tensor,
+        coords: torch.Tensor,
+        targets: torch.Tensor,
+        sources: torch.Tensor,
+        similarity: torch.Tensor,
+        round_index: int = 1,
+    ) -> torch.Tensor:
+        """One GatedMerge step on groups chosen elsewhere (e.g. by another method's selection).
+
+        Args:
+            features: `[N, D]` tokens.
+            coords: `[N, 3]` integer (t, h, w).
+            targets: `[E]` target index of each edge.
+            sources: `[E]` source index of each edge; each source once, never also a target.
+            similarity: `[E]` similarity of each (target, source) pair.
+            round_index: the round m fed to the gate.
+
+        Returns:
+            `[N, D]`: every target row replaced by its fusion, all other rows unchanged.
+        """
+        check_tokens(features, coords, self.config.hidden_size)
+        n = features.shape[0]
+        targets, sources = targets.long(), sources.long()
+        if targets.shape != sources.shape or similarity.shape != targets.shape:
+            raise ValueError(
+                f"targets {tuple(targets.shape)}, sources {tuple(sources.shape)} and similarity "
+                f"{tuple(similarity.shape)} must have one equal length E"
+            )
+        if targets.numel() == 0:
+            return features
+        if (
+            int(torch.cat([targets, sources]).min()) < 0
+            or int(torch.cat([targets, sources]).max()) >= n
+        ):
+            raise ValueError(f"targets and sources must index rows 0..{n - 1}")
+        if torch.unique(sources).numel() != sources.numel():
+            raise ValueError("sources must list each token at most once")
+        if bool(torch.isin(sources, targets).any()):
+            raise ValueError("a token cannot be both a source and a target")
+        if round_index < 1:
+            raise ValueError(f"round_index must be >= 1, got {round_index}")
+        unique_targets, group = torch.unique(targets, return_inverse=True)
+        coords = coords.long()
+        new_rows = self.merge(
+            features[unique_targets],
+            features[sources],
+            group,
+            coords[unique_targets],
+            coords[sources],
+            similarity.float(),
+            round_index,
+        )
+        return features.index_put((unique_targets,), new_rows)
+
+    def save_pretrained(self, path: str | Path) -> None:
+        """Write `config.json` and `model.safetensors` (weights + W_rand) into folder `path`."""
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / CONFIG_NAME).write_text(self.config.model_dump_json(indent=2) + "\n")
+        state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+
+    @classmethod
+    def from_pretrained(
+        cls, path: str | Path, *, hidden_size: int | None = None, device: str | torch.device = "cpu"
+    ) -> CraftCompressor:
+        """Load a folder written by `save_pretrained`.
+
+        Args:
+            path: the folder.
+            hidden_size: if given, the width the caller needs; a checkpoint of another width
+                raises ValueError instead of failing later inside a model.
+            device: where to put the weights.
+        """
+        folder = Path(path)
+        config_file, weights_file = folder / CONFIG_NAME, folder / WEIGHTS_NAME
+        if not config_file.is_file() or not weights_file.is_file():
+            raise FileNotFoundError(
+                f"{folder} is not a CRAFT checkpoint: it needs {CONFIG_NAME} and {WEIGHTS_NAME}"
+            )
+        config = CraftConfig.model_validate(json.loads(config_file.read_text()))
+        if hidden_size is not None and config.hidden_size != hidden_size:
+            raise ValueError(
+                f"checkpoint {folder} has hidden_size {config.hidden_size}, but hidden_size "
+                f"{hidden_size} was asked for"
+            )
+        module = cls(config)
+        state = load_file(str(weights_file))
+        expected = module.state_dict()
+        missing = sorted(set(expected) - set(state))
+        unexpected = sorted(set(state) - set(expected))
+        wrong = sorted(k for k in expected if k in state and state[k].shape != expected[k].shape)
+        if missing or unexpected or wrong:
+            raise ValueError(
+                f"checkpoint {folder} does not match its config: missing {missing}, "
+                f"unexpected {unexpected}, wrong shapes {wrong}"
+            )
+        module.load_state_dict(state)
+        return module.to(device)
