@@ -40,6 +40,9 @@ class GatedMerge(nn.Module):
     `w_mod` `[d_phi -> 2 d_h]` whose bias is `b_mod`; `w_up` `[d_h -> D]`.
     """
 
+    rope_inv_freq: torch.Tensor
+    rope_axis: torch.Tensor
+
     def __init__(self, config: CraftConfig) -> None:
         super().__init__()
         self.config = config
