@@ -166,9 +166,23 @@ class GatedMerge(nn.Module):
         weights = self.source_weights(
             x_targets, x_sources, group, coords_targets, coords_sources, similarity
         )
-        difference = x_targets[group].float() - x_sources.float()
+        # x_t - sum_i w_i G_i (x_t - x_i) = x_t + sum_i c_i (x_i - x_t), c_i = w_i G_i.
         if reduce == "gate":
-            difference = difference * self.gate(x_targets, x_sources, group, round_index).float()
-        delta = torch.zeros_like(x_targets, dtype=torch.float32)
-        delta = delta.index_add(0, group, weights.unsqueeze(1) * difference)
-        return (x_targets.float() - delta).to(x_targets.dtype)
+            coeff = self.gate(x_targets, x_sources, group, round_index).float()
+            coeff = coeff * weights.unsqueeze(1)
+        else:
+            coeff = weights.unsqueeze(1).expand(-1, x_targets.shape[1])
+        base = x_targets.float()
+        counts = torch.bincount(group, minlength=x_targets.shape[0])
+        lone = counts[group] == 1
+        # Most targets absorb one source: one fused lerp each, no scatter.
+        new = base.index_put(
+            (group[lone],),
+            torch.lerp(base[group[lone]], x_sources[lone].float(), coeff[lone]),
+        )
+        shared = torch.nonzero(~lone).squeeze(1)
+        if shared.numel():
+            owner = group[shared]
+            step = coeff[shared] * (x_sources[shared].float() - base[owner])
+            new = new.index_add(0, owner, step)
+        return new.to(x_targets.dtype)

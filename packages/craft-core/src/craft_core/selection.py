@@ -231,9 +231,12 @@ class PairingState:
             top_idx = torch.nn.functional.pad(top_idx, (0, pad), value=-1)
         return top_sim, top_idx, left_out
 
-    def _scores(self, ids: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        """Similarities `[b, m]` of rows `ids` to `keys` (ascending), own column at -inf."""
-        sims = self.embed[ids] @ self.embed[keys].T
+    def _scores(
+        self, ids: torch.Tensor, keys: torch.Tensor, key_embed: torch.Tensor
+    ) -> torch.Tensor:
+        """Similarities `[b, m]` of rows `ids` to `keys` (ascending; embeddings `key_embed`
+        `[m, d]`), with a row's own column at -inf."""
+        sims = self.embed[ids] @ key_embed.T
         pos = torch.searchsorted(keys, ids).clamp_(max=keys.numel() - 1)
         own = torch.nonzero(keys[pos] == ids).squeeze(1)
         sims[own, pos[own]] = float("-inf")
@@ -250,10 +253,11 @@ class PairingState:
         """
         if absorb is not None:
             absorb_pos = torch.searchsorted(keys, absorb)
+        key_embed = self.embed[keys]
         for start in range(0, rows.numel(), self.block):
             stop = min(start + self.block, rows.numel())
             ids = rows[start:stop]
-            sims = self._scores(ids, keys)
+            sims = self._scores(ids, keys, key_embed)
             top_sim, top_idx, left_out = self._top_candidates(sims, keys)
             self.list_sim[ids], self.list_idx[ids], self.bound[ids] = top_sim, top_idx, left_out
             best_sim, best_idx = top_sim[:, 0], top_idx[:, 0]

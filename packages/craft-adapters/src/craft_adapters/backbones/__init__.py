@@ -1,0 +1,1 @@
+"""One module per supported backbone; each registers a `BackboneAdapter` subclass."""

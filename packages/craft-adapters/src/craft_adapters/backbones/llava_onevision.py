@@ -1,0 +1,100 @@
+"""LLaVA-OneVision (`llava_onevision`): SigLIP grid pooled to P x P per frame + one newline.
+
+Only the `F x P x P` grid rows are compressed (P = 14 on the real checkpoints); the single
+`image_newline` row that ends each video always survives. The language model uses 1D RoPE:
+kept tokens keep their original 1D position (`attention_mask.cumsum(-1) - 1`) and decoding
+continues from the original sequence length. The `(t, h, w)` handed to the compressor are
+built from the known layout (frame index, row, column of the pooled grid).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+from craft_adapters.registry import BackboneAdapter, VideoLayout, register_backbone
+
+
+@register_backbone
+class LlavaOnevisionAdapter(BackboneAdapter):
+    model_types = ("llava_onevision",)
+    uses_mrope = False
+
+    @property
+    def pooled_side(self) -> int:
+        vc = self.config.vision_config
+        return math.ceil((vc.image_size // vc.patch_size) / 2)
+
+    def encode_videos(self, inputs: dict[str, Any]) -> tuple[Any, list[torch.Tensor]]:
+        pv = inputs["pixel_values_videos"]
+        if isinstance(pv, (list, tuple)):  # videos of different lengths, one tensor each
+            feats: list[torch.Tensor] = []
+            for v in pv:
+                v = v if v.dim() == 5 else v.unsqueeze(0)
+                out = self.model.model.get_video_features(pixel_values_videos=v, return_dict=True)
+                feats.extend(list(out.pooler_output))
+            return None, feats
+        out = self.model.model.get_video_features(pixel_values_videos=pv, return_dict=True)
+        return out, list(out.pooler_output)
+
+    def encode_images(self, inputs: dict[str, Any]) -> Any | None:
+        if inputs.get("pixel_values") is None:
+            return None
+        return self.model.model.get_image_features(
+            inputs["pixel_values"],
+            inputs.get("image_sizes"),
+            batch_num_images=inputs.get("batch_num_images"),
+            return_dict=True,
+        )
+
+    def full_positions(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = inputs["input_ids"]
+        mask = inputs.get("attention_mask")
+        if mask is None:
+            mask = torch.ones_like(ids)
+        pos = mask.long().cumsum(-1) - 1
+        pos = pos.masked_fill(mask == 0, 0)
+        deltas = torch.zeros(ids.shape[0], 1, dtype=torch.long, device=ids.device)
+        return pos, deltas
+
+    def video_layout(
+        self, inputs: dict[str, Any], positions: torch.Tensor, features: list[torch.Tensor]
+    ) -> list[VideoLayout]:
+        ids = inputs["input_ids"]
+        flat = (ids == self.video_token_id).nonzero()
+        side = self.pooled_side
+        per_frame = side * side
+        layouts = []
+        start = 0
+        for feats in features:
+            n = int(feats.shape[0])
+            if (n - 1) % per_frame:
+                raise ValueError(
+                    f"LLaVA-OneVision video has {n} feature rows; expected F x {per_frame} + 1"
+                )
+            rows = flat[start : start + n]
+            start += n
+            b = int(rows[0, 0])
+            if bool((rows[:, 0] != b).any()):
+                raise ValueError("a video's placeholder tokens span two rows of the batch")
+            m = n - 1
+            idx = torch.arange(m, device=ids.device)
+            coords = torch.stack([idx // per_frame, (idx % per_frame) // side, idx % side], dim=-1)
+            layouts.append(
+                VideoLayout(batch_index=b, seq_index=rows[:, 1], compress_rows=idx, coords=coords)
+            )
+        return layouts
+
+    def shrink_video_output(
+        self,
+        output: Any,
+        kept_rows: list[torch.Tensor],
+        new_features: list[torch.Tensor],
+        assignments: list[torch.Tensor],
+    ) -> Any:
+        # The model flattens pooler_output (videos x rows); one [1, total, D] tensor holds
+        # videos of different kept lengths.
+        return BaseModelOutputWithPooling(pooler_output=torch.cat(new_features, dim=0).unsqueeze(0))

@@ -1,0 +1,643 @@
+"""`wrap(model, compressor, ratio=...)`: a transformers VLM that compresses its video tokens.
+
+The route (see `shared/design/backbones.md`, checked on all four backbones):
+
+1. run the vision tower + projector once (`get_video_features`),
+2. compute the position ids of the FULL sequence with the backbone's own function,
+3. compress each video's rows, keep every text token, slice `input_ids`, `attention_mask`,
+   the position ids (and `labels`, `mm_token_type_ids`) to the surviving positions,
+4. call the HF model / `generate` with the sliced pieces and `mm_encoder_outputs`, so
+   transformers scatters the kept rows (and Qwen3-VL's deepstack rows) itself.
+
+A 2-D attention mask always reaches the language model (a forward pre-hook adds an all-ones
+mask if some caller dropped it): without one, gapped position ids are read as packed
+sequences and attention silently becomes block-diagonal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from craft_adapters.registry import BackboneAdapter, VideoLayout, get_adapter
+
+__all__ = ["CompressionReport", "CraftModel", "VideoCompression", "VideoSession", "wrap"]
+
+# Processor outputs that describe pixels: consumed here, never passed on after compression.
+_VISION_KEYS = (
+    "pixel_values_videos",
+    "video_grid_thw",
+    "second_per_grid_ts",
+    "pixel_values",
+    "image_grid_thw",
+    "image_sizes",
+    "image_sizes_videos",
+    "batch_num_images",
+    "video_metadata",
+)
+# Per-token [B, L] tensors that are sliced with the sequence.
+_PER_TOKEN_KEYS = ("mm_token_type_ids", "token_type_ids")
+
+
+@dataclass
+class VideoCompression:
+    """What happened to one video.
+
+    Attributes:
+        batch_index: row of the batch that holds the video.
+        tokens_before: placeholder tokens of the video before compression (for LLaVA-OV
+            including the newline token, which always survives).
+        tokens_after: tokens left after compression.
+        rounds: select-then-fuse rounds the compressor ran (0 without compression).
+        info: the compressor's `CompressionResult.info`.
+    """
+
+    batch_index: int
+    tokens_before: int
+    tokens_after: int
+    rounds: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        """Realized ratio `tokens_before / tokens_after`."""
+        return self.tokens_before / max(1, self.tokens_after)
+
+
+@dataclass
+class CompressionReport:
+    """What one forward / generate / encode_video did, one entry per video."""
+
+    videos: list[VideoCompression]
+    sequence_length_before: int = 0
+    sequence_length_after: int = 0
+
+    @property
+    def tokens_before(self) -> int:
+        return sum(v.tokens_before for v in self.videos)
+
+    @property
+    def tokens_after(self) -> int:
+        return sum(v.tokens_after for v in self.videos)
+
+    @property
+    def ratio(self) -> float:
+        """Realized ratio over all videos (1.0 without videos)."""
+        return self.tokens_before / max(1, self.tokens_after) if self.videos else 1.0
+
+    @property
+    def rounds(self) -> list[int]:
+        return [v.rounds for v in self.videos]
+
+
+@dataclass
+class _Prepared:
+    """The compressed pieces of one batch."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    encoder_outputs: dict[str, Any]
+    extra: dict[str, torch.Tensor]
+    kept: list[torch.Tensor]  # per row: original sequence indices kept, ascending
+    rope_deltas: torch.Tensor  # [B, 1]: original max position + 1 - compressed length
+    report: CompressionReport
+
+
+def _to_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(device)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_device(v, device) for v in value)
+    return value
+
+
+def _call_compressor(
+    compressor: Callable[..., Any],
+    features: torch.Tensor,
+    coords: torch.Tensor,
+    budget: dict[str, Any],
+) -> Any:
+    kwargs = {k: v for k, v in budget.items() if v is not None}
+    if _accepts(compressor, "importance"):
+        kwargs["importance"] = None
+    return compressor(features, coords, **kwargs)
+
+
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _compressor_hidden_size(compressor: Any) -> int | None:
+    for obj in (compressor, getattr(compressor, "config", None)):
+        size = getattr(obj, "hidden_size", None)
+        if isinstance(size, int):
+            return size
+    return None
+
+
+def _check_result(result: Any, n: int, d: int) -> None:
+    for name in ("features", "kept_index", "assignment"):
+        if not isinstance(getattr(result, name, None), torch.Tensor):
+            raise TypeError(
+                f"the compressor must return a CompressionResult-like object with a tensor "
+                f"`{name}`, got {type(result).__name__}"
+            )
+    k = int(result.kept_index.shape[0])
+    if result.features.dim() != 2 or tuple(result.features.shape) != (k, d):
+        raise ValueError(
+            f"compressor returned features of shape {tuple(result.features.shape)}; expected "
+            f"[{k}, {d}] (one row per kept_index)"
+        )
+    if k < 1 or k > n:
+        raise ValueError(f"compressor kept {k} of {n} tokens; must keep between 1 and {n}")
+    if k > 1 and bool((result.kept_index[1:] <= result.kept_index[:-1]).any()):
+        raise ValueError("compressor returned a kept_index that is not strictly ascending")
+    if int(result.kept_index.min()) < 0 or int(result.kept_index.max()) >= n:
+        raise ValueError(f"compressor returned a kept_index outside [0, {n})")
+    if tuple(result.assignment.shape) != (n,):
+        raise ValueError(
+            f"compressor returned assignment of shape {tuple(result.assignment.shape)}; "
+            f"expected [{n}]"
+        )
+
+
+class CraftModel(torch.nn.Module):
+    """A transformers VLM whose video tokens are compressed before the language model.
+
+    Build it with `craft_adapters.wrap`. Call it like the HF model (same keyword arguments,
+    `labels` included), use `generate` like HF's, or `encode_video` + `session.ask` for
+    multi-turn questions on one video. `last_compression` says what the last call did.
+
+    Attributes:
+        model: the wrapped HF model (unchanged; the wrapper holds no state in it).
+        compressor: the compressor callable, or None (no compression).
+        adapter: the backbone adapter chosen by `model.config.model_type`.
+        last_compression: `CompressionReport` of the last forward / generate / encode_video
+            (None after a call that had no video or no compressor).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        compressor: Callable[..., Any] | None = None,
+        *,
+        ratio: float | None = None,
+        threshold: float | None = None,
+        min_tokens: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.adapter: BackboneAdapter = get_adapter(model)
+        self.model = model
+        self.compressor = compressor
+        if compressor is not None:
+            size = _compressor_hidden_size(compressor)
+            llm = self.adapter.text_hidden_size
+            if size is not None and size != llm:
+                raise ValueError(
+                    f"compressor hidden size {size} != language model hidden size {llm} of "
+                    f"{model.config.model_type}: build the compressor with hidden_size={llm}"
+                )
+        self._budget: dict[str, Any] = {}
+        self.set_budget(ratio=ratio, threshold=threshold, min_tokens=min_tokens)
+        self.last_compression: CompressionReport | None = None
+
+    # -- budget --------------------------------------------------------------------------------
+
+    def set_budget(
+        self,
+        ratio: float | None = None,
+        threshold: float | None = None,
+        min_tokens: int | None = None,
+    ) -> None:
+        """Set the token budget: exactly one of `ratio` (>= 1) or `threshold` (in (-1, 1]).
+
+        `min_tokens` (threshold mode only) overrides the floor `max(1, N // 128)`. With no
+        compressor the budget may be left empty.
+        """
+        from craft_core.budget import resolve_budget
+
+        if self.compressor is None and ratio is None and threshold is None:
+            self._budget = {}
+            return
+        resolve_budget(100, ratio=ratio, threshold=threshold, min_tokens=min_tokens)  # validate
+        self._budget = {"ratio": ratio, "threshold": threshold, "min_tokens": min_tokens}
+
+    @property
+    def budget(self) -> dict[str, Any]:
+        """The current budget, e.g. `{"ratio": 8.0, "threshold": None, "min_tokens": None}`."""
+        return dict(self._budget)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device  # type: ignore[no-any-return]
+
+    def _has_video(self, inputs: dict[str, Any]) -> bool:
+        return inputs.get("pixel_values_videos") is not None
+
+    def _passthrough(self, inputs: dict[str, Any]) -> bool:
+        """True when the HF model runs unchanged (no compressor or no video)."""
+        if not self._has_video(inputs):
+            return True
+        return self.compressor is None and not isinstance(
+            inputs.get("pixel_values_videos"), (list, tuple)
+        )
+
+    @contextlib.contextmanager
+    def _mask_guard(self) -> Iterator[None]:
+        """Make sure a 2-D attention mask reaches the language model while compressed."""
+
+        def hook(_module: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+            if kwargs.get("attention_mask") is None and kwargs.get("position_ids") is not None:
+                emb = kwargs.get("inputs_embeds")
+                if emb is None:
+                    emb = args[0] if args else None
+                if isinstance(emb, torch.Tensor):
+                    cache = kwargs.get("past_key_values")
+                    past = int(cache.get_seq_length()) if cache is not None else 0
+                    kwargs["attention_mask"] = torch.ones(
+                        emb.shape[0], past + emb.shape[1], dtype=torch.long, device=emb.device
+                    )
+            return args, kwargs
+
+        handle = self.adapter.language_model.register_forward_pre_hook(
+            hook, with_kwargs=True, prepend=True
+        )
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def _check_placeholders(self, inputs: dict[str, Any], features: list[torch.Tensor]) -> None:
+        ids = inputs["input_ids"]
+        n_text = int((ids == self.adapter.video_token_id).sum())
+        n_feat = sum(int(f.shape[0]) for f in features)
+        if n_text != n_feat:
+            raise ValueError(
+                f"mismatched video placeholders: input_ids hold {n_text} video tokens (id "
+                f"{self.adapter.video_token_id}) but the vision tower produced {n_feat} rows for "
+                f"{len(features)} video(s); the prompt and pixel_values_videos / video_grid_thw "
+                "must come from the same processor call"
+            )
+
+    # -- the compression step ------------------------------------------------------------------
+
+    def _compress_video(
+        self, feats: torch.Tensor, layout: VideoLayout
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, VideoCompression]:
+        """-> (kept rows, new feature rows, assignment of every row, report)."""
+        n, d = int(feats.shape[0]), int(feats.shape[1])
+        comp = layout.compress_rows
+        if self.compressor is None or comp.numel() == 0:
+            rows = torch.arange(n, device=feats.device)
+            return rows, feats, rows, VideoCompression(layout.batch_index, n, n)
+        sub = feats if comp.numel() == n else feats[comp]
+        coords = layout.coords.to(device=feats.device, dtype=torch.long)
+        result = _call_compressor(self.compressor, sub, coords, self._budget)
+        _check_result(result, int(comp.numel()), d)
+        kept_idx = result.kept_index.to(feats.device)
+        assign_sub = result.assignment.to(feats.device)
+        new_sub = result.features.to(feats.dtype)
+        if comp.numel() == n:  # every row compressible (Qwen)
+            kept_rows, new_feats, assign = comp[kept_idx], new_sub, assign_sub
+        else:  # some rows always survive (LLaVA-OV newline)
+            keep_mask = torch.ones(n, dtype=torch.bool, device=feats.device)
+            keep_mask[comp] = False
+            keep_mask[comp[kept_idx]] = True
+            kept_rows = keep_mask.nonzero().squeeze(1)
+            slot = keep_mask.long().cumsum(0) - 1  # row -> index among kept rows
+            new_feats = feats[kept_rows].index_copy(0, slot[comp[kept_idx]], new_sub)
+            assign = slot.clone()
+            assign[comp] = slot[comp[kept_idx[assign_sub]]]
+        rep = VideoCompression(
+            layout.batch_index,
+            n,
+            int(kept_rows.shape[0]),
+            rounds=int(getattr(result, "rounds", 0)),
+            info=dict(getattr(result, "info", {}) or {}),
+        )
+        return kept_rows, new_feats, assign, rep
+
+    def _prepare(self, inputs: dict[str, Any]) -> _Prepared:
+        """Encode, compress and slice one batch of processor outputs."""
+        ids = inputs.get("input_ids")
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+            raise ValueError("input_ids must be a [batch, length] tensor (processor output)")
+        if inputs.get("position_ids") is not None:
+            raise ValueError(
+                "position_ids cannot be given with a video: craft-adapters computes them on the "
+                "full sequence and slices them"
+            )
+        if inputs.get("inputs_embeds") is not None:
+            raise ValueError("inputs_embeds cannot be given with a video; pass input_ids")
+        adapter = self.adapter
+        device = self.model.device
+        inputs = {k: _to_device(v, device) for k, v in inputs.items()}
+        ids = inputs["input_ids"]
+        mask = inputs.get("attention_mask")
+        if mask is None:
+            mask = torch.ones_like(ids)
+            inputs = {**inputs, "attention_mask": mask}
+        enc_video, features = adapter.encode_videos(inputs)
+        self._check_placeholders(inputs, features)
+        positions, _ = adapter.full_positions(inputs)
+        layouts = adapter.video_layout(inputs, positions, features)
+
+        keep = mask.bool().clone()
+        kept_rows_all, new_feats_all, assigns_all, reports = [], [], [], []
+        for feats, layout in zip(features, layouts):
+            kept_rows, new_feats, assign, rep = self._compress_video(feats, layout)
+            dropped = torch.ones(feats.shape[0], dtype=torch.bool, device=feats.device)
+            dropped[kept_rows] = False
+            keep[layout.batch_index, layout.seq_index[dropped]] = False
+            kept_rows_all.append(kept_rows)
+            new_feats_all.append(new_feats)
+            assigns_all.append(assign)
+            reports.append(rep)
+        enc = {
+            "video": adapter.shrink_video_output(
+                enc_video, kept_rows_all, new_feats_all, assigns_all
+            )
+        }
+        enc_image = adapter.encode_images(inputs)
+        if enc_image is not None:
+            enc["image"] = enc_image
+
+        # Slice every per-token tensor; re-pad on the side the input was padded on.
+        bsz, length = ids.shape
+        kept = [keep[b].nonzero().squeeze(1) for b in range(bsz)]
+        new_len = max(int(k.shape[0]) for k in kept)
+        right = bool((mask[:, -1] == 0).any()) and not bool((mask[:, 0] == 0).any())
+        c_ids = ids.new_full((bsz, new_len), adapter.pad_token_id)
+        c_mask = mask.new_zeros((bsz, new_len))
+        pos_shape = (positions.shape[0], bsz, new_len) if positions.dim() == 3 else (bsz, new_len)
+        c_pos = positions.new_zeros(pos_shape)
+        extra_src = {
+            k: inputs[k] for k in (*_PER_TOKEN_KEYS, "labels") if inputs.get(k) is not None
+        }
+        extra = {
+            k: v.new_full((bsz, new_len), -100 if k == "labels" else 0)
+            for k, v in extra_src.items()
+        }
+        max_pos = positions.amax(dim=0) if positions.dim() == 3 else positions
+        deltas = torch.zeros(bsz, 1, dtype=torch.long, device=ids.device)
+        for b, k in enumerate(kept):
+            n = int(k.shape[0])
+            dst = slice(0, n) if right else slice(new_len - n, new_len)
+            c_ids[b, dst] = ids[b, k]
+            c_mask[b, dst] = 1
+            if positions.dim() == 3:
+                c_pos[:, b, dst] = positions[:, b, k]
+            else:
+                c_pos[b, dst] = positions[b, k]
+            for key, src in extra_src.items():
+                extra[key][b, dst] = src[b, k]
+            real = mask[b].bool()
+            deltas[b, 0] = int(max_pos[b][real].max()) + 1 - n
+        report = CompressionReport(
+            reports, sequence_length_before=length, sequence_length_after=new_len
+        )
+        return _Prepared(c_ids, c_mask, c_pos, enc, extra, kept, deltas, report)
+
+    @staticmethod
+    def _split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(processor outputs, everything else)."""
+        own = {"input_ids", "attention_mask", "labels", "position_ids", "inputs_embeds"}
+        own.update(_VISION_KEYS)
+        own.update(_PER_TOKEN_KEYS)
+        inputs = {k: v for k, v in kwargs.items() if k in own}
+        rest = {k: v for k, v in kwargs.items() if k not in own}
+        return inputs, rest
+
+    @staticmethod
+    def _hf_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in kwargs.items() if k != "video_metadata"}
+
+    # -- public calls --------------------------------------------------------------------------
+
+    def forward(self, **kwargs: Any) -> Any:
+        """Same keyword arguments and output as the HF model's forward.
+
+        With a video and a compressor, the logits (and `labels`, and the loss) are over the
+        COMPRESSED sequence: `last_compression` and `compressed_index(b)` say which original
+        positions survived. Gradients flow through the compressor when grad is enabled.
+        """
+        inputs, rest = self._split(kwargs)
+        if self._passthrough(inputs):
+            self.last_compression = None
+            return self.model(**self._hf_kwargs(inputs), **rest)
+        prep = self._prepare(inputs)
+        self._last_kept = prep.kept
+        self.last_compression = prep.report
+        with self._mask_guard():
+            out = self.model(
+                input_ids=prep.input_ids,
+                attention_mask=prep.attention_mask,
+                position_ids=prep.position_ids,
+                mm_encoder_outputs=prep.encoder_outputs,
+                **prep.extra,
+                **rest,
+            )
+        self.adapter.set_rope_deltas(prep.rope_deltas)
+        return out
+
+    def compressed_index(self, batch_index: int = 0) -> torch.Tensor:
+        """Original sequence positions kept by the last compressed call, for one batch row."""
+        kept = getattr(self, "_last_kept", None)
+        if kept is None:
+            raise RuntimeError("no compressed call has run yet")
+        return kept[batch_index]  # type: ignore[no-any-return]
+
+    @torch.no_grad()
+    def generate(self, **kwargs: Any) -> Any:
+        """HF `generate` on the compressed sequence.
+
+        Returns what HF returns, with the ORIGINAL prompt in front of the new tokens (so
+        `out[:, inputs["input_ids"].shape[1]:]` are the new tokens, as with the plain model).
+        """
+        inputs, rest = self._split(kwargs)
+        if self._passthrough(inputs):
+            self.last_compression = None
+            return self.model.generate(**self._hf_kwargs(inputs), **rest)
+        inputs.pop("labels", None)
+        prep = self._prepare(inputs)
+        self._last_kept = prep.kept
+        self.last_compression = prep.report
+        with self._mask_guard():
+            out = self.model.generate(
+                input_ids=prep.input_ids,
+                attention_mask=prep.attention_mask,
+                position_ids=prep.position_ids,
+                mm_encoder_outputs=prep.encoder_outputs,
+                **prep.extra,
+                **rest,
+            )
+        self.adapter.set_rope_deltas(prep.rope_deltas)
+        return self._restore_prompt(out, inputs["input_ids"], prep.input_ids.shape[1])
+
+    @staticmethod
+    def _restore_prompt(out: Any, original: torch.Tensor, compressed_len: int) -> Any:
+        seqs = out if isinstance(out, torch.Tensor) else out.sequences
+        full = torch.cat([original.to(seqs.device), seqs[:, compressed_len:]], dim=1)
+        if isinstance(out, torch.Tensor):
+            return full
+        out.sequences = full
+        return out
+
+    @torch.no_grad()
+    def encode_video(self, **kwargs: Any) -> VideoSession:
+        """Compress the video and prefill the prompt prefix that holds it, ONCE.
+
+        `kwargs` are processor outputs of a one-row prompt that ends after the video (for
+        example the chat template's user turn up to and including the video). Ask questions
+        about it with `session.ask(question_inputs)`.
+        """
+        inputs, rest = self._split(kwargs)
+        ids = inputs.get("input_ids")
+        if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] != 1:
+            raise ValueError("encode_video takes ONE prompt: input_ids of shape [1, length]")
+        if inputs.get("attention_mask") is None:
+            inputs["attention_mask"] = torch.ones_like(ids)
+        if not self._has_video(inputs):
+            raise ValueError("encode_video needs a video: pixel_values_videos is missing")
+        inputs = {k: _to_device(v, self.model.device) for k, v in inputs.items()}
+        prep = self._prepare(inputs)
+        self._last_kept = prep.kept
+        self.last_compression = prep.report
+        with self._mask_guard():
+            out = self.model(
+                input_ids=prep.input_ids,
+                attention_mask=prep.attention_mask,
+                position_ids=prep.position_ids,
+                mm_encoder_outputs=prep.encoder_outputs,
+                use_cache=True,
+                logits_to_keep=1,
+                **prep.extra,
+                **rest,
+            )
+        return VideoSession(self, inputs, prep, out.past_key_values)
+
+
+class VideoSession:
+    """A compressed, prefilled video prefix; `ask` answers questions about it.
+
+    Each `ask` continues from a `copy.deepcopy` of the prefix cache, so questions do not see
+    each other and the video prefix is never recomputed. (Qwen3.5's linear-attention states
+    cannot be cropped back, hence a copy rather than a crop.)
+
+    Attributes:
+        report: the `CompressionReport` of the prefix.
+        prefix_length: tokens of the compressed prefix in the cache.
+    """
+
+    def __init__(self, owner: CraftModel, inputs: dict[str, Any], prep: _Prepared, cache: Any):
+        self._owner = owner
+        self._inputs = inputs
+        self._prep = prep
+        self._cache = cache
+        self.report = prep.report
+        self.prefix_length = int(prep.input_ids.shape[1])
+
+    def _question_positions(self, q_ids: torch.Tensor) -> torch.Tensor:
+        """Positions of the question tokens, as the full uncompressed prompt would give them."""
+        adapter = self._owner.adapter
+        inputs = self._inputs
+        full = dict(inputs)
+        full["input_ids"] = torch.cat([inputs["input_ids"], q_ids], dim=1)
+        full["attention_mask"] = torch.cat(
+            [inputs["attention_mask"], torch.ones_like(q_ids)], dim=1
+        )
+        if inputs.get("mm_token_type_ids") is not None:
+            mm = inputs["mm_token_type_ids"]
+            full["mm_token_type_ids"] = torch.cat([mm, mm.new_zeros(q_ids.shape)], dim=1)
+        positions, _ = adapter.full_positions(full)
+        return positions[..., -q_ids.shape[1] :]
+
+    @torch.no_grad()
+    def ask(self, question_inputs: Any, **generate_kwargs: Any) -> torch.Tensor:
+        """Answer one question; returns only the NEW token ids, `[1, T]`.
+
+        Args:
+            question_inputs: the question's token ids that follow the video prefix (a
+                `[1, q]` tensor, or a mapping with `input_ids`, e.g. a tokenizer output made
+                with `add_special_tokens=False`), typically the rest of the user turn and the
+                assistant prompt.
+            generate_kwargs: passed to HF `generate` (`max_new_tokens=16`, `do_sample`, ...).
+        """
+        q_ids = question_inputs
+        if not isinstance(q_ids, torch.Tensor):
+            q_ids = question_inputs["input_ids"]
+        q_ids = torch.as_tensor(q_ids)
+        if q_ids.dim() == 1:
+            q_ids = q_ids.unsqueeze(0)
+        if q_ids.shape[0] != 1 or q_ids.shape[1] == 0:
+            raise ValueError(f"question input_ids must be [1, q>0], got {tuple(q_ids.shape)}")
+        owner, prep = self._owner, self._prep
+        q_ids = q_ids.to(prep.input_ids.device)
+        if bool((q_ids == owner.adapter.video_token_id).any()):
+            raise ValueError("a question must not contain video placeholder tokens")
+        q_pos = self._question_positions(q_ids)
+        ids = torch.cat([prep.input_ids, q_ids], dim=1)
+        pos = torch.cat([prep.position_ids, q_pos.to(prep.position_ids.device)], dim=-1)
+        mask = torch.cat([prep.attention_mask, torch.ones_like(q_ids)], dim=1)
+        extra = {
+            k: torch.cat([v, v.new_zeros(q_ids.shape)], dim=1)
+            for k, v in prep.extra.items()
+            if k != "labels"
+        }
+        cache = copy.deepcopy(self._cache)
+        with owner._mask_guard():
+            out = owner.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=cache,
+                **extra,
+                **generate_kwargs,
+            )
+        owner.last_compression = self.report
+        seqs = out if isinstance(out, torch.Tensor) else out.sequences
+        return seqs[:, ids.shape[1] :]
+
+
+def wrap(
+    model: Any,
+    compressor: Callable[..., Any] | None = None,
+    *,
+    ratio: float | None = None,
+    threshold: float | None = None,
+    min_tokens: int | None = None,
+) -> CraftModel:
+    """Put `compressor` between the vision projector and the language model of `model`.
+
+    Args:
+        model: a transformers VLM whose `config.model_type` is in `supported_model_types()`.
+        compressor: a callable `(features [N, D], coords [N, 3], *, ratio=... | threshold=...,
+            min_tokens=..., importance=None) -> CompressionResult` (CRAFT's `CraftCompressor`
+            or any baseline of craft-eval), or None for no compression.
+        ratio: fixed-ratio budget (>= 1); exactly one of `ratio` / `threshold` with a compressor.
+        threshold: similarity-threshold budget in (-1, 1].
+        min_tokens: floor of the threshold mode (default `max(1, N // 128)`).
+
+    Raises:
+        ValueError: unsupported model_type, compressor width != LLM width, bad budget.
+    """
+    if compressor is not None and ratio is None and threshold is None:
+        raise ValueError("give a budget with the compressor: ratio=... or threshold=...")
+    return CraftModel(model, compressor, ratio=ratio, threshold=threshold, min_tokens=min_tokens)
