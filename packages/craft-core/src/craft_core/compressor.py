@@ -33,21 +33,25 @@ WEIGHTS_NAME = "model.safetensors"
 
 
 class _RowStore:
-    """Current feature rows without copying `[N, D]` every round.
+    """Current feature rows, written as rounds rewrite their targets.
 
-    Row i lives in `pieces[piece[i]][row[i]]`: piece 0 is the input, piece m holds the
-    targets rewritten in round m. Gathers stitch the pieces, so autograd follows every row
-    through every round and nothing is written in place.
+    Without autograd (inference) the rows live in one dense copy updated in place. With
+    autograd, nothing may be written in place and copying `[N, D]` every round would cost
+    O(N D) per round, so row i lives in `pieces[piece[i]][row[i]]`: piece 0 is the input,
+    piece m holds the targets rewritten in round m, and gathers stitch the pieces together.
     """
 
-    def __init__(self, features: torch.Tensor) -> None:
+    def __init__(self, features: torch.Tensor, track_grad: bool) -> None:
         n = features.shape[0]
+        self.dense = None if track_grad else features.clone()
         self.pieces = [features]
         self.piece = torch.zeros(n, dtype=torch.long, device=features.device)
         self.row = torch.arange(n, device=features.device)
 
     def gather(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` (`[k]` original indices) -> `[k, D]`."""
+        if self.dense is not None:
+            return self.dense[ids]
         piece = self.piece[ids]
         if len(self.pieces) == 1 or not bool(piece.any()):
             return self.pieces[0][self.row[ids]]
@@ -61,6 +65,9 @@ class _RowStore:
 
     def replace(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
         """Rows `ids` (`[k]`) now read from `rows` (`[k, D]`)."""
+        if self.dense is not None:
+            self.dense[ids] = rows
+            return
         self.piece[ids] = len(self.pieces)
         self.row[ids] = torch.arange(ids.numel(), device=ids.device)
         self.pieces.append(rows)
@@ -134,7 +141,10 @@ class CraftCompressor(nn.Module):
         started = time.perf_counter()
         n = features.shape[0]
         device = features.device
-        store = _RowStore(features)
+        track_grad = torch.is_grad_enabled() and (
+            features.requires_grad or any(p.requires_grad for p in self.merge.parameters())
+        )
+        store = _RowStore(features, track_grad)
         parent = torch.arange(n, device=device)
         rounds = 0
         with torch.no_grad():
