@@ -1,0 +1,1 @@
+"""Public config values of the architectures `craft-eval efficiency` builds (JSON)."""

@@ -1,0 +1,374 @@
+"""Efficiency (the paper's Table 2): prefill latency, KV-cache size, analytical FLOPs.
+
+`measure_efficiency` builds the LANGUAGE MODEL of a real-size architecture from its public
+config values (shipped in `craft_eval/archs/*.json`) with random weights (nothing is
+downloaded), compresses random video tokens of the right count with each method, and times
+the prefill of text + surviving video tokens. The vision tower is left out: compression
+acts after it, so its cost is the same for every method.
+
+FLOPs (prefill, multiply-add = 2 FLOPs, `L` = text + video tokens that reach the LLM,
+`d` hidden, `m` MLP width, `h`/`g` query/KV heads of width `e`, `V` vocabulary):
+
+    full-attention layer : 2 L d (h e (1 + gate) + 2 g e) + 4 L^2 h e + 2 L h e d + 6 L d m
+    Gated-DeltaNet layer : 2 L d (2 hk dk + 2 hv dv + 2 hv) + 2 L K (2 hk dk + hv dv)
+                           + 6 L hv dk dv + 2 L hv dv d + 6 L d m
+    LM head              : 2 d V (last token only, as generate() does)
+
+`gate` = 1 for Qwen3.5's gated attention output, else 0; `hk, hv, dk, dv, K`: linear-attention
+key/value heads, their widths and the conv kernel. The attention term counts the full L x L
+products (as FastV/VisionZip count them). FLOPs reduction = 1 - F(L_compressed) / F(L_full).
+Qwen3.5's linear-attention layers are linear in L and hold a fixed-size state, so only its
+full-attention layers (1 in 4) carry the quadratic term and a KV cache that grows with L.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import torch
+
+ARCHS = {
+    "qwen3_5-4b": "qwen3_5-4b.json",
+    "qwen2_5_vl-7b": "qwen2_5_vl-7b.json",
+    "llava_ov-7b": "llava_ov-7b.json",
+}
+ARCH_ALIASES = {
+    "qwen3.5-4b": "qwen3_5-4b",
+    "qwen2.5-vl-7b": "qwen2_5_vl-7b",
+    "llava-ov-7b": "llava_ov-7b",
+    "llava-onevision-7b": "llava_ov-7b",
+}
+
+
+def load_arch(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The shipped config of `name` (see ARCHS), with text-config `overrides` applied."""
+    key = ARCH_ALIASES.get(name.lower(), name.lower())
+    if key not in ARCHS:
+        raise KeyError(f"unknown architecture {name!r}; known: {', '.join(ARCHS)}")
+    text = resources.files("craft_eval.archs").joinpath(ARCHS[key]).read_text(encoding="utf-8")
+    arch = json.loads(text)
+    arch["_key"] = key
+    if overrides:
+        arch["text_config"] = {**arch["text_config"], **overrides}
+        if "num_hidden_layers" in overrides and "layer_types" not in overrides:
+            arch["text_config"].pop("layer_types", None)
+        arch["_overrides"] = dict(overrides)
+    _fit_mrope(arch["text_config"])
+    return arch
+
+
+def _fit_mrope(text_config: dict[str, Any]) -> None:
+    """Rescale `mrope_section` to the rotary width when an override changed the head size."""
+    rope = text_config.get("rope_parameters") or {}
+    sections = rope.get("mrope_section")
+    if not sections:
+        return
+    heads = int(text_config["num_attention_heads"])
+    head_dim = int(text_config.get("head_dim") or int(text_config["hidden_size"]) // heads)
+    half = int(head_dim * float(rope.get("partial_rotary_factor", 1.0))) // 2
+    if sum(sections) == half:
+        return
+    scaled = [max(1, s * half // sum(sections)) for s in sections]
+    scaled[0] += half - sum(scaled)
+    text_config["rope_parameters"] = {**rope, "mrope_section": scaled}
+
+
+def parse_overrides(text: str | None) -> dict[str, Any]:
+    """ "hidden_size=64,num_hidden_layers=4" -> {"hidden_size": 64, "num_hidden_layers": 4}."""
+    out: dict[str, Any] = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        key, _, value = part.partition("=")
+        try:
+            out[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key.strip()] = value.strip()
+    return out
+
+
+def layer_types(text_config: dict[str, Any]) -> list[str]:
+    n = int(text_config["num_hidden_layers"])
+    if text_config.get("layer_types"):
+        return list(text_config["layer_types"])
+    interval = text_config.get("full_attention_interval")
+    if text_config.get("model_type") == "qwen3_5_text":
+        interval = interval or 4
+        return [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)
+        ]
+    return ["full_attention"] * n
+
+
+def video_tokens(arch: dict[str, Any], num_frames: int) -> int:
+    """Video tokens the backbone makes for `num_frames` frames at its `_video` frame size."""
+    video = arch["_video"]
+    if "tokens_per_frame" in video:
+        return num_frames * int(video["tokens_per_frame"]) + int(video["extra_tokens_per_video"])
+    grid = int(video["frame_size"]) // int(video["patch_size"]) // int(video["spatial_merge_size"])
+    groups = -(-num_frames // int(video["temporal_patch_size"]))
+    return groups * grid * grid + int(video["extra_tokens_per_video"])
+
+
+def video_grid(arch: dict[str, Any], num_frames: int) -> tuple[int, int, int]:
+    """(t, h, w) extent of the video tokens (newline token of LLaVA-OV left out)."""
+    video = arch["_video"]
+    if "tokens_per_frame" in video:
+        side = round(int(video["tokens_per_frame"]) ** 0.5)
+        return num_frames, side, side
+    grid = int(video["frame_size"]) // int(video["patch_size"]) // int(video["spatial_merge_size"])
+    return -(-num_frames // int(video["temporal_patch_size"])), grid, grid
+
+
+def prefill_flops(text_config: dict[str, Any], seq_len: int) -> float:
+    """Analytical prefill FLOPs of the language model for `seq_len` tokens (module docstring)."""
+    c = text_config
+    d, m, L = int(c["hidden_size"]), int(c["intermediate_size"]), float(seq_len)
+    h, g = int(c["num_attention_heads"]), int(c["num_key_value_heads"])
+    e = int(c.get("head_dim") or d // h)
+    gate = 1 if c.get("model_type") == "qwen3_5_text" else 0
+    total = 0.0
+    for kind in layer_types(c):
+        mlp = 6 * L * d * m
+        if kind == "linear_attention":
+            hk, hv = int(c["linear_num_key_heads"]), int(c["linear_num_value_heads"])
+            dk, dv = int(c["linear_key_head_dim"]), int(c["linear_value_head_dim"])
+            k = int(c.get("linear_conv_kernel_dim", 4))
+            total += 2 * L * d * (2 * hk * dk + 2 * hv * dv + 2 * hv)
+            total += 2 * L * k * (2 * hk * dk + hv * dv)
+            total += 6 * L * hv * dk * dv + 2 * L * hv * dv * d + mlp
+        else:
+            total += 2 * L * d * (h * e * (1 + gate) + 2 * g * e)
+            total += 4 * L * L * h * e + 2 * L * h * e * d + mlp
+    return total + 2 * d * int(c["vocab_size"])
+
+
+def flops_reduction(text_config: dict[str, Any], full_len: int, compressed_len: int) -> float:
+    """1 - F(compressed) / F(full), in [0, 1)."""
+    return 1.0 - prefill_flops(text_config, compressed_len) / prefill_flops(text_config, full_len)
+
+
+def kv_cache_bytes_analytical(text_config: dict[str, Any], seq_len: int, bytes_per: int = 2) -> int:
+    """Cache of the prompt: K and V of every full-attention layer, plus the fixed conv and
+    recurrent states of every linear-attention layer (recurrent state in float32)."""
+    c = text_config
+    h = int(c["num_attention_heads"])
+    e = int(c.get("head_dim") or int(c["hidden_size"]) // h)
+    total = 0
+    for kind in layer_types(c):
+        if kind == "linear_attention":
+            hk, hv = int(c["linear_num_key_heads"]), int(c["linear_num_value_heads"])
+            dk, dv = int(c["linear_key_head_dim"]), int(c["linear_value_head_dim"])
+            k = int(c.get("linear_conv_kernel_dim", 4))
+            total += k * (2 * hk * dk + hv * dv) * bytes_per + hv * dk * dv * 4
+        else:
+            total += 2 * seq_len * int(c["num_key_value_heads"]) * e * bytes_per
+    return total
+
+
+def cache_nbytes(cache: Any, seq_len: int | None = None) -> tuple[int, int]:
+    """(total bytes, bytes of tensors with a dimension equal to `seq_len`) held by a
+    transformers cache object, found by walking its attributes (every tensor counted once)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    growing = 0
+    stack: list[Any] = [cache]
+    visited: set[int] = set()
+    while stack:
+        obj = stack.pop()
+        if isinstance(obj, torch.Tensor):
+            key = (obj.data_ptr(), obj.nbytes)
+            if key in seen or obj.numel() == 0:
+                continue
+            seen.add(key)
+            total += obj.nbytes
+            if seq_len is not None and seq_len in obj.shape[-2:]:
+                growing += obj.nbytes
+            continue
+        if id(obj) in visited:
+            continue
+        visited.add(id(obj))
+        if isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+        elif hasattr(obj, "__dict__") and type(obj).__module__.startswith("transformers"):
+            stack.extend(vars(obj).values())
+    return total, growing
+
+
+def time_call(
+    fn: Callable[[], Any], device: torch.device, *, warmup: int = 1, repeats: int = 3
+) -> tuple[float, Any]:
+    """Median milliseconds of `fn()` over `repeats` runs after `warmup` runs (CUDA events on
+    a GPU, wall clock on CPU); also returns the last result."""
+    result = None
+    for _ in range(warmup):
+        result = fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            result = fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            result = fn()
+            times.append((time.perf_counter() - t0) * 1000.0)
+    return statistics.median(times), result
+
+
+@dataclass
+class EfficiencyRow:
+    method: str
+    ratio: float | None
+    video_tokens: int
+    seq_len: int
+    prefill_ms: float
+    compress_ms: float | None
+    kv_mb: float
+    kv_mb_growing: float
+    kv_mb_analytical: float
+    flops_reduction: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def build_text_model(arch: dict[str, Any], device: torch.device, dtype: torch.dtype) -> Any:
+    """The language model of `arch`, randomly initialised on `device` (nothing downloaded)."""
+    from transformers import AutoConfig, AutoModel
+
+    text = dict(arch["text_config"])
+    model_type = text.pop("model_type")
+    config = AutoConfig.for_model(model_type, **text)
+    with torch.device(device):
+        model = AutoModel.from_config(config, dtype=dtype)
+    return model.eval()
+
+
+def measure_efficiency(
+    arch_name: str,
+    *,
+    num_frames: int = 64,
+    ratios: list[float] | tuple[float, ...] = (8.0,),
+    methods: list[str] | tuple[str, ...] = ("craft",),
+    text_tokens: int = 128,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    warmup: int = 1,
+    repeats: int = 3,
+    overrides: dict[str, Any] | None = None,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Table 2 for `arch_name`: one row for the uncompressed prompt, one per method x ratio."""
+    from craft_eval.methods import get_method
+
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    arch = load_arch(arch_name, overrides)
+    text_config = arch["text_config"]
+    model = build_text_model(arch, device, dtype)
+    hidden = int(text_config["hidden_size"])
+    n_video = video_tokens(arch, num_frames)
+    t, hh, ww = video_grid(arch, num_frames)
+    grid = torch.stack(
+        torch.meshgrid(torch.arange(t), torch.arange(hh), torch.arange(ww), indexing="ij"), -1
+    ).reshape(-1, 3)
+    coords = torch.cat([grid, grid[-1:]])[:n_video] if n_video > grid.shape[0] else grid[:n_video]
+    generator = torch.Generator().manual_seed(seed)
+    features = torch.randn(n_video, hidden, generator=generator).to(device=device, dtype=dtype)
+    coords = coords.to(device)
+    full_len = text_tokens + n_video
+    bytes_per = torch.finfo(dtype).bits // 8
+
+    def prefill(seq_len: int) -> tuple[float, int, int]:
+        embeds = torch.randn(1, seq_len, hidden, generator=generator).to(device=device, dtype=dtype)
+        mask = torch.ones(1, seq_len, dtype=torch.long, device=device)
+
+        def run() -> Any:
+            with torch.inference_mode():
+                return model(inputs_embeds=embeds, attention_mask=mask, use_cache=True)
+
+        ms, out = time_call(run, device, warmup=warmup, repeats=repeats)
+        total, growing = cache_nbytes(out.past_key_values, seq_len)
+        return ms, total, growing
+
+    from tqdm.auto import tqdm
+
+    jobs: list[tuple[str, float | None]] = [("none", None)] + [
+        (m, float(r)) for m in methods for r in ratios
+    ]
+    rows: list[EfficiencyRow] = []
+    for method, ratio in tqdm(jobs, desc=f"efficiency {arch['_name']}", disable=not progress):
+        compress_ms = None
+        kept = n_video
+        if method != "none":
+            compressor = get_method(method)
+
+            def compress(c: Any = compressor, r: float | None = ratio) -> Any:
+                with torch.inference_mode():
+                    return c(features, coords, ratio=r)
+
+            compress_ms, result = time_call(compress, device, warmup=warmup, repeats=repeats)
+            kept = result.num_kept
+        seq_len = text_tokens + kept
+        ms, total, growing = prefill(seq_len)
+        rows.append(
+            EfficiencyRow(
+                method=method,
+                ratio=ratio,
+                video_tokens=kept,
+                seq_len=seq_len,
+                prefill_ms=ms,
+                compress_ms=compress_ms,
+                kv_mb=total / 2**20,
+                kv_mb_growing=growing / 2**20,
+                kv_mb_analytical=kv_cache_bytes_analytical(text_config, seq_len, bytes_per) / 2**20,
+                flops_reduction=flops_reduction(text_config, full_len, seq_len),
+            )
+        )
+    return {
+        "arch": arch["_name"],
+        "arch_key": arch["_key"],
+        "overrides": arch.get("_overrides", {}),
+        "device": str(device) if device.type != "cuda" else torch.cuda.get_device_name(device),
+        "dtype": str(dtype).replace("torch.", ""),
+        "num_frames": num_frames,
+        "text_tokens": text_tokens,
+        "video_tokens_full": n_video,
+        "warmup": warmup,
+        "repeats": repeats,
+        "timing": "CUDA events, median" if device.type == "cuda" else "wall clock, median",
+        "rows": [r.as_dict() for r in rows],
+    }
+
+
+def format_efficiency(result: dict[str, Any]) -> str:
+    """Markdown table of a `measure_efficiency` result."""
+    lines = [
+        f"{result['arch']} ({result['device']}, {result['dtype']}), {result['num_frames']} frames, "
+        f"{result['video_tokens_full']} video + {result['text_tokens']} text tokens; "
+        f"prefill {result['timing']} of {result['repeats']} after {result['warmup']} warm-up",
+        "",
+        "| method | ratio | video tokens | prefill ms | compress ms | KV MB | KV MB (analytical) | FLOPs reduction |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in result["rows"]:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:g}x"
+        comp = "-" if r["compress_ms"] is None else f"{r['compress_ms']:.1f}"
+        lines.append(
+            f"| {r['method']} | {ratio} | {r['video_tokens']} | {r['prefill_ms']:.1f} | {comp} | "
+            f"{r['kv_mb']:.2f} | {r['kv_mb_analytical']:.2f} | {100 * r['flops_reduction']:.1f}% |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,83 @@
+"""Helpers shared by the simple methods here and by the baselines (craft_eval.baselines)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from craft_core import CompressionResult, check_tokens, resolve_budget
+
+
+def fixed_budget(
+    features: torch.Tensor,
+    coords: torch.Tensor,
+    *,
+    ratio: float | None,
+    threshold: float | None,
+    min_tokens: int | None,
+    method: str,
+) -> int:
+    """Validate one video's tokens and a FIXED-ratio budget; return the token count to keep.
+
+    Methods with no adaptive mode call this: a threshold raises a ValueError naming the method.
+    """
+    check_tokens(features, coords)
+    if threshold is not None and ratio is None:
+        raise ValueError(
+            f"method {method!r} has no threshold mode; give ratio=... (a fixed token budget)"
+        )
+    budget = resolve_budget(
+        int(features.shape[0]), ratio=ratio, threshold=threshold, min_tokens=min_tokens
+    )
+    return budget.floor
+
+
+def nearest_kept_assignment(num_tokens: int, kept_index: torch.Tensor) -> torch.Tensor:
+    """`assignment [N]` for a pruning method: each token points at the kept token NEAREST
+    in original index (ties: the earlier one); a kept token points at its own row.
+
+    Tokens are in raster order over (t, h, w), so the nearest index is the neighbouring
+    patch of the same frame row in nearly all cases. O(N log N_c); no similarity needed.
+    """
+    kept = kept_index.to(torch.long)
+    positions = torch.arange(num_tokens, device=kept.device)
+    right = torch.searchsorted(kept, positions).clamp(max=kept.numel() - 1)
+    left = (right - 1).clamp(min=0)
+    dist_right = (kept[right] - positions).abs()
+    dist_left = (kept[left] - positions).abs()
+    return torch.where(dist_left <= dist_right, left, right)
+
+
+def prune_result(
+    features: torch.Tensor,
+    coords: torch.Tensor,
+    kept_index: torch.Tensor,
+    *,
+    assignment: torch.Tensor | None = None,
+    output_features: torch.Tensor | None = None,
+    rounds: int = 0,
+    info: dict[str, Any] | None = None,
+) -> CompressionResult:
+    """A `CompressionResult` from the kept indices (sorted here).
+
+    Args:
+        kept_index: original indices of the survivors, any order, no duplicates.
+        assignment: `[N]` output row of every input token, in the order of the SORTED
+            kept indices; default: `nearest_kept_assignment`.
+        output_features: `[N_c, D]` rows in sorted-kept order; default: the kept input rows
+            (pure pruning).
+    """
+    kept_sorted, _ = torch.sort(kept_index.to(device=features.device, dtype=torch.long))
+    if output_features is None:
+        output_features = features.index_select(0, kept_sorted)
+    if assignment is None:
+        assignment = nearest_kept_assignment(int(features.shape[0]), kept_sorted)
+    return CompressionResult(
+        features=output_features.to(features.dtype),
+        coords=coords.index_select(0, kept_sorted).to(torch.long),
+        kept_index=kept_sorted,
+        assignment=assignment.to(torch.long),
+        rounds=rounds,
+        info=dict(info or {}),
+    )

@@ -1,0 +1,147 @@
+"""The CRAFT family: CRAFT itself, selection-only CRAFT and target-pruning CRAFT.
+
+All three run `craft_core.CraftCompressor`; they differ in the config's ablation switches
+(algorithm.md, "Ablation switches"):
+
+| name | weighting | reduce | learnable parts used |
+| --- | --- | --- | --- |
+| craft | position | gate | all (from a checkpoint, or fresh: G = 0.5) |
+| craft-selection | uniform | mean | none (training-free) |
+| craft-prune | position | target | none: G = 0 keeps every target's own row |
+
+Without `hidden_size` the compressor is built on the first call from the width of the
+features it receives (only sensible for the training-free variants and for a fresh `craft`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from craft_eval.methods.registry import register_method
+
+if TYPE_CHECKING:
+    from craft_core import CompressionResult
+
+
+class CraftMethod:
+    """A `TokenCompressor` around a `craft_core.CraftCompressor`, built now or lazily.
+
+    Args:
+        checkpoint: a folder written by `CraftCompressor.save_pretrained`; wins over the rest.
+        hidden_size: D; None builds on the first call from the features' width.
+        overrides: further `CraftConfig` fields (weighting, reduce, seed, ...).
+        device: where the module lives; None follows the features of the first call.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        checkpoint: str | Path | None = None,
+        hidden_size: int | None = None,
+        device: str | torch.device | None = None,
+        **overrides: Any,
+    ) -> None:
+        self.name = name
+        self.checkpoint = None if checkpoint is None else str(checkpoint)
+        self.overrides = overrides
+        self.device = None if device is None else torch.device(device)
+        self.module: Any = None
+        if self.checkpoint is not None:
+            self.module = self._load(self.checkpoint)
+        elif hidden_size is not None:
+            self.module = self._fresh(int(hidden_size))
+        if self.module is not None and self.device is not None:
+            self.module.to(self.device)
+
+    @property
+    def hidden_size(self) -> int | None:
+        """D of the underlying module; None until built."""
+        return None if self.module is None else int(self.module.config.hidden_size)
+
+    def _fresh(self, hidden_size: int) -> Any:
+        from craft_core import CraftCompressor, CraftConfig
+
+        return CraftCompressor(CraftConfig(hidden_size=hidden_size, **self.overrides)).eval()
+
+    def _load(self, path: str) -> Any:
+        from craft_core import CraftCompressor
+
+        module = CraftCompressor.from_pretrained(path).eval()
+        if self.overrides:
+            from craft_core import CraftConfig
+
+            config = CraftConfig(**{**module.config.model_dump(), **self.overrides})
+            rebuilt = CraftCompressor(config)
+            rebuilt.load_state_dict(module.state_dict())
+            module = rebuilt.eval()
+        return module
+
+    def __call__(
+        self,
+        features: torch.Tensor,
+        coords: torch.Tensor,
+        *,
+        ratio: float | None = None,
+        threshold: float | None = None,
+        min_tokens: int | None = None,
+        **extras: Any,
+    ) -> CompressionResult:
+        if self.module is None:
+            if not isinstance(features, torch.Tensor) or features.dim() != 2:
+                raise ValueError("features must be a [N, D] tensor")
+            self.module = self._fresh(int(features.shape[1])).to(features.device)
+        elif self.device is None and _module_device(self.module) != features.device:
+            self.module.to(features.device)
+        with torch.no_grad():
+            result = self.module(
+                features, coords, ratio=ratio, threshold=threshold, min_tokens=min_tokens
+            )
+        result.info["method"] = self.name
+        if self.checkpoint is not None:
+            result.info.setdefault("checkpoint", self.checkpoint)
+        return result
+
+
+def _module_device(module: Any) -> torch.device:
+    for tensor in list(module.parameters()) + list(module.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+@register_method(
+    "craft",
+    kind="merge",
+    needs=("checkpoint",),
+    description="CRAFT: similarity selection + learned position-aware gated merge "
+    "(checkpoint=PATH; fresh untrained module without one).",
+)
+def build_craft(
+    checkpoint: str | Path | None = None, hidden_size: int | None = None, **overrides: Any
+) -> CraftMethod:
+    return CraftMethod(name="craft", checkpoint=checkpoint, hidden_size=hidden_size, **overrides)
+
+
+@register_method(
+    "craft-selection",
+    kind="merge",
+    needs=(),
+    description="Selection-only CRAFT: CRAFT's selection, uniform weights, plain mean (training-free).",
+)
+def build_craft_selection(hidden_size: int | None = None, **overrides: Any) -> CraftMethod:
+    overrides = {**overrides, "weighting": "uniform", "reduce": "mean"}
+    return CraftMethod(name="craft-selection", hidden_size=hidden_size, **overrides)
+
+
+@register_method(
+    "craft-prune",
+    kind="prune",
+    needs=(),
+    description="Target-pruning CRAFT: CRAFT's selection, every target keeps its own row (G = 0).",
+)
+def build_craft_prune(hidden_size: int | None = None, **overrides: Any) -> CraftMethod:
+    overrides = {**overrides, "reduce": "target"}
+    return CraftMethod(name="craft-prune", hidden_size=hidden_size, **overrides)

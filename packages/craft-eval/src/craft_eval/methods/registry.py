@@ -1,0 +1,144 @@
+"""The methods registry: CRAFT and every baseline behind one interface.
+
+A *method* is a factory `(**kwargs) -> TokenCompressor`. A `TokenCompressor` is a callable
+
+    compressor(features, coords, *, ratio=None, threshold=None, min_tokens=None, **extras)
+        -> craft_core.CompressionResult
+
+taking ONE video's tokens (`features [N, D]` floating, `coords [N, 3]` integer `(t, h, w)`)
+and exactly one budget (as `craft_core.resolve_budget` checks it). Fixed-ratio budgets are
+exact: `max(1, floor(N / ratio))` tokens come out. `extras` carries what some methods need
+beyond the tokens (e.g. `attention=[N]` received attention from the vision tower); methods
+ignore extras they do not use.
+
+Register a method with the decorator:
+
+    @register_method("my-method", kind="prune", needs=(), description="...")
+    def build(**kwargs) -> TokenCompressor: ...
+
+and build it with `get_method("my-method", **kwargs)`. `list_methods()` is what
+`craft-eval methods` prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from craft_core import CompressionResult
+
+MethodKind = Literal["merge", "prune", "none"]
+_KINDS = ("merge", "prune", "none")
+
+
+@runtime_checkable
+class TokenCompressor(Protocol):
+    """What every registered method builds (see the module docstring)."""
+
+    def __call__(
+        self,
+        features: torch.Tensor,
+        coords: torch.Tensor,
+        *,
+        ratio: float | None = None,
+        threshold: float | None = None,
+        min_tokens: int | None = None,
+        **extras: Any,
+    ) -> CompressionResult: ...
+
+
+MethodFactory = Callable[..., TokenCompressor]
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    """One registered method.
+
+    Attributes:
+        name: registry key, e.g. "craft", "divprune".
+        kind: "merge" (outputs are combinations of inputs), "prune" (outputs are input rows)
+            or "none" (no compression).
+        needs: what the method needs beyond features + coords, e.g. ("checkpoint",),
+            ("attention",); empty when nothing.
+        description: one line for `craft-eval methods`.
+        factory: `(**kwargs) -> TokenCompressor`.
+    """
+
+    name: str
+    kind: str
+    needs: tuple[str, ...]
+    description: str
+    factory: MethodFactory
+
+
+_REGISTRY: dict[str, MethodInfo] = {}
+
+
+def register_method(
+    name: str,
+    *,
+    kind: str,
+    needs: tuple[str, ...] | list[str] = (),
+    description: str,
+) -> Callable[[MethodFactory], MethodFactory]:
+    """Decorator: register `factory` under `name`.
+
+    Raises:
+        ValueError: an empty name, an unknown kind, or a name registered twice with a
+            different factory.
+    """
+    if not name or not isinstance(name, str):
+        raise ValueError(f"method name must be a non-empty string, got {name!r}")
+    if kind not in _KINDS:
+        raise ValueError(f"kind must be one of {_KINDS}, got {kind!r}")
+    if isinstance(needs, str):
+        needs = (needs,)
+
+    def decorator(factory: MethodFactory) -> MethodFactory:
+        previous = _REGISTRY.get(name)
+        if previous is not None and _qualname(previous.factory) != _qualname(factory):
+            raise ValueError(
+                f"method {name!r} is already registered by {_qualname(previous.factory)}"
+            )
+        _REGISTRY[name] = MethodInfo(
+            name=name,
+            kind=kind,
+            needs=tuple(needs),
+            description=description,
+            factory=factory,
+        )
+        return factory
+
+    return decorator
+
+
+def _qualname(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def get_method_info(name: str) -> MethodInfo:
+    """The `MethodInfo` of `name`; KeyError listing the known names when absent."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY)) or "(none)"
+        raise KeyError(f"unknown method {name!r}; registered methods: {known}") from None
+
+
+def get_method(name: str, **kwargs: Any) -> TokenCompressor:
+    """Build the method registered as `name` with `kwargs` (passed to its factory)."""
+    return get_method_info(name).factory(**kwargs)
+
+
+def list_methods() -> list[MethodInfo]:
+    """Every registered method, sorted by name."""
+    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+
+
+def unregister_method(name: str) -> None:
+    """Remove `name` from the registry (tests use it; no error when absent)."""
+    _REGISTRY.pop(name, None)

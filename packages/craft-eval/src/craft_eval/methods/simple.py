@@ -1,0 +1,84 @@
+"""Sanity-floor methods: random and uniform (evenly strided) token subsets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from craft_core import CompressionResult
+from craft_eval.methods.base import fixed_budget, prune_result
+from craft_eval.methods.registry import register_method
+
+
+class RandomCompressor:
+    """Keep a uniformly random subset of exactly the budget's size.
+
+    The generator is re-seeded from `seed` on every call, so a video gets the same subset
+    whatever ran before it (results do not depend on evaluation order or sharding).
+    """
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = int(seed)
+
+    def __call__(
+        self,
+        features: torch.Tensor,
+        coords: torch.Tensor,
+        *,
+        ratio: float | None = None,
+        threshold: float | None = None,
+        min_tokens: int | None = None,
+        **extras: Any,
+    ) -> CompressionResult:
+        keep = fixed_budget(
+            features,
+            coords,
+            ratio=ratio,
+            threshold=threshold,
+            min_tokens=min_tokens,
+            method="random",
+        )
+        generator = torch.Generator().manual_seed(self.seed)
+        kept = torch.randperm(int(features.shape[0]), generator=generator)[:keep]
+        return prune_result(features, coords, kept, info={"method": "random", "seed": self.seed})
+
+
+class UniformCompressor:
+    """Keep an evenly strided subset: indices `floor((i + 0.5) * N / k)`, i = 0..k-1."""
+
+    def __call__(
+        self,
+        features: torch.Tensor,
+        coords: torch.Tensor,
+        *,
+        ratio: float | None = None,
+        threshold: float | None = None,
+        min_tokens: int | None = None,
+        **extras: Any,
+    ) -> CompressionResult:
+        keep = fixed_budget(
+            features,
+            coords,
+            ratio=ratio,
+            threshold=threshold,
+            min_tokens=min_tokens,
+            method="uniform",
+        )
+        n = int(features.shape[0])
+        kept = ((torch.arange(keep, dtype=torch.float64) + 0.5) * n / keep).floor().long()
+        return prune_result(features, coords, kept.clamp(max=n - 1), info={"method": "uniform"})
+
+
+@register_method(
+    "random", kind="prune", needs=(), description="Random subset of the budget's size (seeded)."
+)
+def build_random(seed: int = 0, **_: Any) -> RandomCompressor:
+    return RandomCompressor(seed=seed)
+
+
+@register_method(
+    "uniform", kind="prune", needs=(), description="Evenly strided subset over the raster order."
+)
+def build_uniform(**_: Any) -> UniformCompressor:
+    return UniformCompressor()

@@ -1,0 +1,249 @@
+"""Reports: a Markdown results table, the accuracy-vs-compression plot and merge maps.
+
+write_report("runs/", "runs/report")  ->  report.md, accuracy_vs_compression.png,
+                                           merge_map_*.png (from saved merge-map data)
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+import numpy as np
+
+from craft_eval.scoring import retention
+
+
+def collect_runs(root: str | Path) -> list[dict[str, Any]]:
+    """Every summary.json under `root` (one per run), with its directory under "_dir"."""
+    out = []
+    for path in sorted(Path(root).rglob("summary.json")):
+        summary = json.loads(path.read_text(encoding="utf-8"))
+        summary["_dir"] = str(path.parent)
+        out.append(summary)
+    return out
+
+
+def _key(summary: dict[str, Any]) -> tuple[str, float | None, float | None]:
+    c = summary["config"]
+    return c["method"], c.get("ratio"), c.get("threshold")
+
+
+def _label(method: str, ratio: float | None, threshold: float | None) -> str:
+    if method == "none":
+        return "uncompressed"
+    if ratio is not None:
+        return f"{method} @ {ratio:g}x"
+    return f"{method} @ s>={threshold:g}"
+
+
+def results_table(summaries: list[dict[str, Any]]) -> str:
+    """Markdown: one row per method x budget, one column per benchmark (headline accuracy),
+    then the average, the realized ratio ("Comp.", per video averaged) and retention against
+    the uncompressed run of the same model."""
+    benches = sorted({s["config"]["benchmark"] for s in summaries})
+    by_key: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = defaultdict(dict)
+    for s in summaries:
+        by_key[_key(s)][s["config"]["benchmark"]] = s
+    base = by_key.get(("none", None, None), {})
+    base_avg = _avg([base[b]["scores"]["accuracy"] for b in benches if b in base])
+    lines = [
+        "| method | " + " | ".join(benches) + " | avg | Comp. | retention |",
+        "| --- | " + " | ".join("---" for _ in benches) + " | --- | --- | --- |",
+    ]
+
+    def order(key: tuple[Any, ...]) -> tuple[int, str, float, float]:
+        method, ratio, threshold = key
+        return (0 if method == "none" else 1, method, ratio or 0.0, threshold or 0.0)
+
+    for key in sorted(by_key, key=order):
+        runs = by_key[key]
+        accs = [runs[b]["scores"]["accuracy"] if b in runs else None for b in benches]
+        avg = _avg(accs) if all(a is not None for a in accs) else None
+        comps = [runs[b]["scores"].get("comp_ratio") for b in benches if b in runs]
+        comp = _avg([c for c in comps if c is not None])
+        ret = retention(avg, base_avg)
+        cells = [_fmt(a) for a in accs] + [
+            _fmt(avg),
+            "-" if comp is None else f"{comp:.1f}x",
+            "-" if ret is None else f"{ret:.1f}%",
+        ]
+        lines.append(f"| {_label(*key)} | " + " | ".join(cells) + " |")
+    protocols = sorted(
+        {
+            f"{s['config']['benchmark']}: {s['protocol']['protocol']} ({s['protocol']['reference']})"
+            for s in summaries
+        }
+    )
+    lines += ["", "Protocols: " + "; ".join(protocols) + "."]
+    return "\n".join(lines)
+
+
+def _avg(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return mean(present) if present else None
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def plot_accuracy_vs_compression(summaries: list[dict[str, Any]], path: str | Path) -> Path:
+    """PNG: average accuracy over the benchmarks (y) against the realized ratio (x, log2),
+    one line per method; the uncompressed run as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    grouped: dict[tuple[Any, ...], list[dict[str, Any]]] = defaultdict(list)
+    for s in summaries:
+        grouped[_key(s)].append(s)
+    base = None
+    for key, runs in grouped.items():
+        acc = _avg([r["scores"]["accuracy"] for r in runs])
+        comp = _avg([r["scores"].get("comp_ratio") for r in runs])
+        if acc is None:
+            continue
+        if key[0] == "none":
+            base = acc
+        elif comp is not None:
+            points[key[0]].append((comp, acc))
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    for method, pts in sorted(points.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=method)
+    if base is not None:
+        ax.axhline(base, linestyle="--", color="black", label="uncompressed")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("realized compression ratio (Comp., per video averaged)")
+    ax.set_ylabel("accuracy (%), mean over benchmarks")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def save_merge_data(
+    path: str | Path,
+    frames: np.ndarray,
+    coords: Any,
+    assignment: Any,
+    kept_index: Any,
+    title: str = "",
+) -> Path:
+    """Store what a merge map needs (frames uint8 [F,H,W,3], token coords, assignment)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(
+        path,
+        frames=np.asarray(frames, dtype=np.uint8),
+        coords=np.asarray(_numpy(coords), dtype=np.int64),
+        assignment=np.asarray(_numpy(assignment), dtype=np.int64),
+        kept_index=np.asarray(_numpy(kept_index), dtype=np.int64),
+        title=np.asarray(title),
+    )
+    return path
+
+
+def _numpy(x: Any) -> Any:
+    return x.detach().cpu().numpy() if hasattr(x, "detach") else x
+
+
+def render_merge_map(
+    frames: np.ndarray,
+    coords: np.ndarray,
+    assignment: np.ndarray,
+    kept_index: np.ndarray,
+    path: str | Path,
+    *,
+    title: str = "",
+    max_panels: int = 8,
+) -> Path:
+    """PNG: the frames with every patch that was merged tinted by the colour of the output
+    token it went into (same colour across frames = merged over time), representatives
+    marked with a white dot; patches that stayed alone are left untinted.
+
+    `coords[i] = (t, h, w)` of token i on the backbone's token grid (relative values are
+    normalised), `assignment[i]` its output row, `kept_index` the representatives.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    coords = coords - coords.min(axis=0, keepdims=True)
+    t_n, h_n, w_n = (int(v) + 1 for v in coords.max(axis=0))
+    sizes = np.bincount(assignment, minlength=int(assignment.max()) + 1)
+    palette = plt.get_cmap("tab20")(np.arange(20))[:, :3]
+    rng = np.random.default_rng(0)
+    colours = palette[rng.integers(0, 20, size=sizes.shape[0])]
+    f_n = frames.shape[0]
+    panels = (
+        list(range(t_n))
+        if t_n <= max_panels
+        else list(np.linspace(0, t_n - 1, max_panels).astype(int))
+    )
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(2.2 * len(panels), 2.6), dpi=120, squeeze=False
+    )
+    kept = set(int(k) for k in kept_index)
+    for ax, t in zip(axes[0], panels):
+        frame = frames[min(f_n - 1, int(t * f_n / t_n))].astype(np.float32) / 255.0
+        fh, fw = frame.shape[:2]
+        overlay = frame.copy()
+        for i in np.nonzero(coords[:, 0] == t)[0]:
+            _, hi, wi = coords[i]
+            y0, y1 = int(hi * fh / h_n), int((hi + 1) * fh / h_n)
+            x0, x1 = int(wi * fw / w_n), int((wi + 1) * fw / w_n)
+            if sizes[assignment[i]] > 1:
+                overlay[y0:y1, x0:x1] = 0.45 * frame[y0:y1, x0:x1] + 0.55 * colours[assignment[i]]
+            if int(i) in kept:
+                ax.plot((x0 + x1) / 2, (y0 + y1) / 2, "o", color="white", markersize=2)
+        ax.imshow(overlay)
+        ax.set_title(f"t={t}", fontsize=8)
+        ax.axis("off")
+    n_in, n_out = assignment.shape[0], len(kept)
+    fig.suptitle(f"{title}  {n_in} -> {n_out} tokens ({n_in / max(1, n_out):.1f}x)", fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_report(root: str | Path, out_dir: str | Path | None = None) -> dict[str, Any]:
+    """Table + plot + merge maps for every run under `root`; returns the written paths."""
+    root = Path(root)
+    out = Path(out_dir) if out_dir else root / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    summaries = collect_runs(root)
+    if not summaries:
+        raise FileNotFoundError(f"no summary.json under {root}")
+    table = results_table(summaries)
+    (out / "report.md").write_text("# CRAFT evaluation report\n\n" + table + "\n", encoding="utf-8")
+    plot = plot_accuracy_vs_compression(summaries, out / "accuracy_vs_compression.png")
+    maps = []
+    for npz in sorted(root.rglob("merge_map*.npz")):
+        data = np.load(npz)
+        name = f"{npz.parent.parent.name}_{npz.parent.name}_{npz.stem}.png".replace("/", "_")
+        maps.append(
+            render_merge_map(
+                data["frames"],
+                data["coords"],
+                data["assignment"],
+                data["kept_index"],
+                out / name,
+                title=str(data["title"]),
+            )
+        )
+    return {"table": table, "markdown": out / "report.md", "plot": plot, "merge_maps": maps}

@@ -1,0 +1,351 @@
+"""The evaluation loop: items -> prompts -> backend -> parser -> scorer, streamed to JSONL.
+
+Layout of a run directory (one per benchmark x method x budget):
+
+    <run_dir>/records.rank<r>.jsonl   header line, then one line per finished item, then a
+                                      "done" line; appended and flushed as items finish
+    <run_dir>/records.jsonl           all ranks merged, in benchmark order (written at the end)
+    <run_dir>/summary.json            config + protocol + scores
+
+A killed run started again with the same arguments reads its shard, skips every item already
+recorded (a half-written last line is dropped) and goes on; the merged summary is the same
+as an uninterrupted run's. A video that cannot be decoded becomes an error record for that
+item (scored wrong) and the run goes on.
+
+Data parallel: with torchrun each process reads RANK / WORLD_SIZE from the environment,
+takes items[rank::world_size], and rank 0 merges once every shard has its "done" line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+from craft_eval.scoring import summarize
+from craft_eval.tasks import Item, Prompt, get_benchmark
+
+
+class VideoDecodeError(RuntimeError):
+    """A video that is missing or cannot be decoded: recorded as an error for its item."""
+
+
+@dataclass
+class Generation:
+    """What a backend returns for one item."""
+
+    reply: str
+    tokens_before: int | None = None
+    tokens_after: int | None = None
+    num_frames: int | None = None
+    frames_capped: bool = False
+    compress_ms: float | None = None
+    prefill_ms: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    """Runs the model on one item: read the video, build inputs, compress, generate."""
+
+    def describe(self) -> dict[str, Any]: ...
+
+    def generate(self, item: Item, prompt: Prompt) -> Generation: ...
+
+
+@dataclass
+class RunConfig:
+    """Everything that defines a run (written into every result file)."""
+
+    benchmark: str
+    data_root: str
+    model: str
+    method: str = "none"
+    ratio: float | None = None
+    threshold: float | None = None
+    checkpoint: str | None = None
+    protocol: str = "lmms-eval"
+    fallback: str | None = None
+    fps: float = 2.0
+    max_frames: int = 64
+    subset: str | None = None
+    limit: int | None = None
+    method_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def run_name(self) -> str:
+        budget = ""
+        if self.method != "none":
+            budget = f"-r{self.ratio:g}" if self.ratio is not None else f"-t{self.threshold:g}"
+        return f"{self.benchmark}/{self.method}{budget}"
+
+    def identity(self) -> dict[str, Any]:
+        """The fields a resumed run must share with the interrupted one (JSON-normalised)."""
+        return json.loads(json.dumps(asdict(self), default=str, sort_keys=True))  # type: ignore[no-any-return]
+
+
+def shard_from_env() -> tuple[int, int]:
+    """(rank, world_size) from torchrun's environment; (0, 1) without it."""
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if not 0 <= rank < world:
+        raise ValueError(f"RANK={rank} outside WORLD_SIZE={world}")
+    return rank, world
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Complete JSON lines of `path`; a torn last line (killed mid-write) is cut off."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    rows: list[dict[str, Any]] = []
+    good_end = 0
+    start = 0
+    while True:
+        end = data.find(b"\n", start)
+        if end < 0:
+            break
+        line = data[start:end].strip()
+        if line:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+        good_end = end + 1
+        start = end + 1
+    if good_end < len(data):
+        with open(path, "r+b") as f:
+            f.truncate(good_end)
+    return rows
+
+
+class _Writer:
+    def __init__(self, path: Path) -> None:
+        self.file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+
+    def write(self, row: dict[str, Any]) -> None:
+        self.file.write(json.dumps(row, sort_keys=True) + "\n")
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def run_benchmark(
+    config: RunConfig,
+    backend: Backend | Callable[[], Backend],
+    run_dir: str | Path,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    progress: bool = True,
+    merge_timeout_s: float = 24 * 3600.0,
+    stop_after: int | None = None,
+) -> dict[str, Any] | None:
+    """Evaluate `config` with `backend`; return the merged summary (rank 0) or None.
+
+    Args:
+        backend: a Backend, or a zero-argument factory (called only if work remains).
+        rank, world_size: default from the environment (torchrun); simulate ranks in tests.
+        stop_after: stop after this many NEW items without writing "done" (tests use it
+            to simulate a killed run).
+    """
+    bench = get_benchmark(config.benchmark)
+    protocol_info = bench.describe_protocol(config.protocol, config.fallback)
+    if rank is None or world_size is None:
+        rank, world_size = shard_from_env()
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    items = bench.load(config.data_root, subset=config.subset)
+    if config.limit is not None:
+        items = items[: config.limit]
+    order = {item.id: i for i, item in enumerate(items)}
+    if len(order) != len(items):
+        raise ValueError(f"{bench.name}: duplicate item ids in the data")
+    shard = items[rank::world_size]
+
+    shard_path = run_dir / f"records.rank{rank}.jsonl"
+    existing = _read_jsonl(shard_path)
+    header = {
+        "type": "header",
+        "config": config.identity(),
+        "protocol": protocol_info,
+        "rank": rank,
+        "world_size": world_size,
+        "frames": f"fps={config.fps:g}, at most {config.max_frames} (uniform over the clip "
+        "when the cap binds)",
+    }
+    writer = _Writer(shard_path)
+    try:
+        if existing:
+            old = existing[0]
+            if (
+                old.get("type") != "header"
+                or old.get("config") != header["config"]
+                or old.get("world_size") != world_size
+            ):
+                raise ValueError(
+                    f"{shard_path} holds a different run (config or world size differ); "
+                    "use another output directory"
+                )
+        else:
+            writer.write(header)
+        done_ids = {r["id"] for r in existing if r.get("type") == "item"}
+        finished = any(r.get("type") == "done" for r in existing)
+        todo = [item for item in shard if item.id not in done_ids]
+
+        if todo and not finished:
+            model = cast(Backend, backend if hasattr(backend, "generate") else backend())  # type: ignore[operator]
+            bar = _progress(len(shard), len(shard) - len(todo), config, rank, progress)
+            for count, item in enumerate(todo):
+                if stop_after is not None and count >= stop_after:
+                    bar.close()
+                    return None
+                writer.write(_evaluate(item, order[item.id], bench, config, model))
+                bar.update(1)
+            bar.close()
+        if not finished:
+            writer.write({"type": "done", "n": len(shard)})
+    finally:
+        writer.close()
+
+    if rank != 0:
+        return None
+    wait_for_shards(run_dir, world_size, timeout_s=merge_timeout_s)
+    return merge_run(run_dir)
+
+
+def _progress(total: int, initial: int, config: RunConfig, rank: int, enabled: bool) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=f"{config.run_name()} [rank {rank}]",
+        disable=not enabled,
+        unit="q",
+        dynamic_ncols=True,
+    )
+
+
+def _evaluate(
+    item: Item, index: int, bench: Any, config: RunConfig, model: Backend
+) -> dict[str, Any]:
+    prompt = bench.prompt(item, config.protocol)
+    row: dict[str, Any] = {
+        "type": "item",
+        "index": index,
+        "id": item.id,
+        "video": item.video,
+        "segment": list(item.segment) if item.segment else None,
+        "categories": item.categories,
+        "gold": item.answer,
+    }
+    start = time.perf_counter()
+    try:
+        gen = model.generate(item, prompt)
+    except VideoDecodeError as error:
+        row.update(
+            status="error",
+            error=f"{type(error).__name__}: {error}",
+            prediction="",
+            correct=False if item.answer else None,
+        )
+        return row
+    prediction = bench.parse(gen.reply, item, config.protocol, config.fallback)
+    row.update(
+        status="ok",
+        reply=gen.reply,
+        prediction=prediction,
+        correct=bench.is_correct(prediction, item),
+        tokens_before=gen.tokens_before,
+        tokens_after=gen.tokens_after,
+        ratio=(gen.tokens_before / gen.tokens_after)
+        if gen.tokens_before and gen.tokens_after
+        else None,
+        num_frames=gen.num_frames,
+        frames_capped=gen.frames_capped,
+        compress_ms=gen.compress_ms,
+        prefill_ms=gen.prefill_ms,
+        item_s=round(time.perf_counter() - start, 4),
+        **({"extra": gen.extra} if gen.extra else {}),
+    )
+    return row
+
+
+def wait_for_shards(
+    run_dir: Path, world_size: int, *, timeout_s: float, poll_s: float = 2.0
+) -> None:
+    """Block until every rank's shard ends with its "done" line."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = [
+            r
+            for r in range(world_size)
+            if not any(
+                row.get("type") == "done"
+                for row in _read_jsonl(Path(run_dir) / f"records.rank{r}.jsonl")[-1:]
+            )
+        ]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{run_dir}: ranks {missing} did not finish in {timeout_s:.0f} s")
+        time.sleep(poll_s)
+
+
+def merge_run(run_dir: str | Path) -> dict[str, Any]:
+    """Merge every rank's shard into records.jsonl + summary.json; return the summary."""
+    run_dir = Path(run_dir)
+    shards = sorted(run_dir.glob("records.rank*.jsonl"))
+    if not shards:
+        raise FileNotFoundError(f"{run_dir}: no records.rank*.jsonl")
+    header: dict[str, Any] | None = None
+    rows: dict[str, dict[str, Any]] = {}
+    for path in shards:
+        lines = _read_jsonl(path)
+        if not lines or lines[0].get("type") != "header":
+            raise ValueError(f"{path}: missing header line")
+        if header is None:
+            header = lines[0]
+        elif lines[0]["config"] != header["config"]:
+            raise ValueError(f"{path}: shards of different runs in {run_dir}")
+        for row in lines:
+            if row.get("type") == "item":
+                rows[row["id"]] = row
+    assert header is not None
+    world = int(header.get("world_size", 1))
+    if len(shards) != world:
+        raise ValueError(f"{run_dir}: {len(shards)} shard file(s) for world size {world}")
+    records = sorted(rows.values(), key=lambda r: r["index"])
+    bench = get_benchmark(header["config"]["benchmark"])
+    merged_header = {k: v for k, v in header.items() if k != "rank"}
+    with open(run_dir / "records.jsonl", "w", encoding="utf-8") as f:
+        f.write(json.dumps(merged_header, sort_keys=True) + "\n")
+        for row in records:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+    summary = {
+        "config": header["config"],
+        "protocol": header["protocol"],
+        "frames": header.get("frames"),
+        "world_size": world,
+        "scores": summarize(records, bench),
+    }
+    if bench.name == "egoschema" and any(not r.get("gold") for r in records):
+        from craft_eval.tasks import write_submission
+
+        summary["submission"] = str(
+            write_submission(records, run_dir / "egoschema_submission.json")
+        )
+    (run_dir / "summary.json").write_text(
+        json.dumps(summary, indent=1, sort_keys=True), encoding="utf-8"
+    )
+    return summary
+
+
+def load_summary(run_dir: str | Path) -> dict[str, Any]:
+    return json.loads((Path(run_dir) / "summary.json").read_text(encoding="utf-8"))

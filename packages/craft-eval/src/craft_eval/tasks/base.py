@@ -1,0 +1,189 @@
+"""What every benchmark provides: items, prompts, answer parsing and scoring rules."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+LETTERS = "ABCDEFGHIJ"
+REFERENCE = "lmms-eval 0.7.3"
+
+
+@dataclass
+class Item:
+    """One question of a benchmark, read from the data as distributed.
+
+    Attributes:
+        benchmark: benchmark name ("videomme", ...).
+        id: unique within the benchmark (the dataset's own question id where it has one).
+        video: path of the video file (absolute; may not exist: the run records an error).
+        question: the question text as distributed.
+        options: the option texts WITHOUT their letters, in order (A, B, ...).
+        answer: the gold letter; "" when the answer is not public (EgoSchema full set).
+        categories: breakdown fields (e.g. {"duration": "short", "domain": ...}).
+        segment: (start, end) seconds for benchmarks that ask about part of a clip.
+        record: the raw record (JSON-safe), which the prompt builders read.
+    """
+
+    benchmark: str
+    id: str
+    video: str
+    question: str
+    options: list[str]
+    answer: str
+    categories: dict[str, str] = field(default_factory=dict)
+    segment: tuple[float, float] | None = None
+    record: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def letters(self) -> str:
+        return LETTERS[: len(self.options)]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What the model is asked: user text (after the video), optional system prompt, and a
+    forced start of the assistant's reply (MVBench's original "Best option:(")."""
+
+    text: str
+    max_new_tokens: int
+    system: str | None = None
+    assistant_prefix: str = ""
+
+
+class Benchmark:
+    """Base class of the six benchmarks.
+
+    Subclasses set the class attributes and implement `load`, `prompt` and `parse`.
+    `protocols`: the protocol names offered, the first being the default
+    (always "lmms-eval", the reference). `fallbacks`: for parsers whose reference picks a
+    random letter on an unparseable reply: ("random", "empty"), default "random".
+    """
+
+    name: ClassVar[str] = ""
+    title: ClassVar[str] = ""
+    protocols: ClassVar[tuple[str, ...]] = ("lmms-eval",)
+    fallbacks: ClassVar[tuple[str, ...]] = ()
+    breakdowns: ClassVar[tuple[str, ...]] = ()
+    macro_over: ClassVar[str | None] = None
+    """Category whose per-group accuracies are averaged for the headline number (MVBench's
+    tasks, MLVU's M-Avg); None: plain accuracy over all items."""
+
+    def load(self, root: str | Path, *, subset: str | None = None) -> list[Item]:
+        raise NotImplementedError
+
+    def prompt(self, item: Item, protocol: str = "lmms-eval") -> Prompt:
+        raise NotImplementedError
+
+    def parse(
+        self, reply: str, item: Item, protocol: str = "lmms-eval", fallback: str | None = None
+    ) -> str:
+        raise NotImplementedError
+
+    def is_correct(self, prediction: str, item: Item) -> bool | None:
+        """Letter equality; None when the gold answer is not public."""
+        if not item.answer:
+            return None
+        return prediction.upper() == item.answer.upper()
+
+    def check_protocol(self, protocol: str, fallback: str | None) -> None:
+        if protocol not in self.protocols:
+            raise ValueError(
+                f"{self.name}: unknown protocol {protocol!r}; offered: {', '.join(self.protocols)}"
+            )
+        if fallback is not None and fallback not in self.fallbacks:
+            offered = ", ".join(self.fallbacks) or "none (this parser never guesses)"
+            raise ValueError(f"{self.name}: unknown fallback {fallback!r}; offered: {offered}")
+
+    def describe_protocol(
+        self, protocol: str = "lmms-eval", fallback: str | None = None
+    ) -> dict[str, Any]:
+        """What goes into every result file: which prompt/parser/scoring rules ran."""
+        self.check_protocol(protocol, fallback)
+        info: dict[str, Any] = {
+            "benchmark": self.name,
+            "protocol": protocol,
+            "reference": REFERENCE if protocol == "lmms-eval" else f"original {self.title} code",
+            "rules": self.rules(protocol),
+        }
+        if self.fallbacks:
+            chosen = fallback or self.fallbacks[0]
+            info["fallback"] = chosen
+            info["fallback_rule"] = (
+                "unparseable reply -> random letter seeded by (0, item id), as lmms-eval"
+                if chosen == "random"
+                else 'unparseable reply -> "" (scored wrong, deterministic)'
+            )
+        info["headline"] = (
+            f"mean of per-{self.macro_over} accuracies" if self.macro_over else "accuracy"
+        )
+        return info
+
+    def rules(self, protocol: str) -> str:
+        """One line naming the prompt and parser of `protocol` (for result files)."""
+        return ""
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Rows of a .json (list, or {"data": [...]}) / .jsonl / .parquet annotation file."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return [_plain(r) for r in pq.read_table(path).to_pylist()]
+    if suffix == ".jsonl":
+        with open(path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if isinstance(data, dict):
+        for key in ("data", "questions", "records"):
+            if isinstance(data.get(key), list):
+                return list(data[key])
+        return [
+            dict(v, _key=k) if isinstance(v, dict) else {"_key": k, "value": v}
+            for k, v in data.items()
+        ]
+    return list(data)
+
+
+def _plain(value: Any) -> Any:
+    """numpy / pyarrow scalars and arrays -> plain Python (JSON-safe)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return value
+
+
+def find_annotation(root: Path, patterns: list[str], what: str) -> list[Path]:
+    """Annotation files under `root` matching the first pattern that matches anything."""
+    for pattern in patterns:
+        found = sorted(p for p in root.glob(pattern) if p.is_file())
+        if found:
+            return found
+    tried = ", ".join(patterns)
+    raise FileNotFoundError(f"{what}: no annotation file under {root} (looked for {tried})")
+
+
+def first_existing(candidates: list[Path]) -> Path:
+    """The first candidate that exists, else the first candidate (the run records the error)."""
+    for path in candidates:
+        if path.exists():
+            return path
+    return candidates[0]
+
+
+def strip_letter(option: str) -> str:
+    """ "A. Candles." -> "Candles."; "(B) text" -> "text"; other strings unchanged."""
+    import re
+
+    match = re.match(r"^\s*\(?([A-J])[\.\):]\s*(.*)$", option, flags=re.S)
+    return match.group(2) if match else option

@@ -1,0 +1,67 @@
+"""LongVideoBench, validation split without subtitles (1,337 questions)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from craft_eval.tasks.base import LETTERS, Benchmark, Item, Prompt, find_annotation, read_records
+from craft_eval.tasks.parsing import lvb_extract, random_fallback
+
+POST_PROMPT = "Answer with the option's letter from the given choices directly."
+
+
+class LongVideoBench(Benchmark):
+    name = "longvideobench"
+    title = "LongVideoBench"
+    fallbacks = ("random", "empty")
+    breakdowns = ("duration_group", "question_category")
+
+    def load(self, root: str | Path, *, subset: str | None = None) -> list[Item]:
+        root = Path(root)
+        files = find_annotation(
+            root,
+            ["lvb_val.json", "validation-*.parquet", "*/validation-*.parquet"],
+            self.title,
+        )
+        items = []
+        for path in files:
+            for rec in read_records(path):
+                if "candidates" in rec and rec["candidates"] is not None:
+                    options = [str(c) for c in rec["candidates"]]
+                else:  # parquet form: option0..option4, "N/A" for absent ones
+                    options = [
+                        str(rec[f"option{i}"])
+                        for i in range(5)
+                        if rec.get(f"option{i}") not in (None, "N/A")
+                    ]
+                items.append(
+                    Item(
+                        benchmark=self.name,
+                        id=str(rec["id"]),
+                        video=str(root / "videos" / str(rec["video_path"])),
+                        question=str(rec["question"]),
+                        options=options,
+                        answer=LETTERS[int(rec["correct_choice"])],
+                        categories={k: str(rec.get(k, "")) for k in self.breakdowns},
+                        record=rec,
+                    )
+                )
+        return items
+
+    def prompt(self, item: Item, protocol: str = "lmms-eval") -> Prompt:
+        self.check_protocol(protocol, None)
+        lines = "\n".join(f"{LETTERS[i]}. {c}" for i, c in enumerate(item.options))
+        return Prompt(f"{item.question}\n{lines}\n{POST_PROMPT}", max_new_tokens=32)
+
+    def parse(
+        self, reply: str, item: Item, protocol: str = "lmms-eval", fallback: str | None = None
+    ) -> str:
+        letter = lvb_extract(reply, item.letters)
+        if letter is not None:
+            return letter
+        if (fallback or "random") == "random":
+            return random_fallback(item.id, item.letters)
+        return ""
+
+    def rules(self, protocol: str) -> str:
+        return "lmms-eval prompt; answer prefixes removed, first A-E character"

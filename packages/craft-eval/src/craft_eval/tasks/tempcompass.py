@@ -1,0 +1,66 @@
+"""TempCompass, multiple-choice split (1,580 questions, 5 temporal dimensions)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from pathlib import Path
+
+from craft_eval.tasks.base import Benchmark, Item, Prompt, find_annotation, read_records
+from craft_eval.tasks.parsing import tempcompass_extract
+
+
+class TempCompass(Benchmark):
+    name = "tempcompass"
+    title = "TempCompass"
+    breakdowns = ("dim",)
+
+    def load(self, root: str | Path, *, subset: str | None = None) -> list[Item]:
+        root = Path(root)
+        files = find_annotation(
+            root,
+            ["multi-choice/*.parquet", "multi_choice*.json", "multi-choice*.json", "*.parquet"],
+            self.title,
+        )
+        items = []
+        seen: Counter[str] = Counter()
+        for path in files:
+            for rec in read_records(path):
+                vid = str(rec["video_id"])
+                lines = str(rec["question"]).split("\n")
+                options = [
+                    m.group(2) for m in (re.match(r"^([A-J])\. ?(.*)$", x) for x in lines[1:]) if m
+                ]
+                key = f"{vid}/{rec.get('dim', '')}"
+                items.append(
+                    Item(
+                        benchmark=self.name,
+                        id=f"{key}/{seen[key]}",
+                        video=str(root / "videos" / f"{vid}.mp4"),
+                        question=lines[0],
+                        options=options,
+                        answer=str(rec["answer"]).strip()[:1],
+                        categories={"dim": str(rec.get("dim", ""))},
+                        record=rec,
+                    )
+                )
+                seen[key] += 1
+        return items
+
+    def prompt(self, item: Item, protocol: str = "lmms-eval") -> Prompt:
+        self.check_protocol(protocol, None)
+        return Prompt(
+            str(item.record["question"]) + "\nPlease directly give the best option:",
+            max_new_tokens=16,
+        )
+
+    def parse(
+        self, reply: str, item: Item, protocol: str = "lmms-eval", fallback: str | None = None
+    ) -> str:
+        return tempcompass_extract(reply, str(item.record["answer"]))
+
+    def rules(self, protocol: str) -> str:
+        return (
+            "reply == answer, or a single letter, or starts with 'X.'/'X)'; "
+            "otherwise 0 (the official --disable_llm rule; no LLM judge)"
+        )

@@ -1,0 +1,74 @@
+"""Video-MME without subtitles (2,700 questions, 900 videos)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from craft_eval.tasks.base import (
+    Benchmark,
+    Item,
+    Prompt,
+    find_annotation,
+    first_existing,
+    read_records,
+    strip_letter,
+)
+from craft_eval.tasks.parsing import first_letter_extract, mc_extract
+
+INSTRUCTION = (
+    "Select the best answer to the following multiple-choice question based on the video. "
+    "Respond with only the letter (A, B, C, or D) of the correct option."
+)
+POST_PROMPT = "Answer with the option's letter from the given choices directly."
+ORIGINAL_POST_PROMPT = "The best answer is:"
+
+
+class VideoMME(Benchmark):
+    name = "videomme"
+    title = "Video-MME"
+    protocols = ("lmms-eval", "original")
+    breakdowns = ("duration", "domain", "sub_category", "task_type")
+
+    def load(self, root: str | Path, *, subset: str | None = None) -> list[Item]:
+        root = Path(root)
+        files = find_annotation(
+            root, ["videomme/test-*.parquet", "test-*.parquet", "*.parquet"], self.title
+        )
+        items = []
+        for path in files:
+            for rec in read_records(path):
+                vid = str(rec["videoID"])
+                video = first_existing(
+                    [root / "data" / f"{vid}{ext}" for ext in (".mp4", ".MP4", ".mkv")]
+                )
+                items.append(
+                    Item(
+                        benchmark=self.name,
+                        id=str(rec["question_id"]),
+                        video=str(video),
+                        question=str(rec["question"]),
+                        options=[strip_letter(str(o)) for o in rec["options"]],
+                        answer=str(rec["answer"]).strip(),
+                        categories={k: str(rec.get(k, "")) for k in self.breakdowns},
+                        record=rec,
+                    )
+                )
+        return items
+
+    def prompt(self, item: Item, protocol: str = "lmms-eval") -> Prompt:
+        self.check_protocol(protocol, None)
+        options = "\n".join(str(o) for o in item.record["options"])
+        post = POST_PROMPT if protocol == "lmms-eval" else ORIGINAL_POST_PROMPT
+        return Prompt(f"{INSTRUCTION}\n{item.question}\n{options}\n{post}", max_new_tokens=16)
+
+    def parse(
+        self, reply: str, item: Item, protocol: str = "lmms-eval", fallback: str | None = None
+    ) -> str:
+        if protocol == "original":
+            return first_letter_extract(reply, "ABCD")
+        return mc_extract(reply, "ABCD")
+
+    def rules(self, protocol: str) -> str:
+        if protocol == "original":
+            return 'prompt ends "The best answer is:"; first A-D after removing answer prefixes'
+        return "lmms-eval prompt; multiple-choice extractor A-D (preference order, benchmarks.md)"

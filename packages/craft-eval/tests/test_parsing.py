@@ -1,0 +1,214 @@
+"""Table-driven tests of every benchmark's answer parser, with realistic replies."""
+
+from __future__ import annotations
+
+import pytest
+
+from craft_eval.tasks import get_benchmark
+from craft_eval.tasks.base import Item
+from craft_eval.tasks.parsing import (
+    first_letter_extract,
+    mc_extract,
+    mmmu_extract,
+    mvbench_extract,
+    mvbench_original_extract,
+    random_fallback,
+    tempcompass_extract,
+)
+
+# Video-MME / MLVU: lmms-eval's multiple-choice extractor, choices A-D.
+MC_CASES = [
+    ("C", "C"),
+    ("b", "B"),
+    ("B.", "B"),
+    ("(B)", "B"),
+    ("The answer is (B).", "B"),
+    ("The answer is B", "B"),
+    ("B. Candles.", "B"),
+    ("C. Berries", "C"),
+    ("I think C", "C"),
+    ("I think the answer is D.", "D"),
+    ("Answer: A", "A"),
+    ("answer: C", "C"),
+    ("The correct option is (A) Apples.", "A"),
+    ("Option D is correct.", "D"),
+    ("D) The three kinds are of the same number.", "D"),
+    ("Best option: (C)", "C"),
+    ("A", "A"),
+    ("  D  ", "D"),
+    ("**B**", "B"),
+    ("", ""),
+    ("   ", ""),
+    ("I cannot determine this from the video.", ""),
+    ("none of the above", ""),
+    ("E", ""),  # not a valid choice for a 4-option benchmark
+    (
+        "The video shows a man decorating a Christmas tree with apples, candles and berries, "
+        "and there appear to be more berries than anything else, so the answer is C.",
+        "C",
+    ),
+    ("Based on the video, (B) seems right, but (C) is also possible.", "C"),
+    ("B\n\nThe video shows candles.", "B"),
+    ("C. Berries.\nExplanation: the berries outnumber the rest.", "C"),
+]
+
+
+@pytest.mark.parametrize(("reply", "expected"), MC_CASES)
+def test_mc_extract(reply: str, expected: str) -> None:
+    assert mc_extract(reply, "ABCD") == expected
+
+
+ORIGINAL_VIDEOMME_CASES = [
+    ("The best answer is C.", "C"),
+    ("C", "C"),
+    ("Berries (C)", "B"),  # the original takes the FIRST A-D character: the B of "Berries"
+    ("so it is A", "A"),
+    ("", ""),
+    ("there are more berries than candles and apples in the video here", ""),
+]
+
+
+@pytest.mark.parametrize(("reply", "expected"), ORIGINAL_VIDEOMME_CASES)
+def test_videomme_original_first_letter(reply: str, expected: str) -> None:
+    assert first_letter_extract(reply, "ABCD") == expected
+
+
+MVBENCH_CASES = [
+    ("(A) Ate the medicine.", "A"),
+    ("A. Ate the medicine.", "A"),
+    ("B) Tidied up the blanket.", "B"),
+    ("C", "C"),
+    ("(D)", "D"),
+    ("The answer is (C).", "C"),
+    ("Best option: (B) Tidied up the blanket.", "B"),
+    ("Put down the cup/glass/bottle.", ""),
+    ("", ""),
+    ("a", ""),  # lower case is not an option letter for MVBench's parser
+    ("I would say D, because the person reaches for the box.", "D"),
+]
+
+
+@pytest.mark.parametrize(("reply", "expected"), MVBENCH_CASES)
+def test_mvbench_extract(reply: str, expected: str) -> None:
+    assert mvbench_extract(reply, "ABCD") == expected
+
+
+MVBENCH_ORIGINAL_CASES = [
+    ("A) Ate the medicine.", "A"),
+    ("B) Tidied up the blanket.", "B"),
+    ("C", "C"),
+    ("(D) Took the box.", "D"),
+    ("d) took the box", "D"),
+    ("Took the box.", ""),
+    ("", ""),
+]
+
+
+@pytest.mark.parametrize(("reply", "expected"), MVBENCH_ORIGINAL_CASES)
+def test_mvbench_original(reply: str, expected: str) -> None:
+    assert mvbench_original_extract(reply, "ABCD") == expected
+
+
+EGO_OPTIONS = {
+    "A": "C is cooking a meal.",
+    "B": "C is cleaning the kitchen.",
+    "C": "C is repairing a bicycle.",
+    "D": "C is reading a book.",
+    "E": "C is painting a wall.",
+}
+EGOSCHEMA_CASES = [
+    ("(B)", "B"),
+    ("B", "B"),
+    ("B.", "B"),
+    ("The answer is (D).", "D"),
+    # MMMU quirk: "C " (the camera wearer, "C") is checked before "D." and wins
+    ("D. C is reading a book.", "C"),
+    ("D.", "D"),
+    ("Option A is the best.", "A"),
+    ("(A) or (C)? I think (C)", "A"),  # last occurrences: (A) at 0, (C) later -> earliest wins
+    ("", None),
+    ("I am not sure what happens in this video at all", None),
+]
+
+
+@pytest.mark.parametrize(("reply", "expected"), EGOSCHEMA_CASES)
+def test_egoschema_mmmu_extract(reply: str, expected: str | None) -> None:
+    assert mmmu_extract(reply, EGO_OPTIONS) == expected
+
+
+def test_egoschema_matches_option_text_in_long_replies() -> None:
+    options = {"A": "cooking a meal", "B": "fixing a bicycle", "C": "reading a book"}
+    assert mmmu_extract("the person in the video is fixing a bicycle in a garage", options) == "B"
+    assert mmmu_extract("fixing a bicycle", options) is None  # 5 words or fewer: no text match
+    several = "first cooking a meal, then reading a book, and cooking a meal again at the end"
+    assert mmmu_extract(several, options) == "C"  # last occurrence earliest: "reading a book"
+
+
+TEMPCOMPASS_CASES = [
+    ("A. dunking a basketball", "A"),
+    ("A", "A"),
+    ("b", "B"),
+    ("B. dribbling a basketball", "B"),
+    ("C) passing a basketball", "C"),
+    ("The man is dunking a basketball.", ""),
+    ("The answer is A.", ""),  # official rules: only exact / letter / 'X.' forms count offline
+    ("", ""),
+]
+
+
+@pytest.mark.parametrize(("reply", "expected"), TEMPCOMPASS_CASES)
+def test_tempcompass_extract(reply: str, expected: str) -> None:
+    assert tempcompass_extract(reply, "A. dunking a basketball") == expected
+
+
+def _item(bench: str, n: int = 5, answer: str = "B") -> Item:
+    return Item(
+        benchmark=bench,
+        id="q1",
+        video="v.mp4",
+        question="q",
+        options=[f"opt{i}" for i in range(n)],
+        answer=answer,
+    )
+
+
+LVB_CASES = [
+    ("E", "E"),
+    ("The best answer is E.", "E"),
+    ("Best option: B", "B"),
+    ("(C) He puts on a black bathrobe.", "C"),
+    ("He is shirtless.", None),  # "H" is not an option letter and no A-E appears
+    ("", None),
+]
+
+
+@pytest.mark.parametrize(("reply", "expected"), LVB_CASES)
+@pytest.mark.parametrize("fallback", ["random", "empty"])
+def test_longvideobench_parse_and_fallback(reply: str, expected: str | None, fallback: str) -> None:
+    bench = get_benchmark("longvideobench")
+    item = _item("longvideobench")
+    got = bench.parse(reply, item, fallback=fallback)
+    if expected is not None:
+        assert got == expected
+    elif fallback == "empty":
+        assert got == ""
+    else:  # seeded random letter: valid, and the same every time
+        assert got in "ABCDE"
+        assert got == bench.parse(reply, item, fallback=fallback)
+        assert got == random_fallback(item.id, "ABCDE")
+
+
+def test_random_fallback_depends_only_on_item() -> None:
+    picks = {random_fallback(f"q{i}", "ABCDE") for i in range(50)}
+    assert len(picks) > 1  # really random over items
+    assert random_fallback("q7", "ABCDE") == random_fallback("q7", "ABCDE")
+
+
+def test_protocol_description_names_fallback() -> None:
+    info = get_benchmark("egoschema").describe_protocol("lmms-eval", "empty")
+    assert info["fallback"] == "empty"
+    assert info["reference"] == "lmms-eval 0.7.3"
+    with pytest.raises(ValueError, match="fallback"):
+        get_benchmark("videomme").describe_protocol("lmms-eval", "random")
+    with pytest.raises(ValueError, match="protocol"):
+        get_benchmark("tempcompass").describe_protocol("original")

@@ -1,0 +1,169 @@
+"""The whole pipeline on a tiny random VLM: reader -> processor -> adapter -> compressor ->
+generate -> parser -> scorer, plus the CLI and the demo."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("craft_adapters.tiny")
+from craft_eval.backend import HFBackend, adapters_status, build_model_inputs, read_frames
+from craft_eval.fixtures import write_fixture
+from craft_eval.runner import RunConfig, VideoDecodeError, run_benchmark
+from craft_eval.tasks import Prompt, get_benchmark
+
+pytestmark = pytest.mark.skipif(not adapters_status()[0], reason=adapters_status()[1])
+
+TASKS = "moving_direction,object_existence"
+BACKBONE = "llava_onevision"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+    from craft_adapters.tiny import build_tiny_vlm
+
+    return build_tiny_vlm(BACKBONE, tmp_path_factory.mktemp("tiny"))  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("mvbench")
+    return write_fixture("mvbench", root, num_items=2, num_frames=16, broken=(1,))
+
+
+def test_reader_errors_become_decode_errors(data: Path, tmp_path: Path) -> None:
+    items = get_benchmark("mvbench").load(data, subset=TASKS)
+    frames, fps, capped = read_frames(items[0].video, fps=2.0, max_frames=64)
+    assert frames.shape == (4, 96, 96, 3) and fps == 2.0 and not capped
+    frames, fps, capped = read_frames(items[0].video, fps=2.0, max_frames=2)
+    assert frames.shape[0] == 2 and capped and fps < 2.0
+    with pytest.raises(VideoDecodeError):
+        read_frames(items[1].video, fps=2.0, max_frames=8)  # written broken
+    with pytest.raises(VideoDecodeError, match="not found"):
+        read_frames(str(tmp_path / "missing.mp4"), fps=2.0, max_frames=8)
+    seg, _, _ = read_frames(items[0].video, fps=8.0, max_frames=64, segment=(0.5, 1.0))
+    assert 1 <= seg.shape[0] <= 5
+
+
+def test_end_to_end_uncompressed_and_compressed(
+    tiny: tuple[Any, Any], data: Path, tmp_path: Path
+) -> None:
+    model, processor = tiny
+    results = {}
+    for method, ratio in [("none", None), ("uniform", 4.0), ("craft-selection", 4.0)]:
+        config = RunConfig(
+            benchmark="mvbench",
+            data_root=str(data),
+            model="tiny",
+            method=method,
+            ratio=ratio,
+            subset=TASKS,
+            max_frames=8,
+        )
+        run_dir = tmp_path / config.run_name()
+        backend = HFBackend(
+            model,
+            processor,
+            method=method,
+            ratio=ratio,
+            max_frames=8,
+            merge_map_dir=run_dir,
+            merge_maps=1,
+        )
+        summary = run_benchmark(config, backend, run_dir, progress=False)
+        assert summary is not None
+        results[method] = (summary["scores"], run_dir)
+    base, _ = results["none"]
+    assert base["n_items"] == 4 and base["n_errors"] == 1
+    assert base["comp_ratio"] == pytest.approx(1.0)
+    for method in ("uniform", "craft-selection"):
+        scores, run_dir = results[method]
+        assert scores["tokens_before_mean"] == base["tokens_before_mean"]
+        assert scores["tokens_after_mean"] < scores["tokens_before_mean"]
+        assert scores["comp_ratio"] > 2.5
+        assert scores["kv_mb_mean"] < base["kv_mb_mean"]
+        assert scores["prefill_len_mean"] < base["prefill_len_mean"]
+        assert scores["compress_ms_mean"] is not None
+        assert (run_dir / "merge_map_0.npz").exists()
+        rows = [json.loads(x) for x in (run_dir / "records.jsonl").read_text().splitlines()[1:]]
+        ok = [r for r in rows if r["status"] == "ok"]
+        assert all(isinstance(r["reply"], str) and r["prefill_ms"] > 0 for r in ok)
+
+
+def test_profile_reports_median_timings(tiny: tuple[Any, Any], data: Path) -> None:
+    model, processor = tiny
+    item = get_benchmark("mvbench").load(data, subset=TASKS)[0]
+    backend = HFBackend(model, processor, method="uniform", ratio=4.0, max_frames=8)
+    prof = backend.profile(item, get_benchmark("mvbench").prompt(item), warmup=1, repeats=2)
+    assert prof["prefill_ms"] > 0 and prof["compress_ms"] is not None and prof["kv_mb"] > 0
+    assert "median of 2 after 1 warm-up" in prof["timing"]
+
+
+def test_original_protocol_system_prompt_and_forced_start(
+    tiny: tuple[Any, Any], data: Path
+) -> None:
+    _, processor = tiny
+    item = get_benchmark("mvbench").load(data, subset=TASKS)[0]
+    frames, fps, _ = read_frames(item.video, fps=2.0, max_frames=4)
+    prompt = get_benchmark("mvbench").prompt(item, "original")
+    inputs = build_model_inputs(processor, frames, fps, prompt)
+    text = processor.tokenizer.decode(inputs["input_ids"][0])
+    assert "Carefully watch the video" in text
+    assert text.endswith("assistant\nBest option:(")
+    plain = build_model_inputs(processor, frames, fps, Prompt("hi", 4))
+    assert processor.tokenizer.decode(plain["input_ids"][0]).endswith("assistant\n")
+
+
+def test_cli_run_uses_the_pipeline(
+    tiny: tuple[Any, Any],
+    data: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from craft_eval import cli
+
+    monkeypatch.setattr(cli, "_load_model", lambda args: (tiny[0], tiny[1], "tiny"))
+    code = cli.main(
+        [
+            "run",
+            "--tiny",
+            BACKBONE,
+            "-b",
+            "mvbench",
+            "--data-root",
+            f"mvbench={data}",
+            "--subset",
+            TASKS,
+            "--method",
+            "random",
+            "--ratio",
+            "4",
+            "--frames",
+            "8",
+            "-o",
+            str(tmp_path),
+            "--no-progress",
+        ]
+    )
+    assert code == 0
+    summary = json.loads((tmp_path / "tiny" / "mvbench" / "random-r4" / "summary.json").read_text())
+    assert summary["config"]["method"] == "random" and summary["scores"]["n_errors"] == 1
+    assert "mvbench/random-r4: accuracy" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_demo_runs_and_writes_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from craft_eval.demo import run_demo
+
+    code = run_demo(backbone=BACKBONE, methods=["craft", "uniform"], output=tmp_path, num_items=1)
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "MEANINGLESS" in out and "FLOPs red." in out
+    for method in ("none", "craft", "uniform"):
+        assert f"\n{method} " in out
+    assert (tmp_path / "report" / "accuracy_vs_compression.png").exists()
+    assert list((tmp_path / "report").glob("*merge_map*.png"))

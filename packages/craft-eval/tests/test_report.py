@@ -1,0 +1,98 @@
+"""Reports: results table with retention, the accuracy-vs-compression plot, merge maps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from evalhelpers import ScriptedBackend
+
+from craft_eval.cli import main
+from craft_eval.fixtures import synthetic_frames, write_fixture
+from craft_eval.report import (
+    collect_runs,
+    render_merge_map,
+    results_table,
+    save_merge_data,
+    write_report,
+)
+from craft_eval.runner import RunConfig, run_benchmark
+from craft_eval.scoring import retention
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("report")
+    roots = {
+        "videomme": write_fixture(
+            "videomme", base / "data" / "videomme", num_items=4, num_frames=2
+        ),
+        "tempcompass": write_fixture(
+            "tempcompass", base / "data" / "tc", num_items=4, num_frames=2
+        ),
+    }
+    for bench, root in roots.items():
+        for method, ratio in [("none", None), ("uniform", 4.0), ("uniform", 8.0)]:
+            config = RunConfig(
+                benchmark=bench, data_root=str(root), model="m", method=method, ratio=ratio
+            )
+            run_benchmark(
+                config, ScriptedBackend(), base / "runs" / config.run_name(), progress=False
+            )
+    return base / "runs"
+
+
+def test_table_has_every_run_and_retention(runs: Path) -> None:
+    summaries = collect_runs(runs)
+    assert len(summaries) == 6
+    table = results_table(summaries)
+    lines = table.splitlines()
+    assert lines[0] == "| method | tempcompass | videomme | avg | Comp. | retention |"
+    assert lines[2].startswith("| uncompressed |")
+    assert any(line.startswith("| uniform @ 8x |") for line in lines)
+    assert "| 100.0% |" in lines[2]  # the base run retains itself
+    assert "lmms-eval 0.7.3" in table
+    assert retention(30.0, 60.0) == 50.0 and retention(None, 60.0) is None
+
+
+def test_write_report_and_cli(
+    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    frames = synthetic_frames(4, (32, 32))
+    coords = np.stack(
+        np.meshgrid(np.arange(2), np.arange(4), np.arange(4), indexing="ij"), -1
+    ).reshape(-1, 3)
+    assignment = np.arange(32) // 4
+    save_merge_data(
+        runs / "videomme" / "uniform-r8" / "merge_map_0.npz",
+        frames,
+        coords,
+        assignment,
+        np.arange(0, 32, 4),
+        "t",
+    )
+    out = write_report(runs, tmp_path / "rep")
+    assert out["plot"].stat().st_size > 1000 and out["markdown"].exists()
+    assert len(out["merge_maps"]) == 1 and out["merge_maps"][0].stat().st_size > 1000
+    assert main(["report", str(runs), "--out", str(tmp_path / "rep2")]) == 0
+    printed = capsys.readouterr().out
+    assert "| uniform @ 4x |" in printed and "accuracy_vs_compression.png" in printed
+
+
+def test_merge_map_png(tmp_path: Path) -> None:
+    frames = synthetic_frames(8, (48, 64))
+    t, h, w = 4, 3, 4
+    coords = np.stack(
+        np.meshgrid(np.arange(t), np.arange(h), np.arange(w), indexing="ij"), -1
+    ).reshape(-1, 3)
+    assignment = np.arange(t * h * w) % 6
+    path = render_merge_map(frames, coords, assignment, np.arange(6), tmp_path / "m.png", title="x")
+    assert path.stat().st_size > 1000
+
+
+def test_methods_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    for name in ("craft", "craft-selection", "craft-prune", "random", "uniform"):
+        assert f"\n{name} " in out
