@@ -96,3 +96,18 @@ def test_methods_command(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for name in ("craft", "craft-selection", "craft-prune", "random", "uniform"):
         assert f"\n{name} " in out
+
+
+def test_retention_is_per_model(runs: Path, tmp_path: Path) -> None:
+    import shutil
+
+    root = tmp_path / "two"
+    shutil.copytree(runs, root / "a")
+    data = write_fixture("videomme", tmp_path / "d", num_items=2, num_frames=2)
+    config = RunConfig(benchmark="videomme", data_root=str(data), model="other", method="none")
+    run_benchmark(config, ScriptedBackend(), root / "b" / config.run_name(), progress=False)
+    table = results_table(collect_runs(root))
+    assert "| other: uncompressed |" in table and "| m: uniform @ 8x |" in table
+    rows = {line.split(" | ")[0][2:]: line for line in table.splitlines() if line.startswith("| ")}
+    assert rows["other: uncompressed"].endswith("| 100.0% |")  # against its own base run
+    assert rows["m: uncompressed"].endswith("| 100.0% |")

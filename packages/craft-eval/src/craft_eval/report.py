@@ -27,57 +27,71 @@ def collect_runs(root: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-def _key(summary: dict[str, Any]) -> tuple[str, float | None, float | None]:
+def _key(summary: dict[str, Any]) -> tuple[str, str, float | None, float | None]:
     c = summary["config"]
-    return c["method"], c.get("ratio"), c.get("threshold")
+    return c["model"], c["method"], c.get("ratio"), c.get("threshold")
 
 
-def _label(method: str, ratio: float | None, threshold: float | None) -> str:
+def _label(key: tuple[str, str, float | None, float | None], with_model: bool) -> str:
+    model, method, ratio, threshold = key
     if method == "none":
-        return "uncompressed"
-    if ratio is not None:
-        return f"{method} @ {ratio:g}x"
-    return f"{method} @ s>={threshold:g}"
+        label = "uncompressed"
+    elif ratio is not None:
+        label = f"{method} @ {ratio:g}x"
+    else:
+        label = f"{method} @ s>={threshold:g}"
+    return f"{model}: {label}" if with_model else label
 
 
 def results_table(summaries: list[dict[str, Any]]) -> str:
     """Markdown: one row per method x budget, one column per benchmark (headline accuracy),
     then the average, the realized ratio ("Comp.", per video averaged) and retention against
-    the uncompressed run of the same model."""
+    the uncompressed run of the same model (`acc / acc_base`, averages over the benchmarks
+    both runs have)."""
     benches = sorted({s["config"]["benchmark"] for s in summaries})
     by_key: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = defaultdict(dict)
     for s in summaries:
         by_key[_key(s)][s["config"]["benchmark"]] = s
-    base = by_key.get(("none", None, None), {})
-    base_avg = _avg([base[b]["scores"]["accuracy"] for b in benches if b in base])
+    models = sorted({key[0] for key in by_key})
+    partial = False
     lines = [
         "| method | " + " | ".join(benches) + " | avg | Comp. | retention |",
         "| --- | " + " | ".join("---" for _ in benches) + " | --- | --- | --- |",
     ]
 
-    def order(key: tuple[Any, ...]) -> tuple[int, str, float, float]:
-        method, ratio, threshold = key
-        return (0 if method == "none" else 1, method, ratio or 0.0, threshold or 0.0)
+    def order(key: tuple[Any, ...]) -> tuple[str, int, str, float, float]:
+        model, method, ratio, threshold = key
+        return (model, 0 if method == "none" else 1, method, ratio or 0.0, threshold or 0.0)
 
     for key in sorted(by_key, key=order):
         runs = by_key[key]
         accs = [runs[b]["scores"]["accuracy"] if b in runs else None for b in benches]
-        avg = _avg(accs) if all(a is not None for a in accs) else None
-        comps = [runs[b]["scores"].get("comp_ratio") for b in benches if b in runs]
+        present = [b for b, a in zip(benches, accs) if a is not None]
+        avg = _avg(accs)
+        partial = partial or len(present) < len(benches)
+        comps = [runs[b]["scores"].get("comp_ratio") for b in present]
         comp = _avg([c for c in comps if c is not None])
-        ret = retention(avg, base_avg)
+        # retention over the benchmarks that this row and its model's base run both have
+        base = by_key.get((key[0], "none", None, None), {})
+        shared = [b for b in present if b in base]
+        ret = retention(
+            _avg([runs[b]["scores"]["accuracy"] for b in shared]),
+            _avg([base[b]["scores"]["accuracy"] for b in shared]),
+        )
         cells = [_fmt(a) for a in accs] + [
-            _fmt(avg),
+            _fmt(avg) + ("*" if avg is not None and len(present) < len(benches) else ""),
             "-" if comp is None else f"{comp:.1f}x",
             "-" if ret is None else f"{ret:.1f}%",
         ]
-        lines.append(f"| {_label(*key)} | " + " | ".join(cells) + " |")
+        lines.append(f"| {_label(key, len(models) > 1)} | " + " | ".join(cells) + " |")
     protocols = sorted(
         {
             f"{s['config']['benchmark']}: {s['protocol']['protocol']} ({s['protocol']['reference']})"
             for s in summaries
         }
     )
+    if partial:
+        lines += ["", "\\* average over the benchmarks this row has."]
     lines += ["", "Protocols: " + "; ".join(protocols) + "."]
     return "\n".join(lines)
 
@@ -104,15 +118,18 @@ def plot_accuracy_vs_compression(summaries: list[dict[str, Any]], path: str | Pa
     for s in summaries:
         grouped[_key(s)].append(s)
     base = None
+    first_model = min(k[0] for k in grouped) if grouped else ""
     for key, runs in grouped.items():
         acc = _avg([r["scores"]["accuracy"] for r in runs])
         comp = _avg([r["scores"].get("comp_ratio") for r in runs])
         if acc is None:
             continue
-        if key[0] == "none":
-            base = acc
+        name = key[1] if key[0] == first_model else f"{key[0]}: {key[1]}"
+        if key[1] == "none":
+            if key[0] == first_model:
+                base = acc
         elif comp is not None:
-            points[key[0]].append((comp, acc))
+            points[name].append((comp, acc))
     fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
     for method, pts in sorted(points.items()):
         pts.sort()
