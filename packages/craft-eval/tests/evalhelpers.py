@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any
 
 from craft_eval.runner import Generation, VideoDecodeError
 from craft_eval.tasks import Item, Prompt
@@ -17,9 +16,6 @@ class ScriptedBackend:
     def __init__(self, delay_s: float = 0.0) -> None:
         self.delay_s = delay_s
         self.calls: list[str] = []
-
-    def describe(self) -> dict[str, Any]:
-        return {"backend": "scripted"}
 
     def generate(self, item: Item, prompt: Prompt) -> Generation:
         import av

@@ -245,7 +245,6 @@ class HFBackend:
         max_frames: int = 64,
         merge_map_dir: str | Path | None = None,
         merge_maps: int = 0,
-        name: str = "",
     ) -> None:
         import craft_adapters
         from craft_eval.methods import get_method, get_method_info
@@ -255,7 +254,6 @@ class HFBackend:
         self.fps = fps
         self.max_frames = max_frames
         self.device = next(model.parameters()).device
-        self.name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
         self.compressor: _TimedCompressor | None = None
         if method != "none":
             kwargs = dict(method_kwargs or {})
@@ -271,10 +269,6 @@ class HFBackend:
         self.merge_map_dir = None if merge_map_dir is None else Path(merge_map_dir)
         self.merge_maps = merge_maps
         self._saved_maps = 0
-        self.model_type = str(model.config.model_type)
-
-    def describe(self) -> dict[str, Any]:
-        return {"model": self.name, "model_type": self.model_type, "method": self.method}
 
     def generate(self, item: Item, prompt: Prompt) -> Generation:
         frames, sampled_fps, capped = read_frames(

@@ -232,7 +232,6 @@ def _evaluate(
                 max_frames=config.max_frames,
                 merge_map_dir=run_dir,
                 merge_maps=getattr(args, "merge_maps", 0),
-                name=tag,
             )
 
         summary = run_benchmark(

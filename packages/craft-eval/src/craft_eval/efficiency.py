@@ -285,10 +285,13 @@ def measure_efficiency(
     grid = torch.stack(
         torch.meshgrid(torch.arange(t), torch.arange(hh), torch.arange(ww), indexing="ij"), -1
     ).reshape(-1, 3)
-    coords = torch.cat([grid, grid[-1:]])[:n_video] if n_video > grid.shape[0] else grid[:n_video]
+    # only the (t, h, w) grid is compressed; extra tokens (LLaVA-OV's newline) always survive
+    extra_tokens = n_video - int(grid.shape[0])
     generator = torch.Generator().manual_seed(seed)
-    features = torch.randn(n_video, hidden, generator=generator).to(device=device, dtype=dtype)
-    coords = coords.to(device)
+    features = torch.randn(grid.shape[0], hidden, generator=generator).to(
+        device=device, dtype=dtype
+    )
+    coords = grid.to(device)
     full_len = text_tokens + n_video
     bytes_per = torch.finfo(dtype).bits // 8
 
@@ -321,7 +324,7 @@ def measure_efficiency(
                     return c(features, coords, ratio=r)
 
             compress_ms, result = time_call(compress, device, warmup=warmup, repeats=repeats)
-            kept = result.num_kept
+            kept = result.num_kept + extra_tokens
         seq_len = text_tokens + kept
         ms, total, growing = prefill(seq_len)
         rows.append(

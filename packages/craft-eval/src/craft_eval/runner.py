@@ -51,8 +51,6 @@ class Generation:
 class Backend(Protocol):
     """Runs the model on one item: read the video, build inputs, compress, generate."""
 
-    def describe(self) -> dict[str, Any]: ...
-
     def generate(self, item: Item, prompt: Prompt) -> Generation: ...
 
 
@@ -345,7 +343,3 @@ def merge_run(run_dir: str | Path) -> dict[str, Any]:
         json.dumps(summary, indent=1, sort_keys=True), encoding="utf-8"
     )
     return summary
-
-
-def load_summary(run_dir: str | Path) -> dict[str, Any]:
-    return json.loads((Path(run_dir) / "summary.json").read_text(encoding="utf-8"))

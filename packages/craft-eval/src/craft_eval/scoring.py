@@ -20,7 +20,6 @@ def summarize(records: list[dict[str, Any]], benchmark: Benchmark) -> dict[str, 
     - `comp_ratio`: the paper's "Comp.": N_f / N_c per VIDEO, averaged over the videos.
     - errors (undecodable videos ...) count as wrong and are listed in `errors`.
     """
-    scored = [r for r in records if r.get("correct") is not None or r.get("status") != "ok"]
     ok = [r for r in records if r.get("status") == "ok"]
     errors = [r for r in records if r.get("status") != "ok"]
 
@@ -33,12 +32,12 @@ def summarize(records: list[dict[str, Any]], benchmark: Benchmark) -> dict[str, 
     breakdowns: dict[str, dict[str, dict[str, Any]]] = {}
     for key in benchmark.breakdowns:
         groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for r in scored:
+        for r in records:
             groups[str(r.get("categories", {}).get(key, ""))].append(r)
         breakdowns[key] = {
             g: {"accuracy": acc(rows), "n": len(rows)} for g, rows in sorted(groups.items())
         }
-    micro = acc(scored)
+    micro = acc(records)
     if benchmark.macro_over and breakdowns.get(benchmark.macro_over):
         values = [v["accuracy"] for v in breakdowns[benchmark.macro_over].values()]
         values = [v for v in values if v is not None]
@@ -67,7 +66,7 @@ def summarize(records: list[dict[str, Any]], benchmark: Benchmark) -> dict[str, 
         "micro_accuracy": micro,
         "headline": f"mean over {benchmark.macro_over}" if benchmark.macro_over else "accuracy",
         "n_items": len(records),
-        "n_scored": sum(1 for r in scored if r.get("gold")),
+        "n_scored": sum(1 for r in records if r.get("gold")),
         "n_errors": len(errors),
         "errors": [{"id": r.get("id"), "error": r.get("error")} for r in errors],
         "breakdowns": breakdowns,

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     import torch
 
     from craft_core import CompressionResult
 
-MethodKind = Literal["merge", "prune", "none"]
 _KINDS = ("merge", "prune", "none")
 
 
