@@ -133,3 +133,17 @@ def test_efficiency_on_gpu_uses_cuda_events() -> None:
     )
     assert result["timing"].startswith("CUDA events")
     assert result["rows"][1]["prefill_ms"] < result["rows"][0]["prefill_ms"]
+
+
+def test_efficiency_command(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from craft_eval.cli import main
+
+    argv = ["efficiency", "--arch", "llava-ov-7b", "--frames", "2", "--ratios", "2", "4"]
+    argv += ["--methods", "uniform", "--repeats", "1", "--warmup", "0", "--device", "cpu"]
+    assert main([*argv, "--override", SMALL, "--json", str(tmp_path / "e.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| uniform | 4x |" in out and "LLaVA-OV-7B (cpu, float32), 2 frames" in out
+    rows = json.loads((tmp_path / "e.json").read_text())["rows"]
+    assert [r["ratio"] for r in rows] == [None, 2.0, 4.0]

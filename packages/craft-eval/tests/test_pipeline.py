@@ -167,3 +167,22 @@ def test_demo_runs_and_writes_report(tmp_path: Path, capsys: pytest.CaptureFixtu
         assert f"\n{method} " in out
     assert (tmp_path / "report" / "accuracy_vs_compression.png").exists()
     assert list((tmp_path / "report").glob("*merge_map*.png"))
+
+
+def test_cli_sweep_runs_base_and_grid_then_reports(
+    tiny: tuple[Any, Any],
+    data: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from craft_eval import cli
+
+    monkeypatch.setattr(cli, "_load_model", lambda args: (tiny[0], tiny[1], "tiny"))
+    argv = ["sweep", "--tiny", BACKBONE, "-b", "mvbench", "--data-root", str(data)]
+    argv += ["--subset", TASKS, "--methods", "uniform", "--ratios", "2", "4", "--frames", "8"]
+    assert cli.main([*argv, "-o", str(tmp_path), "--no-progress", "--limit", "2"]) == 0
+    for run in ("none", "uniform-r2", "uniform-r4"):
+        assert (tmp_path / "tiny" / "mvbench" / run / "summary.json").exists()
+    out = capsys.readouterr().out
+    assert "| uniform @ 4x |" in out and "accuracy_vs_compression.png" in out

@@ -242,17 +242,8 @@ class PairingState:
         sims[own, pos[own]] = float("-inf")
         return sims
 
-    def _recompute(
-        self, rows: torch.Tensor, keys: torch.Tensor, absorb: torch.Tensor | None = None
-    ) -> None:
-        """Full pass: rows `[r]` against every active token `keys` (ascending).
-
-        With `absorb` (`[a]` rows, none of them in `rows`), each block's scores are also read
-        transposed, as the scores of `absorb` against this block of rows, and merged into
-        their candidate lists: the products of changed targets serve both sides.
-        """
-        if absorb is not None:
-            absorb_pos = torch.searchsorted(keys, absorb)
+    def _recompute(self, rows: torch.Tensor, keys: torch.Tensor) -> None:
+        """Full pass: rows `[r]` against every active token `keys` (ascending)."""
         key_embed = self.embed[keys]
         for start in range(0, rows.numel(), self.block):
             stop = min(start + self.block, rows.numel())
@@ -267,9 +258,15 @@ class PairingState:
                 value, where = sims[unsure].max(dim=1)
                 best_sim[unsure], best_idx[unsure] = value, keys[where]
             self.partner_sim[ids], self.partner[ids] = best_sim, best_idx
-            if absorb is not None and absorb.numel():
-                self._absorb(absorb, sims[:, absorb_pos].T, ids)
         self.full_rows += rows.numel() * keys.numel() / self.embed.shape[0]
+
+    def _rescore(self, rows: torch.Tensor, changed: torch.Tensor) -> None:
+        """Re-score `rows` against the changed targets and merge the result into their lists."""
+        changed_embed = self.embed[changed]
+        for start in range(0, rows.numel(), self.block):
+            ids = rows[start : start + self.block]
+            self._absorb(ids, self.embed[ids] @ changed_embed.T, changed)
+        self.full_rows += rows.numel() * changed.numel() / self.embed.shape[0]
 
     def _absorb(self, rows: torch.Tensor, sims: torch.Tensor, keys: torch.Tensor) -> None:
         """Merge fresh scores `[r, m]` of `rows` against `keys` into their candidate lists:
@@ -303,7 +300,8 @@ class PairingState:
         self.list_sim[rows] = self.list_sim[rows].masked_fill(dropped, float("-inf"))
         self.list_idx[rows] = list_idx.masked_fill(dropped, -1)
         if changed.numel():
-            self._recompute(changed, active_ids, absorb=rows)
+            self._rescore(rows, changed)
+            self._recompute(changed, active_ids)
         else:
             self.list_sim[rows], self.list_idx[rows] = _order_candidates(
                 self.list_sim[rows], self.list_idx[rows]

@@ -1,0 +1,239 @@
+"""The published baselines as pure functions on one video's tokens (issue 5).
+
+Each function takes `features [N, D]`, `coords [N, 3]` (t, h, w) and exactly one budget
+(`ratio=` fixed and exact, or `threshold=` for the methods with an adaptive mode) and returns a
+`craft_core.CompressionResult`. Methods that score tokens by the vision tower's attention
+take `importance=[N]` (attention received) and fall back to the L2 norm, recording which ran
+in `result.info["importance"]`.
+
+Importing this package registers every baseline in `craft_eval.methods` (the registry passes
+the vision tower's attention as the extra `attention=`; `importance=` is accepted too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from craft_core import CompressionResult
+from craft_eval.baselines.divprune import divprune
+from craft_eval.baselines.dtd import dtd
+from craft_eval.baselines.fastvid import fastvid
+from craft_eval.baselines.scissor import SEARCH_STEPS, llava_scissor, scissor_plan
+from craft_eval.baselines.scissor_merge import scissor_merge
+from craft_eval.baselines.tome import tome
+from craft_eval.baselines.vidcom2 import vidcom2
+from craft_eval.baselines.visionzip import visionzip
+from craft_eval.methods.registry import register_method
+
+__all__ = [
+    "BaselineMethod",
+    "ScissorMergeMethod",
+    "divprune",
+    "dtd",
+    "fastvid",
+    "llava_scissor",
+    "scissor_merge",
+    "scissor_plan",
+    "tome",
+    "vidcom2",
+    "visionzip",
+]
+
+
+class BaselineMethod:
+    """A registered baseline: the function with its settings bound (a `TokenCompressor`)."""
+
+    def __init__(self, function: Callable[..., CompressionResult], **settings: Any) -> None:
+        self.function = function
+        self.settings = settings
+
+    def __call__(
+        self,
+        features: torch.Tensor,
+        coords: torch.Tensor,
+        *,
+        ratio: float | None = None,
+        threshold: float | None = None,
+        min_tokens: int | None = None,
+        importance: torch.Tensor | None = None,
+        attention: torch.Tensor | None = None,
+        **extras: Any,
+    ) -> CompressionResult:
+        return self.function(
+            features,
+            coords,
+            ratio=ratio,
+            threshold=threshold,
+            min_tokens=min_tokens,
+            importance=importance if importance is not None else attention,
+            **self.settings,
+        )
+
+
+class ScissorMergeMethod:
+    """Scissor-Merge with its `CraftCompressor`: from `checkpoint`, or fresh (built on the
+    first call from the features' width when `hidden_size` is not given)."""
+
+    def __init__(
+        self,
+        checkpoint: str | Path | None = None,
+        hidden_size: int | None = None,
+        search_steps: int | None = None,
+        **overrides: Any,
+    ) -> None:
+        from craft_core import CraftCompressor, CraftConfig
+
+        self.checkpoint = None if checkpoint is None else str(checkpoint)
+        self.overrides = overrides
+        self.search_steps = SEARCH_STEPS if search_steps is None else int(search_steps)
+        self.compressor: CraftCompressor | None = None
+        if self.checkpoint is not None:
+            self.compressor = CraftCompressor.from_pretrained(self.checkpoint).eval()
+            if overrides:
+                config = CraftConfig(**{**self.compressor.config.model_dump(), **overrides})
+                rebuilt = CraftCompressor(config)
+                rebuilt.load_state_dict(self.compressor.state_dict())
+                self.compressor = rebuilt.eval()
+        elif hidden_size is not None:
+            self.compressor = CraftCompressor(CraftConfig(hidden_size=hidden_size, **overrides))
+
+    def __call__(
+        self,
+        features: torch.Tensor,
+        coords: torch.Tensor,
+        *,
+        ratio: float | None = None,
+        threshold: float | None = None,
+        min_tokens: int | None = None,
+        importance: torch.Tensor | None = None,
+        **extras: Any,
+    ) -> CompressionResult:
+        from craft_core import CraftCompressor, CraftConfig
+
+        if self.compressor is None:
+            if not isinstance(features, torch.Tensor) or features.dim() != 2:
+                raise ValueError("features must be a [N, D] tensor")
+            config = CraftConfig(hidden_size=int(features.shape[1]), **self.overrides)
+            self.compressor = CraftCompressor(config).eval()
+        self.compressor.to(features.device)
+        result = scissor_merge(
+            features,
+            coords,
+            compressor=self.compressor,
+            ratio=ratio,
+            threshold=threshold,
+            min_tokens=min_tokens,
+            search_steps=self.search_steps,
+        )
+        result.info["checkpoint"] = self.checkpoint
+        return result
+
+
+_ATTENTION_NOTE = " Uses attention=[N] (received attention); L2-norm proxy without it."
+
+
+@register_method(
+    "tome",
+    kind="merge",
+    needs=(),
+    description="ToMe (video): bipartite soft matching over all tokens, size-weighted means.",
+)
+def build_tome(**_: Any) -> BaselineMethod:
+    return BaselineMethod(tome)
+
+
+@register_method(
+    "divprune",
+    kind="prune",
+    needs=(),
+    description="DivPrune: greedy max-min diversity (1 - cosine) pruning.",
+)
+def build_divprune(**_: Any) -> BaselineMethod:
+    return BaselineMethod(divprune)
+
+
+@register_method(
+    "visionzip",
+    kind="merge",
+    needs=("attention",),
+    description="VisionZip: per-frame dominant tokens + contextual merges (54:10)."
+    + _ATTENTION_NOTE,
+)
+def build_visionzip(contextual_fraction: float = 10 / 64, **_: Any) -> BaselineMethod:
+    return BaselineMethod(visionzip, contextual_fraction=contextual_fraction)
+
+
+@register_method(
+    "vidcom2",
+    kind="prune",
+    needs=(),
+    description="VidCom2: frame-adaptive budgets, keeps each frame's most distinctive tokens.",
+)
+def build_vidcom2(
+    channel_fraction: float = 0.5, temperature: float = 0.01, **_: Any
+) -> BaselineMethod:
+    return BaselineMethod(vidcom2, channel_fraction=channel_fraction, temperature=temperature)
+
+
+@register_method(
+    "fastvid",
+    kind="merge",
+    needs=("attention",),
+    description="FastVID: dynamic segments, salient tokens + density-peak anchor merges."
+    + _ATTENTION_NOTE,
+)
+def build_fastvid(
+    segments: int = 8,
+    tau: float = 0.9,
+    d: float = 0.4,
+    p: int = 4,
+    beta: float = 0.6,
+    knn: int = 4,
+    **_: Any,
+) -> BaselineMethod:
+    return BaselineMethod(fastvid, segments=segments, tau=tau, d=d, p=p, beta=beta, knn=knn)
+
+
+@register_method(
+    "llava-scissor",
+    kind="merge",
+    needs=(),
+    description="LLaVA-Scissor: semantic connected components (threshold=tau, published 0.9; "
+    "ratio= searches tau for the exact count).",
+)
+def build_llava_scissor(search_steps: int | None = None, **_: Any) -> BaselineMethod:
+    settings = {} if search_steps is None else {"search_steps": search_steps}
+    return BaselineMethod(llava_scissor, **settings)
+
+
+@register_method(
+    "dtd",
+    kind="prune",
+    needs=(),
+    description="TimeChat-Online DTD: drop tokens too similar to the same patch of the "
+    "previous frame (threshold=, or ratio= drops the most redundant).",
+)
+def build_dtd(**_: Any) -> BaselineMethod:
+    return BaselineMethod(dtd)
+
+
+@register_method(
+    "scissor-merge",
+    kind="merge",
+    needs=("checkpoint",),
+    description="Scissor-Merge: LLaVA-Scissor's grouping fused by CRAFT's GatedMerge "
+    "(checkpoint=PATH; fresh untrained module without one).",
+)
+def build_scissor_merge(
+    checkpoint: str | Path | None = None,
+    hidden_size: int | None = None,
+    search_steps: int | None = None,
+    **overrides: Any,
+) -> ScissorMergeMethod:
+    return ScissorMergeMethod(
+        checkpoint=checkpoint, hidden_size=hidden_size, search_steps=search_steps, **overrides
+    )
