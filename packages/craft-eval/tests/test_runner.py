@@ -91,7 +91,7 @@ sys.path.insert(0, {tests!r})
 from evalhelpers import ScriptedBackend
 from craft_eval.runner import RunConfig, run_benchmark
 config = RunConfig(benchmark="videomme", data_root={root!r}, model="scripted", method="uniform", ratio=8.0)
-run_benchmark(config, ScriptedBackend(delay_s=0.4), {out!r}, progress=False)
+run_benchmark(config, ScriptedBackend(delay_s=0.5), {out!r}, progress=False)
 """
 
 
@@ -100,7 +100,7 @@ def test_killed_process_resumes_to_the_same_summary(data_root: Path, tmp_path: P
     script = SCRIPT.format(tests=str(Path(__file__).parent), root=str(data_root), out=str(out))
     proc = subprocess.Popen([sys.executable, "-c", script])
     shard = out / "records.rank0.jsonl"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if shard.exists() and shard.read_text().count('"type": "item"') >= 2:
             break
