@@ -24,7 +24,7 @@ from torch import nn
 
 from craft_core.budget import Budget, check_tokens, resolve_budget
 from craft_core.config import CraftConfig
-from craft_core.merge import GatedMerge
+from craft_core.merge import GatedMerge, group_edges
 from craft_core.result import CompressionResult
 from craft_core.selection import PairingState, make_projection, select_edges, similarity_embedding
 
@@ -170,14 +170,15 @@ class CraftCompressor(nn.Module):
             if edges is None:
                 break
             rounds += 1
-            targets, group = torch.unique(edges.targets, return_inverse=True)
+            layout = group_edges(edges.targets)
+            targets, sources = layout.targets, edges.sources[layout.order]
             new_rows = self.merge(
                 store.gather(targets),
-                store.gather(edges.sources),
-                group,
+                store.gather(sources),
+                layout,
                 coords[targets],
-                coords[edges.sources],
-                edges.similarity,
+                coords[sources],
+                edges.similarity[layout.order],
                 rounds,
             )
             store.replace(targets, new_rows)
@@ -281,18 +282,19 @@ class CraftCompressor(nn.Module):
             raise ValueError("a token cannot be both a source and a target")
         if round_index < 1:
             raise ValueError(f"round_index must be >= 1, got {round_index}")
-        unique_targets, group = torch.unique(targets, return_inverse=True)
+        layout = group_edges(targets)
+        sources = sources[layout.order]
         coords = coords.long()
         new_rows = self.merge(
-            features[unique_targets],
+            features[layout.targets],
             features[sources],
-            group,
-            coords[unique_targets],
+            layout,
+            coords[layout.targets],
             coords[sources],
-            similarity.float(),
+            similarity[layout.order].float(),
             round_index,
         )
-        return features.index_put((unique_targets,), new_rows)
+        return features.index_put((layout.targets,), new_rows)
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write `config.json` and `model.safetensors` (weights + W_rand) into folder `path`."""

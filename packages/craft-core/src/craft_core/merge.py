@@ -11,6 +11,7 @@ module gives `G = 0.5` everywhere. About 5M parameters at D = 2560.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,39 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """`[.., r] -> [.., r]`: (x1, x2) -> (-x2, x1) on the two halves (non-interleaved RoPE)."""
     first, second = x.chunk(2, dim=-1)
     return torch.cat([-second, first], dim=-1)
+
+
+@dataclass
+class GroupLayout:
+    """Edges grouped by target, in the order GatedMerge expects.
+
+    The `lone` targets with a single source come first, edge i belonging to target row i;
+    then the shared targets, their edges contiguous. Lone groups are most of a round and
+    fuse with one `lerp` on slices, with no gather or scatter.
+
+    Attributes:
+        order: `[E]` permutation that puts the caller's edges into this layout.
+        targets: `[T]` target ids, in row order.
+        group: `[E]` target row of each edge (after `order`).
+        lone: number of single-source targets (= their edges).
+    """
+
+    order: torch.Tensor
+    targets: torch.Tensor
+    group: torch.Tensor
+    lone: int
+
+
+def group_edges(edge_targets: torch.Tensor) -> GroupLayout:
+    """Lay out edges given the target id of each (`[E]`) for `GatedMerge.forward`."""
+    unique, inverse, counts = torch.unique(edge_targets, return_inverse=True, return_counts=True)
+    single = counts == 1
+    rank = torch.cat([torch.nonzero(single).squeeze(1), torch.nonzero(~single).squeeze(1)])
+    row_of = torch.empty_like(rank)
+    row_of[rank] = torch.arange(rank.numel(), device=rank.device)
+    group = row_of[inverse]
+    order = torch.argsort(group, stable=True)
+    return GroupLayout(order, unique[rank], group[order], int(single.sum()))
 
 
 class GatedMerge(nn.Module):
@@ -85,31 +119,26 @@ class GatedMerge(nn.Module):
         coords_sources: torch.Tensor,
         similarity: torch.Tensor,
     ) -> torch.Tensor:
-        """w `[E]` float32: softmax over each target's sources (sums to 1 per target)."""
+        """w `[E]` float32: softmax over each target's sources (sums to 1 per target).
+
+        Shapes: `x_targets [T, D]`, `x_sources [E, D]`, `group [E]` (target row of each
+        edge), `coords_* [., 3]`, `similarity [E]`.
+        """
         num_targets = x_targets.shape[0]
-        counts = torch.bincount(group, minlength=num_targets)
         if self.config.weighting == "uniform":
+            counts = torch.bincount(group, minlength=num_targets)
             return 1.0 / counts[group].float()
-        weights = torch.ones(group.numel(), dtype=torch.float32, device=group.device)
-        # A lone source gets weight 1 whatever its score: skip the projections for it.
-        shared = torch.nonzero(counts[group] >= 2).squeeze(1)
-        if shared.numel() == 0:
-            return weights
-        shared_group = group[shared]
-        owners, owner_row = torch.unique(shared_group, return_inverse=True)
         dtype = self.w_q.weight.dtype
-        query = F.normalize(self.w_q(x_sources[shared].to(dtype)).float(), dim=-1)
-        key = F.normalize(self.w_k(x_targets[owners].to(dtype)).float(), dim=-1)
-        query = self.rope3d(query, coords_sources[shared])
-        key = self.rope3d(key, coords_targets[owners])
-        logits = ((query * key[owner_row]).sum(-1) + similarity[shared].float()) / (
-            self.config.temperature
-        )
-        peak = torch.full((owners.numel(),), float("-inf"), device=logits.device)
-        peak = peak.scatter_reduce(0, owner_row, logits.detach(), reduce="amax")
-        exp = torch.exp(logits - peak[owner_row])
-        total = torch.zeros(owners.numel(), device=exp.device).index_add(0, owner_row, exp)
-        return weights.index_put((shared,), exp / total[owner_row])
+        query = F.normalize(self.w_q(x_sources.to(dtype)).float(), dim=-1)
+        key = F.normalize(self.w_k(x_targets.to(dtype)).float(), dim=-1)
+        query = self.rope3d(query, coords_sources)
+        key = self.rope3d(key, coords_targets)
+        logits = ((query * key[group]).sum(-1) + similarity.float()) / self.config.temperature
+        peak = torch.full((num_targets,), float("-inf"), device=logits.device)
+        peak = peak.scatter_reduce(0, group, logits.detach(), reduce="amax")
+        exp = torch.exp(logits - peak[group])
+        total = torch.zeros(num_targets, device=exp.device).index_add(0, group, exp)
+        return exp / total[group]
 
     def gate(
         self,
@@ -140,7 +169,7 @@ class GatedMerge(nn.Module):
         self,
         x_targets: torch.Tensor,
         x_sources: torch.Tensor,
-        group: torch.Tensor,
+        layout: GroupLayout,
         coords_targets: torch.Tensor,
         coords_sources: torch.Tensor,
         similarity: torch.Tensor,
@@ -149,9 +178,9 @@ class GatedMerge(nn.Module):
         """Fuse every target with its sources.
 
         Args:
-            x_targets: `[T, D]` current rows of the targets.
-            x_sources: `[E, D]` current rows of the sources, one per edge.
-            group: `[E]` long, the target row (0..T-1) of each edge.
+            x_targets: `[T, D]` current rows of `layout.targets`.
+            x_sources: `[E, D]` current rows of the sources, in layout order.
+            layout: the grouping from `group_edges` (lone targets first).
             coords_targets: `[T, 3]` original (t, h, w) of the targets.
             coords_sources: `[E, 3]` original (t, h, w) of the sources.
             similarity: `[E]` selection similarity s_ti of each edge.
@@ -163,26 +192,29 @@ class GatedMerge(nn.Module):
         reduce = self.config.reduce
         if reduce == "target":
             return x_targets
-        weights = self.source_weights(
-            x_targets, x_sources, group, coords_targets, coords_sources, similarity
-        )
-        # x_t - sum_i w_i G_i (x_t - x_i) = x_t + sum_i c_i (x_i - x_t), c_i = w_i G_i.
+        lone, group = layout.lone, layout.group
+        gate = None
         if reduce == "gate":
-            coeff = self.gate(x_targets, x_sources, group, round_index).float()
-            coeff = coeff * weights.unsqueeze(1)
-        else:
-            coeff = weights.unsqueeze(1).expand(-1, x_targets.shape[1])
-        base = x_targets.float()
-        counts = torch.bincount(group, minlength=x_targets.shape[0])
-        lone = counts[group] == 1
-        # Most targets absorb one source: one fused lerp each, no scatter.
-        new = base.index_put(
-            (group[lone],),
-            torch.lerp(base[group[lone]], x_sources[lone].float(), coeff[lone]),
+            gate = self.gate(x_targets, x_sources, group, round_index).float()
+        # x_t - sum_i w_i G_i (x_t - x_i): a lone source has w = 1, so x_t + G (x_i - x_t).
+        lone_rows = torch.lerp(
+            x_targets[:lone].float(),
+            x_sources[:lone].float(),
+            gate[:lone] if gate is not None else torch.ones((), device=x_targets.device),
         )
-        shared = torch.nonzero(~lone).squeeze(1)
-        if shared.numel():
-            owner = group[shared]
-            step = coeff[shared] * (x_sources[shared].float() - base[owner])
-            new = new.index_add(0, owner, step)
-        return new.to(x_targets.dtype)
+        if lone == x_targets.shape[0]:
+            return lone_rows.to(x_targets.dtype)
+        shared_group = group[lone:] - lone
+        weights = self.source_weights(
+            x_targets[lone:],
+            x_sources[lone:],
+            shared_group,
+            coords_targets[lone:],
+            coords_sources[lone:],
+            similarity[lone:],
+        ).unsqueeze(1)
+        coeff = weights if gate is None else gate[lone:] * weights
+        shared_base = x_targets[lone:].float()
+        step = coeff * (x_sources[lone:].float() - shared_base[shared_group])
+        shared_rows = shared_base.index_add(0, shared_group, step)
+        return torch.cat([lone_rows, shared_rows]).to(x_targets.dtype)

@@ -285,8 +285,8 @@ class PairingState:
         """Apply one round: `sources` leave, `targets` (`[T]`) take `new_embed` (`[T, d_sim]`)."""
         self.active[sources] = False
         changed_mask = (self.embed[targets] != new_embed).any(dim=1)
+        self.embed[targets[changed_mask]] = new_embed[changed_mask]
         changed = torch.sort(targets[changed_mask]).values
-        self.embed[changed] = new_embed[changed_mask]
         active_ids = self.active_ids()
         if active_ids.numel() < 2:
             return
