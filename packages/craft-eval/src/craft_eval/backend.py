@@ -89,28 +89,12 @@ def read_frames(
 def build_model_inputs(processor: Any, frames: np.ndarray, fps: float, prompt: Prompt) -> Any:
     """Processor outputs for one video + prompt through craft-adapters' `build_inputs`.
 
-    A system prompt or a forced reply start (MVBench's original protocol) is added around
-    what `build_inputs` renders: the system turn by rendering the chat template with it and
-    the reply start by appending its tokens after the assistant prompt.
+    A forced reply start (MVBench's original protocol) is appended as tokens after the
+    assistant prompt.
     """
-    import inspect
-
     from craft_adapters import build_inputs
 
-    params = inspect.signature(build_inputs).parameters
-    if prompt.system and "system" in params:
-        inputs = build_inputs(processor, frames, fps, prompt.text, system=prompt.system)
-    elif prompt.system:
-        from craft_adapters import inputs as adapter_inputs
-
-        messages = [
-            {"role": "system", "content": prompt.system},
-            {"role": "user", "content": [{"type": "video"}, {"type": "text", "text": prompt.text}]},
-        ]
-        text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        inputs = adapter_inputs._process(processor, [text], [frames], [float(fps)])
-    else:
-        inputs = build_inputs(processor, frames, fps, prompt.text)
+    inputs = build_inputs(processor, frames, fps, prompt.text, system=prompt.system or None)
     if prompt.assistant_prefix:
         extra = processor.tokenizer(
             prompt.assistant_prefix, add_special_tokens=False, return_tensors="pt"
