@@ -9,7 +9,7 @@ A backbone adapter knows four things about one VLM family and nothing else:
 4. how to rebuild the precomputed encoder output from the kept rows (`shrink_video_output`).
 
 The generic plumbing (slicing ids / masks / positions, generation, sessions) lives in
-`craft_adapters.wrapper` and is shared. A fifth backbone is one new module under
+`craft_adapters.wrapper`, `.splice` and `.session` and is shared. A fifth backbone is one new module under
 `craft_adapters.backbones` that subclasses `BackboneAdapter` and calls `register_backbone`.
 """
 

@@ -9,6 +9,11 @@ The route (see `shared/design/backbones.md`, checked on all four backbones):
 4. call the HF model / `generate` with the sliced pieces and `mm_encoder_outputs`, so
    transformers scatters the kept rows (and Qwen3-VL's deepstack rows) itself.
 
+This module holds `CraftModel`, which runs the route, and `wrap`. The compressor call and
+the slicing of step 3 are in `splice.py`, the multi-turn `VideoSession` in `session.py`, the
+report types in `report.py`; they are re-exported here so `craft_adapters.wrapper` still
+offers every public name.
+
 A 2-D attention mask always reaches the language model (a forward pre-hook adds an all-ones
 mask if some caller dropped it): without one, gapped position ids are read as packed
 sequences and attention silently becomes block-diagonal.
@@ -17,15 +22,15 @@ sequences and attention silently becomes block-diagonal.
 from __future__ import annotations
 
 import contextlib
-import copy
-import inspect
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from craft_adapters.registry import BackboneAdapter, VideoLayout, get_adapter
+from craft_adapters.registry import BackboneAdapter, get_adapter
+from craft_adapters.report import CompressionReport, VideoCompression
+from craft_adapters.session import VideoSession
+from craft_adapters.splice import PER_TOKEN_KEYS, Prepared, compress_video, splice_sequence
 
 __all__ = ["CompressionReport", "CraftModel", "VideoCompression", "VideoSession", "wrap"]
 
@@ -41,73 +46,6 @@ _VISION_KEYS = (
     "batch_num_images",
     "video_metadata",
 )
-# Per-token [B, L] tensors that are sliced with the sequence.
-_PER_TOKEN_KEYS = ("mm_token_type_ids", "token_type_ids")
-
-
-@dataclass
-class VideoCompression:
-    """What happened to one video.
-
-    Attributes:
-        batch_index: row of the batch that holds the video.
-        tokens_before: placeholder tokens of the video before compression (for LLaVA-OV
-            including the newline token, which always survives).
-        tokens_after: tokens left after compression.
-        rounds: select-then-fuse rounds the compressor ran (0 without compression).
-        info: the compressor's `CompressionResult.info`.
-    """
-
-    batch_index: int
-    tokens_before: int
-    tokens_after: int
-    rounds: int = 0
-    info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def ratio(self) -> float:
-        """Realized ratio `tokens_before / tokens_after`."""
-        return self.tokens_before / max(1, self.tokens_after)
-
-
-@dataclass
-class CompressionReport:
-    """What one forward / generate / encode_video did, one entry per video."""
-
-    videos: list[VideoCompression]
-    sequence_length_before: int = 0
-    sequence_length_after: int = 0
-
-    @property
-    def tokens_before(self) -> int:
-        return sum(v.tokens_before for v in self.videos)
-
-    @property
-    def tokens_after(self) -> int:
-        return sum(v.tokens_after for v in self.videos)
-
-    @property
-    def ratio(self) -> float:
-        """Realized ratio over all videos (1.0 without videos)."""
-        return self.tokens_before / max(1, self.tokens_after) if self.videos else 1.0
-
-    @property
-    def rounds(self) -> list[int]:
-        return [v.rounds for v in self.videos]
-
-
-@dataclass
-class _Prepared:
-    """The compressed pieces of one batch."""
-
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    position_ids: torch.Tensor
-    encoder_outputs: dict[str, Any]
-    extra: dict[str, torch.Tensor]
-    kept: list[torch.Tensor]  # per row: original sequence indices kept, ascending
-    rope_deltas: torch.Tensor  # [B, 1]: original max position + 1 - compressed length
-    report: CompressionReport
 
 
 def _to_device(value: Any, device: torch.device) -> Any:
@@ -118,58 +56,12 @@ def _to_device(value: Any, device: torch.device) -> Any:
     return value
 
 
-def _call_compressor(
-    compressor: Callable[..., Any],
-    features: torch.Tensor,
-    coords: torch.Tensor,
-    budget: dict[str, Any],
-) -> Any:
-    kwargs = {k: v for k, v in budget.items() if v is not None}
-    if _accepts(compressor, "importance"):
-        kwargs["importance"] = None
-    return compressor(features, coords, **kwargs)
-
-
-def _accepts(fn: Callable[..., Any], name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 def _compressor_hidden_size(compressor: Any) -> int | None:
     for obj in (compressor, getattr(compressor, "config", None)):
         size = getattr(obj, "hidden_size", None)
         if isinstance(size, int):
             return size
     return None
-
-
-def _check_result(result: Any, n: int, d: int) -> None:
-    for name in ("features", "kept_index", "assignment"):
-        if not isinstance(getattr(result, name, None), torch.Tensor):
-            raise TypeError(
-                f"the compressor must return a CompressionResult-like object with a tensor "
-                f"`{name}`, got {type(result).__name__}"
-            )
-    k = int(result.kept_index.shape[0])
-    if result.features.dim() != 2 or tuple(result.features.shape) != (k, d):
-        raise ValueError(
-            f"compressor returned features of shape {tuple(result.features.shape)}; expected "
-            f"[{k}, {d}] (one row per kept_index)"
-        )
-    if k < 1 or k > n:
-        raise ValueError(f"compressor kept {k} of {n} tokens; must keep between 1 and {n}")
-    if k > 1 and bool((result.kept_index[1:] <= result.kept_index[:-1]).any()):
-        raise ValueError("compressor returned a kept_index that is not strictly ascending")
-    if int(result.kept_index.min()) < 0 or int(result.kept_index.max()) >= n:
-        raise ValueError(f"compressor returned a kept_index outside [0, {n})")
-    if tuple(result.assignment.shape) != (n,):
-        raise ValueError(
-            f"compressor returned assignment of shape {tuple(result.assignment.shape)}; "
-            f"expected [{n}]"
-        )
 
 
 class CraftModel(torch.nn.Module):
@@ -298,43 +190,7 @@ class CraftModel(torch.nn.Module):
 
     # -- the compression step ------------------------------------------------------------------
 
-    def _compress_video(
-        self, feats: torch.Tensor, layout: VideoLayout
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, VideoCompression]:
-        """-> (kept rows, new feature rows, assignment of every row, report)."""
-        n, d = int(feats.shape[0]), int(feats.shape[1])
-        comp = layout.compress_rows
-        if self.compressor is None or comp.numel() == 0:
-            rows = torch.arange(n, device=feats.device)
-            return rows, feats, rows, VideoCompression(layout.batch_index, n, n)
-        sub = feats if comp.numel() == n else feats[comp]
-        coords = layout.coords.to(device=feats.device, dtype=torch.long)
-        result = _call_compressor(self.compressor, sub, coords, self._budget)
-        _check_result(result, int(comp.numel()), d)
-        kept_idx = result.kept_index.to(feats.device)
-        assign_sub = result.assignment.to(feats.device)
-        new_sub = result.features.to(feats.dtype)
-        if comp.numel() == n:  # every row compressible (Qwen)
-            kept_rows, new_feats, assign = comp[kept_idx], new_sub, assign_sub
-        else:  # some rows always survive (LLaVA-OV newline)
-            keep_mask = torch.ones(n, dtype=torch.bool, device=feats.device)
-            keep_mask[comp] = False
-            keep_mask[comp[kept_idx]] = True
-            kept_rows = keep_mask.nonzero().squeeze(1)
-            slot = keep_mask.long().cumsum(0) - 1  # row -> index among kept rows
-            new_feats = feats[kept_rows].index_copy(0, slot[comp[kept_idx]], new_sub)
-            assign = slot.clone()
-            assign[comp] = slot[comp[kept_idx[assign_sub]]]
-        rep = VideoCompression(
-            layout.batch_index,
-            n,
-            int(kept_rows.shape[0]),
-            rounds=int(getattr(result, "rounds", 0)),
-            info=dict(getattr(result, "info", {}) or {}),
-        )
-        return kept_rows, new_feats, assign, rep
-
-    def _prepare(self, inputs: dict[str, Any]) -> _Prepared:
+    def _prepare(self, inputs: dict[str, Any]) -> Prepared:
         """Encode, compress and slice one batch of processor outputs."""
         ids = inputs.get("input_ids")
         if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
@@ -362,7 +218,9 @@ class CraftModel(torch.nn.Module):
         keep = mask.bool().clone()
         kept_rows_all, new_feats_all, assigns_all, reports = [], [], [], []
         for feats, layout in zip(features, layouts):
-            kept_rows, new_feats, assign, rep = self._compress_video(feats, layout)
+            kept_rows, new_feats, assign, rep = compress_video(
+                self.compressor, self._budget, feats, layout
+            )
             dropped = torch.ones(feats.shape[0], dtype=torch.bool, device=feats.device)
             dropped[kept_rows] = False
             keep[layout.batch_index, layout.seq_index[dropped]] = False
@@ -378,49 +236,14 @@ class CraftModel(torch.nn.Module):
         enc_image = adapter.encode_images(inputs)
         if enc_image is not None:
             enc["image"] = enc_image
-
-        # Slice every per-token tensor; re-pad on the side the input was padded on.
-        bsz, length = ids.shape
-        kept = [keep[b].nonzero().squeeze(1) for b in range(bsz)]
-        new_len = max(int(k.shape[0]) for k in kept)
-        right = bool((mask[:, -1] == 0).any()) and not bool((mask[:, 0] == 0).any())
-        c_ids = ids.new_full((bsz, new_len), adapter.pad_token_id)
-        c_mask = mask.new_zeros((bsz, new_len))
-        pos_shape = (positions.shape[0], bsz, new_len) if positions.dim() == 3 else (bsz, new_len)
-        c_pos = positions.new_zeros(pos_shape)
-        extra_src = {
-            k: inputs[k] for k in (*_PER_TOKEN_KEYS, "labels") if inputs.get(k) is not None
-        }
-        extra = {
-            k: v.new_full((bsz, new_len), -100 if k == "labels" else 0)
-            for k, v in extra_src.items()
-        }
-        max_pos = positions.amax(dim=0) if positions.dim() == 3 else positions
-        deltas = torch.zeros(bsz, 1, dtype=torch.long, device=ids.device)
-        for b, k in enumerate(kept):
-            n = int(k.shape[0])
-            dst = slice(0, n) if right else slice(new_len - n, new_len)
-            c_ids[b, dst] = ids[b, k]
-            c_mask[b, dst] = 1
-            if positions.dim() == 3:
-                c_pos[:, b, dst] = positions[:, b, k]
-            else:
-                c_pos[b, dst] = positions[b, k]
-            for key, src in extra_src.items():
-                extra[key][b, dst] = src[b, k]
-            real = mask[b].bool()
-            deltas[b, 0] = int(max_pos[b][real].max()) + 1 - n
-        report = CompressionReport(
-            reports, sequence_length_before=length, sequence_length_after=new_len
-        )
-        return _Prepared(c_ids, c_mask, c_pos, enc, extra, kept, deltas, report)
+        return splice_sequence(inputs, positions, keep, enc, reports, adapter.pad_token_id)
 
     @staticmethod
     def _split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """(processor outputs, everything else)."""
         own = {"input_ids", "attention_mask", "labels", "position_ids", "inputs_embeds"}
         own.update(_VISION_KEYS)
-        own.update(_PER_TOKEN_KEYS)
+        own.update(PER_TOKEN_KEYS)
         inputs = {k: v for k, v in kwargs.items() if k in own}
         rest = {k: v for k, v in kwargs.items() if k not in own}
         return inputs, rest
@@ -532,88 +355,6 @@ class CraftModel(torch.nn.Module):
                 **rest,
             )
         return VideoSession(self, inputs, prep, out.past_key_values)
-
-
-class VideoSession:
-    """A compressed, prefilled video prefix; `ask` answers questions about it.
-
-    Each `ask` continues from a `copy.deepcopy` of the prefix cache, so questions do not see
-    each other and the video prefix is never recomputed. (Qwen3.5's linear-attention states
-    cannot be cropped back, hence a copy rather than a crop.)
-
-    Attributes:
-        report: the `CompressionReport` of the prefix.
-        prefix_length: tokens of the compressed prefix in the cache.
-    """
-
-    def __init__(self, owner: CraftModel, inputs: dict[str, Any], prep: _Prepared, cache: Any):
-        self._owner = owner
-        self._inputs = inputs
-        self._prep = prep
-        self._cache = cache
-        self.report = prep.report
-        self.prefix_length = int(prep.input_ids.shape[1])
-
-    def _question_positions(self, q_ids: torch.Tensor) -> torch.Tensor:
-        """Positions of the question tokens, as the full uncompressed prompt would give them."""
-        adapter = self._owner.adapter
-        inputs = self._inputs
-        full = dict(inputs)
-        full["input_ids"] = torch.cat([inputs["input_ids"], q_ids], dim=1)
-        full["attention_mask"] = torch.cat(
-            [inputs["attention_mask"], torch.ones_like(q_ids)], dim=1
-        )
-        if inputs.get("mm_token_type_ids") is not None:
-            mm = inputs["mm_token_type_ids"]
-            full["mm_token_type_ids"] = torch.cat([mm, mm.new_zeros(q_ids.shape)], dim=1)
-        positions, _ = adapter.full_positions(full)
-        return positions[..., -q_ids.shape[1] :]
-
-    @torch.no_grad()
-    def ask(self, question_inputs: Any, **generate_kwargs: Any) -> torch.Tensor:
-        """Answer one question; returns only the NEW token ids, `[1, T]`.
-
-        Args:
-            question_inputs: the question's token ids that follow the video prefix (a
-                `[1, q]` tensor, or a mapping with `input_ids`, e.g. a tokenizer output made
-                with `add_special_tokens=False`), typically the rest of the user turn and the
-                assistant prompt.
-            generate_kwargs: passed to HF `generate` (`max_new_tokens=16`, `do_sample`, ...).
-        """
-        q_ids = question_inputs
-        if not isinstance(q_ids, torch.Tensor):
-            q_ids = question_inputs["input_ids"]
-        q_ids = torch.as_tensor(q_ids)
-        if q_ids.dim() == 1:
-            q_ids = q_ids.unsqueeze(0)
-        if q_ids.shape[0] != 1 or q_ids.shape[1] == 0:
-            raise ValueError(f"question input_ids must be [1, q>0], got {tuple(q_ids.shape)}")
-        owner, prep = self._owner, self._prep
-        q_ids = q_ids.to(prep.input_ids.device)
-        if bool((q_ids == owner.adapter.video_token_id).any()):
-            raise ValueError("a question must not contain video placeholder tokens")
-        q_pos = self._question_positions(q_ids)
-        ids = torch.cat([prep.input_ids, q_ids], dim=1)
-        pos = torch.cat([prep.position_ids, q_pos.to(prep.position_ids.device)], dim=-1)
-        mask = torch.cat([prep.attention_mask, torch.ones_like(q_ids)], dim=1)
-        extra = {
-            k: torch.cat([v, v.new_zeros(q_ids.shape)], dim=1)
-            for k, v in prep.extra.items()
-            if k != "labels"
-        }
-        cache = copy.deepcopy(self._cache)
-        with owner._mask_guard():
-            out = owner.model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                position_ids=pos,
-                past_key_values=cache,
-                **extra,
-                **generate_kwargs,
-            )
-        owner.last_compression = self.report
-        seqs = out if isinstance(out, torch.Tensor) else out.sequences
-        return seqs[:, ids.shape[1] :]
 
 
 def wrap(

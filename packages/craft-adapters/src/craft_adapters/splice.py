@@ -1,0 +1,188 @@
+"""Per-video compressor outputs -> the compressed sequence the language model sees.
+
+`CraftModel._prepare` (wrapper.py) runs the vision tower and the backbone's full-sequence
+position ids, then uses the two backbone-independent steps here:
+
+1. `compress_video`: hand the compressible rows of one video to the compressor, check the
+   `CompressionResult` it returns, and map its `kept_index` / `assignment` back to rows of
+   the whole video (LLaVA-OV's newline rows are never compressed and always survive).
+2. `splice_sequence`: given which positions of the FULL sequence survive, slice
+   `input_ids`, `attention_mask`, the position ids, `labels` and the per-token type ids to
+   them, re-padded on the side the batch was padded on.
+
+Position ids are sliced, never recomputed: a kept token keeps the position it had in the
+full sequence, so the language model sees each surviving video token at its original
+(t, h, w) place and the text after the video where the uncompressed prompt put it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from craft_adapters.registry import VideoLayout
+from craft_adapters.report import CompressionReport, VideoCompression
+
+__all__ = ["PER_TOKEN_KEYS", "Prepared", "compress_video", "splice_sequence"]
+
+# Per-token [B, L] tensors that are sliced with the sequence.
+PER_TOKEN_KEYS = ("mm_token_type_ids", "token_type_ids")
+
+
+@dataclass
+class Prepared:
+    """The compressed pieces of one batch."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    encoder_outputs: dict[str, Any]
+    extra: dict[str, torch.Tensor]
+    kept: list[torch.Tensor]  # per row: original sequence indices kept, ascending
+    rope_deltas: torch.Tensor  # [B, 1]: original max position + 1 - compressed length
+    report: CompressionReport
+
+
+def _call_compressor(
+    compressor: Callable[..., Any],
+    features: torch.Tensor,
+    coords: torch.Tensor,
+    budget: dict[str, Any],
+) -> Any:
+    # Unset budget entries are left out so the compressor's own defaults apply; the wrapper
+    # has no importance scores, and says so only to compressors that take the argument.
+    kwargs = {k: v for k, v in budget.items() if v is not None}
+    if _accepts(compressor, "importance"):
+        kwargs["importance"] = None
+    return compressor(features, coords, **kwargs)
+
+
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _check_result(result: Any, n: int, d: int) -> None:
+    # The result indexes into the sequence below: a bad one would silently drop or
+    # duplicate tokens instead of failing, so any compressor's output is checked here.
+    for name in ("features", "kept_index", "assignment"):
+        if not isinstance(getattr(result, name, None), torch.Tensor):
+            raise TypeError(
+                f"the compressor must return a CompressionResult-like object with a tensor "
+                f"`{name}`, got {type(result).__name__}"
+            )
+    k = int(result.kept_index.shape[0])
+    if result.features.dim() != 2 or tuple(result.features.shape) != (k, d):
+        raise ValueError(
+            f"compressor returned features of shape {tuple(result.features.shape)}; expected "
+            f"[{k}, {d}] (one row per kept_index)"
+        )
+    if k < 1 or k > n:
+        raise ValueError(f"compressor kept {k} of {n} tokens; must keep between 1 and {n}")
+    if k > 1 and bool((result.kept_index[1:] <= result.kept_index[:-1]).any()):
+        raise ValueError("compressor returned a kept_index that is not strictly ascending")
+    if int(result.kept_index.min()) < 0 or int(result.kept_index.max()) >= n:
+        raise ValueError(f"compressor returned a kept_index outside [0, {n})")
+    if tuple(result.assignment.shape) != (n,):
+        raise ValueError(
+            f"compressor returned assignment of shape {tuple(result.assignment.shape)}; "
+            f"expected [{n}]"
+        )
+
+
+def compress_video(
+    compressor: Callable[..., Any] | None,
+    budget: dict[str, Any],
+    feats: torch.Tensor,
+    layout: VideoLayout,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, VideoCompression]:
+    """Compress one video's `[n, D]` feature rows.
+
+    -> (kept rows, new feature rows, assignment of every row, report).
+    """
+    n, d = int(feats.shape[0]), int(feats.shape[1])
+    comp = layout.compress_rows
+    if compressor is None or comp.numel() == 0:
+        rows = torch.arange(n, device=feats.device)
+        return rows, feats, rows, VideoCompression(layout.batch_index, n, n)
+    sub = feats if comp.numel() == n else feats[comp]
+    coords = layout.coords.to(device=feats.device, dtype=torch.long)
+    result = _call_compressor(compressor, sub, coords, budget)
+    _check_result(result, int(comp.numel()), d)
+    kept_idx = result.kept_index.to(feats.device)
+    assign_sub = result.assignment.to(feats.device)
+    new_sub = result.features.to(feats.dtype)
+    if comp.numel() == n:  # every row compressible (Qwen)
+        kept_rows, new_feats, assign = comp[kept_idx], new_sub, assign_sub
+    else:  # some rows always survive (LLaVA-OV newline)
+        keep_mask = torch.ones(n, dtype=torch.bool, device=feats.device)
+        keep_mask[comp] = False
+        keep_mask[comp[kept_idx]] = True
+        kept_rows = keep_mask.nonzero().squeeze(1)
+        slot = keep_mask.long().cumsum(0) - 1  # row -> index among kept rows
+        new_feats = feats[kept_rows].index_copy(0, slot[comp[kept_idx]], new_sub)
+        assign = slot.clone()
+        assign[comp] = slot[comp[kept_idx[assign_sub]]]
+    rep = VideoCompression(
+        layout.batch_index,
+        n,
+        int(kept_rows.shape[0]),
+        rounds=int(getattr(result, "rounds", 0)),
+        info=dict(getattr(result, "info", {}) or {}),
+    )
+    return kept_rows, new_feats, assign, rep
+
+
+def splice_sequence(
+    inputs: dict[str, Any],
+    positions: torch.Tensor,
+    keep: torch.Tensor,
+    encoder_outputs: dict[str, Any],
+    videos: list[VideoCompression],
+    pad_token_id: int,
+) -> Prepared:
+    """Slice one batch to the positions where `keep` (`[B, L]` bool) is True.
+
+    `inputs` holds `input_ids` and `attention_mask` (and maybe `labels` and the per-token
+    type ids), all `[B, L]`; `positions` are the FULL sequence's, `[B, L]` or `[3, B, L]`.
+    """
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    # Slice every per-token tensor; re-pad on the side the input was padded on.
+    bsz, length = ids.shape
+    kept = [keep[b].nonzero().squeeze(1) for b in range(bsz)]
+    new_len = max(int(k.shape[0]) for k in kept)
+    right = bool((mask[:, -1] == 0).any()) and not bool((mask[:, 0] == 0).any())
+    c_ids = ids.new_full((bsz, new_len), pad_token_id)
+    c_mask = mask.new_zeros((bsz, new_len))
+    pos_shape = (positions.shape[0], bsz, new_len) if positions.dim() == 3 else (bsz, new_len)
+    c_pos = positions.new_zeros(pos_shape)
+    extra_src = {k: inputs[k] for k in (*PER_TOKEN_KEYS, "labels") if inputs.get(k) is not None}
+    extra = {
+        k: v.new_full((bsz, new_len), -100 if k == "labels" else 0) for k, v in extra_src.items()
+    }
+    # The rope delta makes decoding continue after the FULL sequence's last position rather
+    # than after the compressed length, as the sliced prompt positions already do.
+    max_pos = positions.amax(dim=0) if positions.dim() == 3 else positions
+    deltas = torch.zeros(bsz, 1, dtype=torch.long, device=ids.device)
+    for b, k in enumerate(kept):
+        n = int(k.shape[0])
+        dst = slice(0, n) if right else slice(new_len - n, new_len)
+        c_ids[b, dst] = ids[b, k]
+        c_mask[b, dst] = 1
+        if positions.dim() == 3:
+            c_pos[:, b, dst] = positions[:, b, k]
+        else:
+            c_pos[b, dst] = positions[b, k]
+        for key, src in extra_src.items():
+            extra[key][b, dst] = src[b, k]
+        real = mask[b].bool()
+        deltas[b, 0] = int(max_pos[b][real].max()) + 1 - n
+    report = CompressionReport(videos, sequence_length_before=length, sequence_length_after=new_len)
+    return Prepared(c_ids, c_mask, c_pos, encoder_outputs, extra, kept, deltas, report)
