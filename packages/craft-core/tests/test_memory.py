@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent(
     import json, resource, torch
     from craft_core import CraftCompressor, CraftConfig
     torch.set_num_threads(2)
-    n, dim, block = 65536, 8, 256
+    n, dim, block = 65536, 8, 512
     gen = torch.Generator().manual_seed(0)
     centres = torch.randn(512, dim, generator=gen)
     x = centres[torch.randint(0, 512, (n,), generator=gen)] + 0.2 * torch.randn(n, dim, generator=gen)
@@ -41,8 +41,8 @@ def test_peak_memory_is_linear_in_n_times_block() -> None:
     report = json.loads(result.stdout.strip().splitlines()[-1])
     n, block = report["n"], report["block"]
     assert report["kept"] == n // 2
-    block_bytes = n * block * 4  # one block of float32 similarities: 64 MiB
+    block_bytes = n * block * 4  # one block of float32 similarities: 128 MiB
     full_matrix = n * n * 4  # 16 GiB
     # A few live copies of one block (scores, masks, top-k work) plus O(N) state.
     assert report["extra"] < 6 * block_bytes, report
-    assert report["extra"] < full_matrix / 40, report
+    assert report["extra"] < full_matrix / 20, report

@@ -1,17 +1,127 @@
-"""`craft-train stage1|stage2`: not built yet (issue 6); exits non-zero and says so."""
+"""`craft-train stage1|stage2 --config FILE [--set a.b=value ...]`.
+
+    craft-train stage1 --config qwen3_5_4b_stage1.yaml --set optim.lr=1e-3 --set train.output_dir=runs/x
+    craft-train stage2 --config qwen3_5_4b_stage2.yaml model.lora.enabled=true   # bare overrides work too
+    craft-train configs                      # list the shipped example configs
+    craft-train show-config --config FILE    # print the resolved config and exit
+
+The config is read, overridden and fully checked (fields, referenced files, DeepSpeed
+JSON) before the model, data or GPU is touched; an error names the field and exits with 2.
+Launch on many GPUs with `deepspeed`, `torchrun` or `accelerate launch` on
+`-m craft_train.cli` (see the README).
+"""
 
 from __future__ import annotations
 
+import argparse
+import logging
 import sys
+from importlib import resources
+
+from craft_train.config import ConfigError, TrainingConfig, check_paths, dump_config, load_config
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="craft-train",
+        description="Train the CRAFT merge module on a frozen VLM: stage 1 (captions), then "
+        "stage 2 (video QA).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for stage in (1, 2):
+        p = sub.add_parser(f"stage{stage}", help=f"run training stage {stage}")
+        _config_args(p)
+        p.add_argument(
+            "--check",
+            action="store_true",
+            help="validate the config and the manifests, print the plan, and exit",
+        )
+    show = sub.add_parser("show-config", help="print the resolved config")
+    _config_args(show)
+    sub.add_parser("configs", help="list the shipped example configs")
+    return parser
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="YAML config file")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field, e.g. --set optim.lr=1e-3 (repeatable; YAML values)",
+    )
+    p.add_argument("extra", nargs="*", metavar="KEY=VALUE", help="more overrides")
+
+
+def shipped_configs() -> list[str]:
+    """Names of the example configs inside the package (`craft_train/configs/*.yaml`)."""
+    folder = resources.files("craft_train").joinpath("configs")
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def _load(args: argparse.Namespace, stage: int | None) -> TrainingConfig:
+    path = args.config
+    folder = resources.files("craft_train").joinpath("configs")
+    if path in shipped_configs() and not _exists(path):
+        path = str(folder.joinpath(path))
+    return load_config(path, [*args.overrides, *args.extra], stage=stage)
+
+
+def _exists(path: str) -> bool:
+    from pathlib import Path
+
+    return Path(path).exists()
 
 
 def main(argv: list[str] | None = None) -> int:
-    print(
-        "craft-train: the two-stage trainer is not implemented yet (see issue 6). "
-        "craft-core's CraftCompressor can already be trained from your own loop.",
-        file=sys.stderr,
+    args = _parser().parse_args(argv)
+    if args.command == "configs":
+        for name in shipped_configs():
+            print(name)
+        return 0
+    stage = {"stage1": 1, "stage2": 2}.get(args.command)
+    try:
+        cfg = _load(args, stage)
+        if args.command == "show-config":
+            print(dump_config(cfg), end="")
+            return 0
+        check_paths(cfg)
+        from craft_train.distributed import load_deepspeed_config, resolve_deepspeed
+        from craft_train.trainer import load_examples
+
+        if cfg.train.deepspeed is not None:
+            resolve_deepspeed(load_deepspeed_config(cfg.train.deepspeed), cfg)
+        examples = load_examples(cfg)
+        if args.check:
+            from craft_train.data import mixture_summary
+
+            print(f"config ok: stage {cfg.stage}, {len(examples)} examples after the mixture")
+            for source, count in sorted(mixture_summary(examples).items()):
+                print(f"  {source}: {count}")
+            return 0
+    except ConfigError as err:
+        print(f"craft-train: {err}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    return 2
+    from craft_train.trainer import train
+
+    try:
+        result = train(cfg)
+    except ConfigError as err:  # found only once the run starts (a resume that does not fit)
+        print(f"craft-train: {err}", file=sys.stderr)
+        return 2
+    if result.global_step >= result.total_steps:
+        print(
+            f"craft-train: stage {cfg.stage} done ({result.global_step} steps); merge module "
+            f"in {result.output_dir / 'craft'}"
+        )
+    return 0
 
 
 if __name__ == "__main__":

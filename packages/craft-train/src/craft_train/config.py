@@ -1,0 +1,482 @@
+"""Training configuration: pydantic models loaded from YAML, overridable from the command line.
+
+    cfg = load_config("qwen3_5_4b_stage1.yaml", overrides=["optim.lr=1e-3"], stage=1)
+    check_paths(cfg)        # files that must exist, each error naming its field
+
+Every model forbids unknown keys, so a misspelt field is an error that names it. Loading a
+config touches no model, video or GPU: the CLI validates everything first, then loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = [
+    "BudgetConfig",
+    "ConfigError",
+    "DataConfig",
+    "LoraConfig",
+    "MixtureConfig",
+    "ModelConfig",
+    "OptimConfig",
+    "SourceSpec",
+    "TrainConfig",
+    "TrainingConfig",
+    "apply_overrides",
+    "check_paths",
+    "load_config",
+]
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the offending field (`a.b.c`)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LoraConfig(_Strict):
+    """CRAFT+: LoRA on the language model's attention projections (paper: r 32, alpha 64)."""
+
+    enabled: bool = Field(default=False, description="Train LoRA adapters too (CRAFT+).")
+    rank: int = Field(default=32, gt=0, description="LoRA rank r.")
+    alpha: int = Field(default=64, gt=0, description="LoRA alpha (scale alpha / r).")
+    dropout: float = Field(default=0.05, ge=0.0, lt=1.0, description="LoRA dropout.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="Projection names inside the LANGUAGE MODEL's attention (the vision tower "
+        "is never adapted, even where it uses the same names).",
+    )
+    lr: float = Field(default=1e-4, gt=0, description="Learning rate of the LoRA parameters.")
+    init_from: str | None = Field(
+        default=None,
+        description="Folder of a saved adapter (a run's `lora/`) to start from; stage 2 takes "
+        "the stage-1 run's adapter by default when model.init_from is set.",
+    )
+
+
+class ModelConfig(_Strict):
+    """The frozen backbone and the trained merge module."""
+
+    backbone: str = Field(
+        min_length=1,
+        description="Hugging Face id or local folder of the VLM (Qwen3.5, Qwen2.5-VL, "
+        "Qwen3-VL, LLaVA-OneVision).",
+    )
+    processor: str | None = Field(
+        default=None, description="Id or folder of the processor; default: the backbone's."
+    )
+    dtype: Literal["bfloat16", "float16", "float32"] = Field(
+        default="bfloat16", description="dtype the frozen backbone is loaded in."
+    )
+    attn_implementation: str | None = Field(
+        default="sdpa", description="transformers attention implementation of the backbone."
+    )
+    craft: dict[str, Any] = Field(
+        default_factory=dict,
+        description="CraftConfig fields other than hidden_size (read from the backbone), "
+        "for a merge module built from scratch.",
+    )
+    init_from: str | None = Field(
+        default=None,
+        description="A previous run's output folder, one of its checkpoint folders, or a "
+        "`craft/` folder: the merge module starts from it (stage 2 inherits stage 1). "
+        "None: from scratch (gate zero-initialised, adaLN-Zero).",
+    )
+    lora: LoraConfig = Field(default_factory=LoraConfig)
+
+    @field_validator("craft")
+    @classmethod
+    def _craft_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
+        from craft_core import CraftConfig
+
+        if "hidden_size" in value:
+            raise ValueError("hidden_size is read from the backbone; leave it out")
+        try:
+            CraftConfig(hidden_size=64, **value)
+        except ValidationError as err:
+            raise ValueError(_first_error(err)) from None
+        return value
+
+
+class SourceSpec(_Strict):
+    """How many rows of one source enter the mixture."""
+
+    cap: int | None = Field(
+        default=None,
+        gt=0,
+        description="At most this many rows (a seeded random subset); None: mixture default_cap.",
+    )
+    target: int | None = Field(
+        default=None,
+        gt=0,
+        description="Exactly this many rows: a seeded subset if the source is larger, seeded "
+        "resampling with replacement (every row at least floor(target / n) times) if smaller. "
+        "Excludes cap.",
+    )
+
+    @model_validator(mode="after")
+    def _one_of(self) -> SourceSpec:
+        if self.cap is not None and self.target is not None:
+            raise ValueError("give cap or target, not both")
+        return self
+
+
+class MixtureConfig(_Strict):
+    """Per-source caps (the paper caps every source at 30K rows) and resampling."""
+
+    default_cap: int | None = Field(
+        default=30000, gt=0, description="Cap of every source not listed in `sources`."
+    )
+    sources: dict[str, SourceSpec] = Field(
+        default_factory=dict, description="Per-source cap or target, by source name."
+    )
+    seed: int | None = Field(
+        default=None, ge=0, description="Seed of the subsampling; None: optim.seed."
+    )
+
+
+class DataConfig(_Strict):
+    """Manifests, mixture, video decoding and prompts."""
+
+    manifests: list[str] = Field(
+        min_length=1,
+        description="JSONL files, one row per example: {video, caption, source} (stage 1) or "
+        "{video, question, answer, source} (stage 2). Relative video paths are resolved "
+        "against video_root, else the manifest's folder.",
+    )
+    video_root: str | None = Field(default=None, description="Folder relative paths start in.")
+    mixture: MixtureConfig | str = Field(
+        default_factory=MixtureConfig,
+        description="The mixture inline, or the path of a YAML file holding one.",
+    )
+    fps: float = Field(default=2.0, gt=0, description="Frames sampled per second of video.")
+    max_frames: int = Field(default=768, ge=2, description="At most this many frames a video.")
+    max_pixels: int | None = Field(
+        default=None, gt=0, description="Pixel budget of one frame (None: the processor's)."
+    )
+    max_seq_len: int = Field(
+        default=32768,
+        gt=0,
+        description="Longest UNCOMPRESSED sequence; a longer example is re-read with "
+        "proportionally fewer frames.",
+    )
+    caption_prompt: str = Field(
+        default="Describe this video in detail.",
+        min_length=1,
+        description="User prompt of the stage-1 (caption) examples; a row may give its own "
+        "`prompt`.",
+    )
+    num_workers: int = Field(default=2, ge=0, description="DataLoader worker processes.")
+    max_consecutive_failures: int = Field(
+        default=32,
+        gt=0,
+        description="A video that fails to decode is skipped (and counted); this many "
+        "failures IN A ROW stop the run instead (a wrong video_root, a lost mount).",
+    )
+
+
+class BudgetConfig(_Strict):
+    """The compression budget drawn at every optimizer step (paper, Appendix B)."""
+
+    p_threshold: float = Field(
+        default=0.5, ge=0.0, le=1.0, description="Probability of the threshold mode."
+    )
+    thresholds: list[float] = Field(
+        default_factory=lambda: [0.75, 0.8, 0.85, 0.9, 0.95],
+        min_length=1,
+        description="Similarity thresholds drawn in the threshold mode.",
+    )
+    ratios: list[float] = Field(
+        default_factory=lambda: [2.0, 4.0, 8.0, 16.0, 32.0],
+        min_length=1,
+        description="Compression ratios drawn in the fixed-ratio mode.",
+    )
+    min_tokens: int | None = Field(
+        default=None, gt=0, description="Floor of the threshold mode (None: N // 128)."
+    )
+
+    @field_validator("thresholds")
+    @classmethod
+    def _thresholds(cls, value: list[float]) -> list[float]:
+        bad = [t for t in value if not -1.0 < t <= 1.0]
+        if bad:
+            raise ValueError(f"thresholds must lie in (-1, 1], got {bad}")
+        return value
+
+    @field_validator("ratios")
+    @classmethod
+    def _ratios(cls, value: list[float]) -> list[float]:
+        bad = [r for r in value if not r >= 1.0]
+        if bad:
+            raise ValueError(f"ratios must be >= 1, got {bad}")
+        return value
+
+
+class OptimConfig(_Strict):
+    """Optimizer, schedule, batch and precision (paper, Table 6)."""
+
+    lr: float = Field(gt=0, description="Learning rate of the merge module.")
+    weight_decay: float = Field(default=1e-2, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field(default=(0.9, 0.999), description="AdamW betas.")
+    eps: float = Field(default=1e-8, gt=0, description="AdamW epsilon.")
+    scheduler: Literal["cosine", "linear", "constant"] = Field(
+        default="cosine", description="LR schedule after the warmup."
+    )
+    warmup_ratio: float = Field(
+        default=0.02, ge=0, lt=1, description="Fraction of optimizer steps of linear warmup."
+    )
+    max_grad_norm: float | None = Field(
+        default=1.0, gt=0, description="Gradient clipping (None: none)."
+    )
+    epochs: int = Field(default=1, gt=0, description="Passes over the mixture.")
+    max_steps: int | None = Field(
+        default=None, gt=0, description="Stop after this many optimizer steps (None: epochs)."
+    )
+    per_device_batch_size: int = Field(default=1, gt=0, description="Examples per micro-batch.")
+    grad_accum: int = Field(default=4, gt=0, description="Micro-batches per optimizer step.")
+    bf16: bool = Field(default=True, description="bf16 mixed precision.")
+    gradient_checkpointing: bool = Field(
+        default=True, description="Recompute the backbone's activations in the backward pass."
+    )
+    seed: int = Field(default=42, ge=0, description="Seed of data order, budgets and init.")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in value):
+            raise ValueError(f"betas must lie in [0, 1), got {value}")
+        return value
+
+
+class TrainConfig(_Strict):
+    """Where the run writes, how often, and how it is distributed."""
+
+    output_dir: str = Field(min_length=1, description="Folder of checkpoints, logs, result.")
+    save_steps: int = Field(default=500, gt=0, description="Checkpoint every this many steps.")
+    save_total_limit: int | None = Field(
+        default=2, gt=0, description="Keep at most this many checkpoints (None: all)."
+    )
+    logging_steps: int = Field(default=1, gt=0, description="Log every this many steps.")
+    deepspeed: str | None = Field(
+        default="zero2",
+        description="DeepSpeed JSON config: 'zero2' (shipped, ZeRO-2 with 'auto' values), a "
+        "file path, or None for plain DDP / single process.",
+    )
+    resume: Literal["auto", "never"] | str = Field(
+        default="auto",
+        description="'auto': continue from the newest checkpoint in output_dir if there is "
+        "one; 'never': start over; or the path of a checkpoint folder.",
+    )
+    progress_bar: bool = Field(default=True, description="tqdm progress bar on rank 0.")
+
+
+class TrainingConfig(_Strict):
+    """One stage of the curriculum: `craft-train stage1|stage2 --config FILE`."""
+
+    stage: Literal[1, 2] = Field(description="1: caption pre-training; 2: QA.")
+    model: ModelConfig
+    data: DataConfig
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
+    optim: OptimConfig
+    train: TrainConfig
+
+    @model_validator(mode="after")
+    def _stage_rules(self) -> TrainingConfig:
+        if self.stage == 2 and self.model.init_from is None:
+            raise ValueError(
+                "model.init_from: stage 2 inherits the stage-1 merge module; give the stage-1 "
+                "run's output folder"
+            )
+        return self
+
+    def mixture(self) -> MixtureConfig:
+        """The mixture, read from its file when `data.mixture` is a path."""
+        if isinstance(self.data.mixture, MixtureConfig):
+            return self.data.mixture
+        return load_mixture(self.data.mixture)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+_UNION_TAGS = {"str", "int", "float", "bool", "MixtureConfig"}
+
+
+def _first_error(err: ValidationError) -> str:
+    """`field.path: message` for each error, without pydantic's union-member tags."""
+    errors = err.errors()
+    # `MixtureConfig | str` given a mapping also fails the `str` branch: that is noise.
+    if len(errors) > 1:
+        errors = [e for e in errors if e["type"] != "string_type"] or errors
+    parts = []
+    for e in errors:
+        loc = [
+            str(p)
+            for p in e["loc"]
+            if not (
+                isinstance(p, str) and (p in _UNION_TAGS or p.startswith(("literal[", "function-")))
+            )
+        ]
+        message = e["msg"].removeprefix("Value error, ")
+        parts.append(f"{'.'.join(loc) or '<root>'}: {message}")
+    return "; ".join(dict.fromkeys(parts))
+
+
+def _format(err: ValidationError, where: str) -> ConfigError:
+    return ConfigError(f"invalid config {where}: {_first_error(err)}")
+
+
+def _parse_value(text: str) -> Any:
+    """A YAML scalar or flow collection: `1e-3`, `true`, `null`, `[2, 4]`, `{cap: 10}`.
+
+    YAML reads `1e-3` (no dot) as a string; pydantic turns numeric strings into the number
+    a float field needs, so that needs no special case here.
+    """
+    try:
+        return yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Apply `a.b.c=value` overrides (values parsed as YAML) to a nested dict, in place.
+
+    Raises:
+        ConfigError: an override without `=`, or one that descends into a non-mapping.
+    """
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like section.field=value")
+        key, text = item.split("=", 1)
+        path = [p for p in key.strip().split(".") if p]
+        if not path:
+            raise ConfigError(f"override {item!r} has no field name")
+        node: Any = data
+        for i, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                where = ".".join(path[: i + 1])
+                raise ConfigError(f"{where}: is not a section, cannot set {key.strip()}")
+            node = child
+        node[path[-1]] = _parse_value(text)
+    return data
+
+
+def _read_yaml(path: Path, what: str) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"{what} {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{what} {path} is not valid YAML: {err}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what} {path} must hold a mapping, got {type(data).__name__}")
+    return data
+
+
+def load_mixture(path: str | Path) -> MixtureConfig:
+    """A mixture from its own YAML file."""
+    data = _read_yaml(Path(path), "mixture file")
+    try:
+        return MixtureConfig.model_validate(data)
+    except ValidationError as err:
+        raise _format(err, f"in mixture file {path}") from None
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: Iterable[str] = (),
+    *,
+    stage: int | None = None,
+    data: Mapping[str, Any] | None = None,
+) -> TrainingConfig:
+    """Read, override and validate a config.
+
+    Args:
+        path: YAML file (or None with `data`).
+        overrides: `a.b=value` strings applied after the file.
+        stage: the CLI's sub-command; a file that says another stage is an error, a file that
+            says none gets this one.
+        data: a dict instead of a file (tests, programmatic use).
+
+    Raises:
+        ConfigError: unreadable file, bad override, or invalid field (named in the message).
+    """
+    if (path is None) == (data is None):
+        raise ValueError("give exactly one of path and data")
+    raw = _read_yaml(Path(path), "config file") if path is not None else dict(data or {})
+    raw = apply_overrides(_deep_copy(raw), overrides)
+    if stage is not None:
+        if raw.get("stage") is None:
+            raw["stage"] = stage
+        elif raw["stage"] != stage:
+            raise ConfigError(
+                f"stage: the config is for stage {raw['stage']} but `stage{stage}` was run"
+            )
+    try:
+        cfg = TrainingConfig.model_validate(raw)
+    except ValidationError as err:
+        raise _format(err, f"{path}" if path is not None else "") from None
+    if isinstance(cfg.data.mixture, str):
+        cfg.mixture()  # a bad mixture file fails now, naming its fields
+    return cfg
+
+
+def _deep_copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _deep_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deep_copy(v) for v in value]
+    return value
+
+
+def check_paths(cfg: TrainingConfig) -> None:
+    """Files the run reads must exist: raise ConfigError naming the first field that fails.
+
+    Kept apart from parsing so that example configs with placeholder paths still parse.
+    A backbone given as a hub id (not a local folder) is not checked here.
+    """
+    for i, manifest in enumerate(cfg.data.manifests):
+        if not Path(manifest).is_file():
+            raise ConfigError(f"data.manifests.{i}: file {manifest} does not exist")
+    if cfg.data.video_root is not None and not Path(cfg.data.video_root).is_dir():
+        raise ConfigError(f"data.video_root: folder {cfg.data.video_root} does not exist")
+    if isinstance(cfg.data.mixture, str) and not Path(cfg.data.mixture).is_file():
+        raise ConfigError(f"data.mixture: file {cfg.data.mixture} does not exist")
+    if cfg.model.init_from is not None and not Path(cfg.model.init_from).exists():
+        raise ConfigError(f"model.init_from: {cfg.model.init_from} does not exist")
+    lora_init = cfg.model.lora.init_from
+    if lora_init is not None and not Path(lora_init).is_dir():
+        raise ConfigError(f"model.lora.init_from: folder {lora_init} does not exist")
+    ds = cfg.train.deepspeed
+    if ds is not None and ds != "zero2" and not Path(ds).is_file():
+        raise ConfigError(f"train.deepspeed: {ds} is neither 'zero2' nor an existing file")
+    resume = cfg.train.resume
+    if resume not in ("auto", "never") and not Path(resume).is_dir():
+        raise ConfigError(f"train.resume: checkpoint folder {resume} does not exist")
+    for field, value in (
+        ("model.backbone", cfg.model.backbone),
+        ("model.processor", cfg.model.processor),
+    ):
+        if value is None:
+            continue
+        looks_local = value.startswith(("/", "./", "../", "~")) or Path(value).exists()
+        if looks_local and not Path(value).expanduser().is_dir():
+            raise ConfigError(f"{field}: folder {value} does not exist")
+
+
+def dump_config(cfg: TrainingConfig) -> str:
+    """The config as YAML (written next to every checkpoint)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False)

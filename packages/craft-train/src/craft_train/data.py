@@ -1,0 +1,239 @@
+"""Manifests, the per-source mixture, the data order, and the dataset of encoded examples.
+
+A manifest is a JSONL file, one example per line:
+
+    {"video": "clips/a.mp4", "caption": "A dog runs.", "source": "webvid"}              # stage 1
+    {"video": "b.mp4", "question": "What falls?", "answer": "A cup.", "source": "nextqa"}  # stage 2
+
+The mixture caps each source (a seeded subset) or resamples it to a target count; the
+order of an epoch is a seeded permutation of the mixture, dealt round-robin to the ranks.
+Everything here is a pure function of the seed, so a resumed run sees the same examples in
+the same order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from craft_train.config import ConfigError, MixtureConfig
+
+__all__ = [
+    "DecodeError",
+    "Example",
+    "VideoTextDataset",
+    "build_mixture",
+    "collate",
+    "epoch_order",
+    "rank_indices",
+    "read_manifest",
+]
+
+log = logging.getLogger(__name__)
+
+SEQUENCE_KEYS = ("input_ids", "attention_mask", "labels", "mm_token_type_ids", "token_type_ids")
+"""Per-token `[1, L]` tensors that are padded (right) when examples are batched."""
+
+
+class DecodeError(RuntimeError):
+    """A video could not be read; the dataset skips the example and counts it."""
+
+
+@dataclass(frozen=True)
+class Example:
+    """One training example: a video, the user's prompt, and the target text."""
+
+    video: str
+    prompt: str
+    target: str
+    source: str
+
+
+def read_manifest(
+    path: str | Path, stage: int, *, caption_prompt: str, video_root: str | None = None
+) -> list[Example]:
+    """Read and check one JSONL manifest.
+
+    Args:
+        path: the file.
+        stage: 1 (rows need `caption`) or 2 (rows need `question` and `answer`).
+        caption_prompt: prompt of stage-1 rows that give no `prompt` of their own.
+        video_root: folder relative video paths start in (default: the manifest's folder).
+
+    Raises:
+        ConfigError: a row that is not a JSON object, or lacks a field (file, line and field
+            named).
+    """
+    path = Path(path)
+    root = Path(video_root) if video_root is not None else path.parent
+    needed = (
+        ("video", "caption", "source") if stage == 1 else ("video", "question", "answer", "source")
+    )
+    examples = []
+    with path.open() as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ConfigError(f"{where}: not valid JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise ConfigError(f"{where}: a row must be a JSON object")
+            for field in needed:
+                value = row.get(field)
+                if not isinstance(value, str) or not value.strip():
+                    raise ConfigError(f"{where}: field {field!r} must be a non-empty string")
+            video = Path(row["video"]).expanduser()
+            video = video if video.is_absolute() else root / video
+            if stage == 1:
+                prompt = row.get("prompt") or caption_prompt
+                target = row["caption"]
+            else:
+                prompt, target = row["question"], row["answer"]
+            examples.append(Example(str(video), prompt.strip(), target.strip(), row["source"]))
+    if not examples:
+        raise ConfigError(f"{path}: the manifest holds no examples")
+    return examples
+
+
+def build_mixture(examples: Sequence[Example], mixture: MixtureConfig, seed: int) -> list[Example]:
+    """Cap or resample every source, deterministically for a given seed.
+
+    Sources keep their first-seen order; within a source a capped subset keeps the
+    manifest order. Resampling to a larger `target` repeats every row `target // n` times and
+    draws the remainder without replacement.
+
+    Raises:
+        ConfigError: the mixture names a source that no manifest row has.
+    """
+    by_source: dict[str, list[Example]] = {}
+    for example in examples:
+        by_source.setdefault(example.source, []).append(example)
+    unknown = sorted(set(mixture.sources) - set(by_source))
+    if unknown:
+        raise ConfigError(
+            f"data.mixture.sources: {unknown} appear in no manifest (sources present: "
+            f"{sorted(by_source)})"
+        )
+    out: list[Example] = []
+    for name, rows in by_source.items():
+        spec = mixture.sources.get(name)
+        rng = random.Random(f"craft-mixture/{seed}/{name}")
+        n = len(rows)
+        if spec is not None and spec.target is not None:
+            count = spec.target
+            if count <= n:
+                out.extend(rows[i] for i in sorted(rng.sample(range(n), count)))
+            else:
+                out.extend(rows * (count // n))
+                out.extend(rows[i] for i in sorted(rng.sample(range(n), count % n)))
+            continue
+        cap = spec.cap if spec is not None and spec.cap is not None else mixture.default_cap
+        if cap is None or n <= cap:
+            out.extend(rows)
+        else:
+            out.extend(rows[i] for i in sorted(rng.sample(range(n), cap)))
+    return out
+
+
+def mixture_summary(examples: Sequence[Example]) -> dict[str, int]:
+    """Rows per source."""
+    return dict(Counter(e.source for e in examples))
+
+
+def epoch_order(num_examples: int, seed: int, epoch: int) -> list[int]:
+    """The seeded permutation of the mixture for one epoch (same on every rank)."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(num_examples, generator=generator).tolist()
+
+
+def rank_indices(order: Sequence[int], rank: int, world_size: int, per_step: int) -> list[int]:
+    """This rank's share of an epoch: every `world_size`-th index, cut to whole steps.
+
+    Every rank gets the same number of examples, a multiple of `per_step`
+    (`per_device_batch_size * grad_accum`), so all ranks run the same optimizer steps.
+    """
+    usable = (len(order) // (world_size * per_step)) * world_size * per_step
+    return list(order[rank:usable:world_size])
+
+
+class VideoTextDataset(torch.utils.data.Dataset):
+    """Examples encoded for the model; a video that fails to decode is skipped and counted.
+
+    `encode(example)` returns the model inputs of one example (`[1, L]` sequence tensors
+    plus the processor's video tensors) and raises `DecodeError` for an unreadable video.
+    Item `i` then falls through to `i + 1, i + 2, ...` (wrapping), so the data order stays a
+    function of the seed; the item records how many videos it skipped and which.
+    """
+
+    def __init__(
+        self,
+        examples: Sequence[Example],
+        encode: Callable[[Example], dict[str, Any]],
+        *,
+        max_consecutive_failures: int = 32,
+    ) -> None:
+        self.examples = list(examples)
+        self.encode = encode
+        self.max_consecutive_failures = max_consecutive_failures
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        skipped: list[str] = []
+        for attempt in range(min(self.max_consecutive_failures, len(self.examples))):
+            example = self.examples[(index + attempt) % len(self.examples)]
+            try:
+                item = self.encode(example)
+            except DecodeError as err:
+                log.warning("skipping %s: %s", example.video, err)
+                skipped.append(example.video)
+                continue
+            item["skipped_videos"] = skipped
+            return item
+        raise RuntimeError(
+            f"{len(skipped)} videos in a row failed to decode (from example {index}, first "
+            f"{skipped[0]!r}); is data.video_root right?"
+        )
+
+
+def collate(batch: Sequence[dict[str, Any]], pad_token_id: int) -> dict[str, Any]:
+    """Batch encoded examples: pad the sequences on the right, concatenate video tensors.
+
+    Labels are padded with -100 and attention masks with 0; other per-token tensors with
+    `pad_token_id` (ids) or 0. Video tensors (pixel values, grids, ...) are concatenated on
+    their first dimension, as the processors do for several videos.
+    """
+    out: dict[str, Any] = {"skipped_videos": [p for item in batch for p in item["skipped_videos"]]}
+    keys = [k for k in batch[0] if k != "skipped_videos"]
+    length = max(int(item["input_ids"].shape[-1]) for item in batch)
+    for key in keys:
+        values = [item[key] for item in batch]
+        if key in SEQUENCE_KEYS:
+            fill = {"labels": -100, "input_ids": pad_token_id}.get(key, 0)
+            padded = []
+            for value in values:
+                value = value.reshape(1, -1)
+                extra = length - value.shape[-1]
+                if extra:
+                    value = torch.cat([value, value.new_full((1, extra), fill)], dim=-1)
+                padded.append(value)
+            out[key] = torch.cat(padded, dim=0)
+        elif isinstance(values[0], torch.Tensor):
+            out[key] = torch.cat(values, dim=0) if len(values) > 1 else values[0]
+        else:
+            out[key] = [
+                v for value in values for v in (value if isinstance(value, list) else [value])
+            ]
+    return out

@@ -1,0 +1,508 @@
+"""The training loop of one stage (accelerate, optionally DeepSpeed ZeRO-2).
+
+    result = train(load_config("stage1.yaml", stage=1))
+
+Per optimizer step: draw the budget from `(seed, step)`, set it on the model, run
+`grad_accum` micro-batches (loss only on the caption / answer tokens; the adapter slices the
+labels with the compressed sequence), step AdamW and the schedule, log, and every
+`save_steps` write a checkpoint. A killed run started again with the same config continues
+from its newest checkpoint with the same schedule, data order and budgets.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from craft_core import CraftCompressor
+from craft_train.budget import sample_budget
+from craft_train.checkpoint import (
+    TrainState,
+    find_latest_checkpoint,
+    load_rng_state,
+    prune_checkpoints,
+    save_rng_state,
+)
+from craft_train.config import ConfigError, TrainingConfig, check_paths, dump_config
+from craft_train.data import (
+    Example,
+    VideoTextDataset,
+    build_mixture,
+    collate,
+    epoch_order,
+    mixture_summary,
+    rank_indices,
+    read_manifest,
+)
+from craft_train.distributed import make_accelerator
+from craft_train.model import CRAFT_DIR, LORA_DIR, ModelBundle, build_model
+
+__all__ = ["StepInfo", "TrainResult", "load_examples", "train"]
+
+log = logging.getLogger(__name__)
+
+LOG_FILE = "log.jsonl"
+
+
+@dataclass
+class StepInfo:
+    """What one optimizer step did (handed to `on_step` and written to log.jsonl)."""
+
+    step: int
+    loss: float
+    lr: float
+    budget: str
+    grad_norm: float | None
+    tokens_before: int
+    tokens_after: int
+    skipped_videos: int
+    seconds: float
+
+
+@dataclass
+class TrainResult:
+    """The outcome of `train` (on every rank; `losses` are this rank's, one per step run).
+
+    `bundle` holds the trained model in memory (backbone, compressor, processor).
+    """
+
+    output_dir: Path
+    global_step: int
+    total_steps: int
+    losses: list[float] = field(default_factory=list)
+    skipped_videos: int = 0
+    resumed_from: Path | None = None
+    bundle: ModelBundle | None = field(default=None, repr=False)
+
+
+def load_examples(cfg: TrainingConfig) -> list[Example]:
+    """Read every manifest and build the mixture (cheap: no video is opened)."""
+    examples: list[Example] = []
+    for manifest in cfg.data.manifests:
+        examples.extend(
+            read_manifest(
+                manifest,
+                cfg.stage,
+                caption_prompt=cfg.data.caption_prompt,
+                video_root=cfg.data.video_root,
+            )
+        )
+    mixture = cfg.mixture()
+    seed = mixture.seed if mixture.seed is not None else cfg.optim.seed
+    return build_mixture(examples, mixture, seed)
+
+
+def _schedule(cfg: TrainingConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:
+    from transformers import (
+        get_constant_schedule_with_warmup,
+        get_cosine_schedule_with_warmup,
+        get_linear_schedule_with_warmup,
+    )
+
+    warmup = math.ceil(cfg.optim.warmup_ratio * total_steps)
+    if cfg.optim.scheduler == "constant":
+        return get_constant_schedule_with_warmup(optimizer, warmup)
+    make = (
+        get_cosine_schedule_with_warmup
+        if cfg.optim.scheduler == "cosine"
+        else get_linear_schedule_with_warmup
+    )
+    return make(optimizer, warmup, total_steps)
+
+
+def _optimizer(cfg: TrainingConfig, bundle: ModelBundle) -> torch.optim.Optimizer:
+    """AdamW: merge-module weights (decayed), its biases/vectors (not), LoRA (own lr)."""
+    wd = cfg.optim.weight_decay
+    craft = bundle.craft_parameters()
+    groups: list[dict[str, Any]] = [
+        {"params": [p for p in craft if p.dim() >= 2], "lr": cfg.optim.lr, "weight_decay": wd},
+        {"params": [p for p in craft if p.dim() < 2], "lr": cfg.optim.lr, "weight_decay": 0.0},
+    ]
+    lora = bundle.lora_parameters()
+    if lora:
+        groups.append({"params": lora, "lr": cfg.model.lora.lr, "weight_decay": wd})
+    groups = [g for g in groups if g["params"]]
+    return torch.optim.AdamW(groups, betas=cfg.optim.betas, eps=cfg.optim.eps)
+
+
+def _to_device(batch: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+class _Runner:
+    """State shared by the loop, the logger and the checkpoint writer of one run."""
+
+    def __init__(self, cfg: TrainingConfig, accelerator: Any, bundle: ModelBundle) -> None:
+        self.cfg = cfg
+        self.acc = accelerator
+        self.bundle = bundle
+        self.output_dir = Path(cfg.train.output_dir)
+        self.deepspeed = cfg.train.deepspeed is not None
+
+    # -- weights -------------------------------------------------------------------------------
+
+    def craft_state(self) -> dict[str, torch.Tensor]:
+        """The merge module's weights in float32 (DeepSpeed's fp32 master copies if any)."""
+        compressor = self.bundle.compressor
+        state = {}
+        for name, tensor in compressor.state_dict(keep_vars=True).items():
+            if self.deepspeed and isinstance(tensor, nn.Parameter) and tensor.requires_grad:
+                from deepspeed.utils import safe_get_full_fp32_param
+
+                full = safe_get_full_fp32_param(tensor)
+                tensor = full if full is not None else tensor
+            state[name] = tensor.detach().float().cpu().clone()
+        return state
+
+    def save_weights(self, folder: Path) -> None:
+        """craft/ (and lora/) into `folder`. Call on EVERY rank: under ZeRO, gathering the
+        fp32 master weights is a collective; only the main process writes."""
+        state = self.craft_state()
+        if not self.acc.is_main_process:
+            return
+        with torch.random.fork_rng():  # building the copy must not move any RNG
+            copy = CraftCompressor(self.bundle.compressor.config)
+        copy.load_state_dict(state)
+        copy.save_pretrained(folder / CRAFT_DIR)
+        if self.bundle.peft_model is not None:
+            self.bundle.peft_model.save_pretrained(str(folder / LORA_DIR))
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def save_checkpoint(
+        self, state: TrainState, scheduler: Any, optimizer: Any, engine: Any
+    ) -> Path:
+        acc = self.acc
+        final = self.output_dir / f"checkpoint-{state.global_step}"
+        tmp = self.output_dir / f"checkpoint-{state.global_step}.tmp"
+        if acc.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        acc.wait_for_everyone()
+        if self.deepspeed:
+            engine.save_checkpoint(str(tmp / "deepspeed"), exclude_frozen_parameters=True)
+        save_rng_state(tmp, acc.process_index)
+        self.save_weights(tmp)
+        if acc.is_main_process:
+            if not self.deepspeed:
+                torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            state.save(tmp)  # last: marks the folder complete
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)
+            prune_checkpoints(self.output_dir, self.cfg.train.save_total_limit)
+        acc.wait_for_everyone()
+        return final
+
+    def load_checkpoint(
+        self, folder: Path, scheduler: Any, optimizer: Any, engine: Any
+    ) -> TrainState:
+        from safetensors.torch import load_file
+
+        state = TrainState.load(folder)
+        if state.world_size != self.acc.num_processes:
+            raise ConfigError(
+                f"train.resume: {folder} was written by {state.world_size} processes, this run "
+                f"has {self.acc.num_processes}; resume with the same number"
+            )
+        if self.deepspeed:
+            path, _ = engine.load_checkpoint(
+                str(folder / "deepspeed"),
+                load_module_strict=False,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=False,
+            )
+            if path is None:
+                raise RuntimeError(f"DeepSpeed found no checkpoint in {folder / 'deepspeed'}")
+        else:
+            weights = load_file(str(folder / CRAFT_DIR / "model.safetensors"))
+            self.bundle.compressor.load_state_dict(weights)
+            if self.bundle.peft_model is not None:
+                lora = load_file(str(folder / LORA_DIR / "adapter_model.safetensors"))
+                self.bundle.load_lora_state_dict(lora)
+            optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
+        scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
+        for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr()):
+            group["lr"] = lr
+        load_rng_state(folder, self.acc.process_index)
+        return state
+
+    # -- logging -------------------------------------------------------------------------------
+
+    def truncate_log(self, last_step: int) -> None:
+        """Drop log rows past `last_step` (written by a run killed after its checkpoint)."""
+        path = self.output_dir / LOG_FILE
+        if not self.acc.is_main_process or not path.is_file():
+            return
+        rows = [r for r in path.read_text().splitlines() if r.strip()]
+        kept = [r for r in rows if json.loads(r).get("step", 0) <= last_step]
+        path.write_text("".join(r + "\n" for r in kept))
+
+    def write_log(self, row: dict[str, Any]) -> None:
+        if self.acc.is_main_process:
+            with (self.output_dir / LOG_FILE).open("a") as handle:
+                handle.write(json.dumps(row) + "\n")
+
+
+def _resume_folder(cfg: TrainingConfig) -> Path | None:
+    if cfg.train.resume == "never":
+        return None
+    if cfg.train.resume == "auto":
+        return find_latest_checkpoint(cfg.train.output_dir)
+    return Path(cfg.train.resume)
+
+
+def train(
+    cfg: TrainingConfig,
+    *,
+    on_step: Callable[[StepInfo], None] | None = None,
+    encoder_factory: Callable[[TrainingConfig, Any], Callable[[Example], dict[str, Any]]]
+    | None = None,
+) -> TrainResult:
+    """Run one stage of training to the end (or continue it from its newest checkpoint).
+
+    Args:
+        cfg: a validated config.
+        on_step: called on every rank after every optimizer step (tests use it to stop a run
+            as a kill would).
+        encoder_factory: `(cfg, processor) -> encode(example)`; default: decode the video with
+            craft-adapters and build the prompt with the processor's chat template.
+
+    Returns:
+        A `TrainResult`; the merge module is in `output_dir/craft` (LoRA in `output_dir/lora`).
+    """
+    check_paths(cfg)
+    examples = load_examples(cfg)  # manifest errors surface before any model loads
+    accelerator = make_accelerator(cfg)
+    rank, world = accelerator.process_index, accelerator.num_processes
+    output_dir = Path(cfg.train.output_dir)
+    if accelerator.is_main_process:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "config.yaml").write_text(dump_config(cfg))
+        log.info("mixture: %d examples %s", len(examples), mixture_summary(examples))
+
+    optim = cfg.optim
+    per_step = optim.per_device_batch_size * optim.grad_accum
+    steps_per_epoch = len(examples) // (world * per_step)
+    if steps_per_epoch == 0:
+        raise ConfigError(
+            f"data.manifests: the mixture holds {len(examples)} examples, fewer than one "
+            f"optimizer step needs ({world} processes x optim.per_device_batch_size "
+            f"{optim.per_device_batch_size} x optim.grad_accum {optim.grad_accum})"
+        )
+    total_steps = steps_per_epoch * optim.epochs
+    if optim.max_steps is not None:
+        total_steps = min(total_steps, optim.max_steps)
+
+    from accelerate.utils import set_seed
+
+    set_seed(optim.seed)  # LoRA's init and dropout; a resumed run restores its RNG states
+    bundle = build_model(cfg, accelerator.device)
+    if encoder_factory is None:
+        from craft_train.inputs import make_encoder
+
+        encoder_factory = make_encoder
+    dataset = VideoTextDataset(
+        examples,
+        encoder_factory(cfg, bundle.processor),
+        max_consecutive_failures=cfg.data.max_consecutive_failures,
+    )
+    optimizer = _optimizer(cfg, bundle)
+    scheduler = _schedule(cfg, optimizer, total_steps)
+    model, prepared_optimizer = accelerator.prepare(bundle.model, optimizer)
+    runner = _Runner(cfg, accelerator, bundle)
+    trainable = [p for p in bundle.model.parameters() if p.requires_grad]
+
+    start_step, skipped_base = 0, 0  # skipped_base: videos skipped before this process ran
+    resumed_from = _resume_folder(cfg)
+    if resumed_from is not None:
+        state = runner.load_checkpoint(resumed_from, scheduler, optimizer, model)
+        if state.total_steps != total_steps or state.steps_per_epoch != steps_per_epoch:
+            raise ConfigError(
+                f"train.resume: {resumed_from} belongs to a run of {state.total_steps} steps "
+                f"({state.steps_per_epoch} per epoch); this config gives {total_steps} "
+                f"({steps_per_epoch}). Change train.output_dir or set train.resume=never"
+            )
+        start_step, skipped_base = state.global_step, state.skipped_videos
+        runner.truncate_log(start_step)
+        log.info("resumed from %s at step %d", resumed_from, start_step)
+
+    def loader(epoch: int, first_micro: int) -> Iterator[dict[str, Any]]:
+        order = epoch_order(len(examples), optim.seed, epoch)
+        mine = rank_indices(order, rank, world, per_step)[
+            first_micro * optim.per_device_batch_size :
+        ]
+        return iter(
+            torch.utils.data.DataLoader(
+                torch.utils.data.Subset(dataset, mine),
+                batch_size=optim.per_device_batch_size,
+                shuffle=False,
+                num_workers=cfg.data.num_workers,
+                collate_fn=partial(collate, pad_token_id=bundle.pad_token_id),
+                drop_last=True,
+                # Its own generator: making the iterator must not draw from the global RNG
+                # (LoRA dropout's), or a resumed run would see other dropout masks.
+                generator=torch.Generator().manual_seed(optim.seed),
+            )
+        )
+
+    progress = None
+    if cfg.train.progress_bar and accelerator.is_main_process:
+        from tqdm.auto import tqdm
+
+        progress = tqdm(
+            total=total_steps, initial=start_step, desc=f"stage {cfg.stage}", unit="step"
+        )
+
+    result = TrainResult(output_dir, start_step, total_steps, resumed_from=resumed_from)
+    skipped_local = 0  # this rank, this process
+
+    def skipped_total() -> int:  # a collective: every rank calls it at the same step
+        return skipped_base + _sum_over_ranks(accelerator, skipped_local)
+
+    step = start_step
+    batches: Iterator[dict[str, Any]] | None = None
+    model.train()
+    while step < total_steps:
+        started = time.perf_counter()
+        epoch, in_epoch = divmod(step, steps_per_epoch)
+        if batches is None or in_epoch == 0:
+            batches = loader(epoch, in_epoch * optim.grad_accum)
+        budget = sample_budget(cfg.budget, optim.seed, step)
+        bundle.set_budget(budget)
+        losses, skipped, before, after = [], 0, 0, 0
+        grad_norm = None
+        for micro in range(optim.grad_accum):
+            batch = next(batches)
+            skipped += len(batch.pop("skipped_videos"))
+            batch = _to_device(batch, accelerator.device)
+            with accelerator.accumulate(model):
+                out = model(**batch)
+                # Every trainable parameter joins the graph (with a zero gradient when, e.g.,
+                # a threshold merged nothing), so DDP / ZeRO always see the same parameters.
+                anchor = sum(p.reshape(-1)[0] * 0.0 for p in trainable)
+                loss = out.loss + anchor
+                accelerator.backward(loss)
+                if accelerator.sync_gradients != (micro == optim.grad_accum - 1):
+                    raise RuntimeError("gradient accumulation went out of step")
+                if accelerator.sync_gradients and optim.max_grad_norm is not None:
+                    norm = accelerator.clip_grad_norm_(trainable, optim.max_grad_norm)
+                    grad_norm = float(norm) if norm is not None else None
+                prepared_optimizer.step()
+                prepared_optimizer.zero_grad()
+            losses.append(float(out.loss.detach()))
+            report = getattr(bundle.model, "last_compression", None)
+            if report is not None:
+                before += report.tokens_before
+                after += report.tokens_after
+        scheduler.step()
+        step += 1
+        skipped_local += skipped
+        mean_loss = sum(losses) / len(losses)
+        result.losses.append(mean_loss)
+        info = StepInfo(
+            step=step,
+            loss=mean_loss,
+            lr=scheduler.get_last_lr()[0],
+            budget=budget.describe(),
+            grad_norm=grad_norm,
+            tokens_before=before,
+            tokens_after=after,
+            skipped_videos=skipped_local,
+            seconds=time.perf_counter() - started,
+        )
+        if step % cfg.train.logging_steps == 0 or step == total_steps:
+            _log_step(runner, info, accelerator, scheduler, epoch, skipped_total())
+        if progress is not None:
+            progress.update(1)
+            progress.set_postfix(loss=f"{mean_loss:.4f}", budget=info.budget)
+        if step % cfg.train.save_steps == 0 or step == total_steps:
+            state = TrainState(
+                global_step=step,
+                total_steps=total_steps,
+                steps_per_epoch=steps_per_epoch,
+                world_size=world,
+                examples=len(examples),
+                skipped_videos=skipped_total(),
+                finished=step == total_steps,
+            )
+            runner.save_checkpoint(state, scheduler, optimizer, model)
+        if on_step is not None:
+            on_step(info)
+
+    if progress is not None:
+        progress.close()
+    final = TrainState(
+        global_step=step,
+        total_steps=total_steps,
+        steps_per_epoch=steps_per_epoch,
+        world_size=world,
+        examples=len(examples),
+        skipped_videos=skipped_total(),
+        finished=True,
+    )
+    runner.save_weights(output_dir)
+    if accelerator.is_main_process:
+        final.save(output_dir)
+    accelerator.wait_for_everyone()
+    result.global_step = step
+    result.skipped_videos = final.skipped_videos
+    result.bundle = bundle
+    # No accelerator.end_training(): it destroys the process group, which the caller (a
+    # second stage in the same process, a test) may still use.
+    return result
+
+
+def _sum_over_ranks(accelerator: Any, value: int) -> int:
+    if accelerator.num_processes == 1:
+        return value
+    tensor = torch.tensor([value], device=accelerator.device, dtype=torch.long)
+    return int(accelerator.reduce(tensor, reduction="sum").item())
+
+
+def _log_step(
+    runner: _Runner, info: StepInfo, accelerator: Any, scheduler: Any, epoch: int, skipped: int
+) -> None:
+    """Loss averaged over ranks; one JSON row (main process) and a log line."""
+    loss = info.loss
+    if accelerator.num_processes > 1:
+        tensor = torch.tensor([info.loss], device=accelerator.device)
+        loss = float(accelerator.reduce(tensor, reduction="mean").item())
+    row = {
+        "step": info.step,
+        "epoch": epoch,
+        "loss": loss,
+        "lr": info.lr,
+        "lrs": scheduler.get_last_lr(),
+        "grad_norm": info.grad_norm,
+        "budget": info.budget,
+        "tokens_before": info.tokens_before,
+        "tokens_after": info.tokens_after,
+        "skipped_videos": skipped,
+        "seconds": round(info.seconds, 4),
+        "rank0_time": time.time(),
+    }
+    runner.write_log(row)
+    if accelerator.is_main_process:
+        log.info(
+            "step %d loss %.4f lr %.3g %s tokens %d->%d",
+            info.step,
+            loss,
+            info.lr,
+            info.budget,
+            info.tokens_before,
+            info.tokens_after,
+        )
