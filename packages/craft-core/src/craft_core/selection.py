@@ -205,35 +205,8 @@ class PairingState:
         self.list_sim = torch.full((n, keep), float("-inf"), device=device)
         self.bound = torch.full((n,), float("-inf"), device=device)
         self.full_rows = 0.0
-        self._initial_pass()
-
-    def _initial_pass(self) -> None:
-        """The first pass over all N tokens, on the upper triangle only.
-
-        Similarity is symmetric, so a strip of rows scored against every LATER token also
-        gives, read transposed, those later tokens' scores against the strip: half the
-        products of a row-by-row pass, the same candidate lists, the same `block x N` memory.
-        """
-        n = self.embed.shape[0]
-        ids = torch.arange(n, device=self.embed.device)
-        computed = 0
-        for start in range(0, n, self.block):
-            stop = min(start + self.block, n)
-            rows, later = ids[start:stop], ids[start:]
-            sims = self.embed[rows] @ self.embed[later].T  # [b, n - start]
-            sims[:, : stop - start].fill_diagonal_(float("-inf"))
-            self._absorb(rows, sims, later)
-            if stop < n:
-                self._absorb(ids[stop:], sims[:, stop - start :].T.contiguous(), rows)
-            computed += sims.numel()
-        self.partner_sim.copy_(self.list_sim[:, 0])
-        self.partner.copy_(self.list_idx[:, 0])
-        # A head that ties the bound may share its maximum with a smaller index outside the
-        # list: those rows (exact duplicates, mostly) get a full row-by-row pass.
-        unsure = torch.nonzero(self.list_sim[:, 0] == self.bound).squeeze(1)
-        if unsure.numel():
-            self._recompute(unsure, ids)
-        self.full_rows += computed / n
+        ids = torch.arange(n, device=device)
+        self._recompute(ids, ids)
 
     def active_ids(self) -> torch.Tensor:
         """`[n]` ascending original indices of the active tokens."""
