@@ -35,26 +35,31 @@ WEIGHTS_NAME = "model.safetensors"
 class _RowStore:
     """Current feature rows, written as rounds rewrite their targets.
 
-    Without autograd (inference) the rows live in one dense copy updated in place. With
-    autograd, nothing may be written in place and copying `[N, D]` every round would cost
-    O(N D) per round, so row i lives in `pieces[piece[i]][row[i]]`: piece 0 is the input,
-    piece m holds the targets rewritten in round m, and gathers stitch the pieces together.
+    Without autograd (inference) rewritten rows go in place into an overlay the size of
+    the input, allocated but never filled (untouched pages cost nothing), so the input is
+    neither copied nor modified. With autograd nothing may be written in place, and copying
+    `[N, D]` every round would cost O(N D) per round, so row i lives in
+    `pieces[piece[i]][row[i]]`: piece 0 is the input, piece m holds the targets rewritten
+    in round m, and gathers stitch the pieces together.
     """
 
     def __init__(self, features: torch.Tensor, track_grad: bool) -> None:
         n = features.shape[0]
-        self.dense = None if track_grad else features.clone()
+        self.overlay = None if track_grad else torch.empty_like(features)
         self.pieces = [features]
         self.piece = torch.zeros(n, dtype=torch.long, device=features.device)
         self.row = torch.arange(n, device=features.device)
 
     def gather(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` (`[k]` original indices) -> `[k, D]`."""
-        if self.dense is not None:
-            return self.dense[ids]
         piece = self.piece[ids]
         if len(self.pieces) == 1 or not bool(piece.any()):
             return self.pieces[0][self.row[ids]]
+        if self.overlay is not None:
+            rows = self.pieces[0][ids]
+            rewritten = torch.nonzero(piece).squeeze(1)
+            rows[rewritten] = self.overlay[ids[rewritten]]
+            return rows
         parts, positions = [], []
         for index in torch.unique(piece).tolist():
             where = torch.nonzero(piece == index).squeeze(1)
@@ -65,8 +70,11 @@ class _RowStore:
 
     def replace(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
         """Rows `ids` (`[k]`) now read from `rows` (`[k, D]`)."""
-        if self.dense is not None:
-            self.dense[ids] = rows
+        if self.overlay is not None:
+            self.overlay[ids] = rows
+            self.piece[ids] = 1
+            if len(self.pieces) == 1:
+                self.pieces.append(self.overlay)
             return
         self.piece[ids] = len(self.pieces)
         self.row[ids] = torch.arange(ids.numel(), device=ids.device)
