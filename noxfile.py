@@ -82,6 +82,11 @@ def gpu_tests(session: nox.Session) -> None:
     """The gpu-marked tests in the current interpreter; they skip cleanly without CUDA."""
     env = {"CRAFT_GPU_TESTS": "1", **os.environ}
     session.run(
-        "python", "-m", "pytest", *[f"packages/{p}/tests" for p in PACKAGES], "-m", "gpu",
+        "python",
+        "-m",
+        "pytest",
+        *[f"packages/{p}/tests" for p in PACKAGES],
+        "-m",
+        "gpu",
         env=env,
     )
