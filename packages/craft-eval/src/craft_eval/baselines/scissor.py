@@ -218,6 +218,47 @@ def scissor_plan(
     return ScissorPlan(reps, anchors, owner, tau, adjusted)
 
 
+def plan_groups(
+    name: str,
+    features: torch.Tensor,
+    coords: torch.Tensor,
+    *,
+    ratio: float | None,
+    threshold: float | None,
+    min_tokens: int | None,
+    search_steps: int,
+) -> tuple[ScissorPlan | None, dict[str, Any]]:
+    """The budget check and LLaVA-Scissor grouping shared by `llava-scissor` and
+    `scissor-merge`: `(plan, info)`, with no plan when a fixed budget keeps every token."""
+    budget = prepare(
+        name,
+        features,
+        coords,
+        ratio=ratio,
+        threshold=threshold,
+        min_tokens=min_tokens,
+        adaptive=True,
+    )
+    info: dict[str, Any] = {"importance": None}
+    if budget.threshold is None and budget.floor >= features.shape[0]:
+        info["settings"] = {"mode": "budget"}
+        return None, info
+    plan = scissor_plan(
+        features,
+        coords,
+        floor=budget.floor,
+        threshold=budget.threshold,
+        search_steps=search_steps,
+    )
+    info["settings"] = {
+        "mode": "threshold" if budget.threshold is not None else "budget",
+        "tau": plan.tau,
+        "components": "exact",
+    }
+    info["adjusted"] = plan.adjusted
+    return plan, info
+
+
 def llava_scissor(
     features: torch.Tensor,
     coords: torch.Tensor,
@@ -232,33 +273,17 @@ def llava_scissor(
     `min_tokens`) or budgeted (`ratio=`: exactly `max(1, floor(N / ratio))` tokens, tau
     searched). Each output token sits at its anchor's original position. `importance` is
     ignored."""
-    budget = prepare(
+    plan, info = plan_groups(
         NAME,
         features,
         coords,
         ratio=ratio,
         threshold=threshold,
         min_tokens=min_tokens,
-        adaptive=True,
-    )
-    n = features.shape[0]
-    info: dict[str, Any] = {"importance": None}
-    if budget.threshold is None and budget.floor >= n:
-        info["settings"] = {"mode": "budget"}
-        return identity(NAME, features, coords, info)
-    plan = scissor_plan(
-        features,
-        coords,
-        floor=budget.floor,
-        threshold=budget.threshold,
         search_steps=search_steps,
     )
-    info["settings"] = {
-        "mode": "threshold" if budget.threshold is not None else "budget",
-        "tau": plan.tau,
-        "components": "exact",
-    }
-    info["adjusted"] = plan.adjusted
+    if plan is None:
+        return identity(NAME, features, coords, info)
     rows = _final_rows(features.float(), plan)
     return finish(NAME, features, coords, plan.anchors, plan.representative, rows, info=info)
 

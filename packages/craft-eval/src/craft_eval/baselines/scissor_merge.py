@@ -9,13 +9,11 @@ checkpoint gives the learned merge; a fresh module gives G = 0.5 everywhere.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from craft_core import CompressionResult, CraftCompressor
-from craft_eval.baselines._common import finish, identity, normalized, prepare
-from craft_eval.baselines.scissor import SEARCH_STEPS, scissor_plan
+from craft_eval.baselines._common import finish, identity, normalized
+from craft_eval.baselines.scissor import SEARCH_STEPS, plan_groups
 
 NAME = "scissor-merge"
 
@@ -33,27 +31,18 @@ def scissor_merge(
 ) -> CompressionResult:
     """Group as LLaVA-Scissor (threshold mode or budgeted, exactly as `llava_scissor`) and
     fuse each group into its anchor with `compressor.fuse_groups`. `importance` is ignored."""
-    budget = prepare(
+    plan, info = plan_groups(
         NAME,
         features,
         coords,
         ratio=ratio,
         threshold=threshold,
         min_tokens=min_tokens,
-        adaptive=True,
-    )
-    n = features.shape[0]
-    info: dict[str, Any] = {"importance": None}
-    if budget.threshold is None and budget.floor >= n:
-        info["settings"] = {"mode": "budget"}
-        return identity(NAME, features, coords, info)
-    plan = scissor_plan(
-        features,
-        coords,
-        floor=budget.floor,
-        threshold=budget.threshold,
         search_steps=search_steps,
     )
+    if plan is None:
+        return identity(NAME, features, coords, info)
+    n = features.shape[0]
     is_anchor = torch.zeros(n, dtype=torch.bool, device=features.device)
     is_anchor[plan.anchors] = True
     sources = torch.nonzero(~is_anchor).squeeze(1)
@@ -62,16 +51,10 @@ def scissor_merge(
     similarity = (e[sources] * e[targets]).sum(dim=-1)
     with torch.no_grad():
         fused = compressor.fuse_groups(features, coords, targets, sources, similarity)
-    info["settings"] = {
-        "mode": "threshold" if budget.threshold is not None else "budget",
-        "tau": plan.tau,
-        "components": "exact",
-        "merge": {
-            "weighting": compressor.config.weighting,
-            "reduce": compressor.config.reduce,
-        },
+    info["settings"]["merge"] = {
+        "weighting": compressor.config.weighting,
+        "reduce": compressor.config.reduce,
     }
-    info["adjusted"] = plan.adjusted
     return finish(
         NAME,
         features,
