@@ -152,6 +152,8 @@ def select_edges(
     targets, sources, sim = targets[keep], sources[keep], sim[keep]
 
     # One target per source: highest similarity, then smallest target index.
+    if int(torch.bincount(sources, minlength=size).max()) <= 1:
+        return Edges(targets, sources, sim)
     order = torch.argsort(targets, stable=True)
     order = order[torch.sort(sim[order], descending=True, stable=True).indices]
     order = order[torch.argsort(sources[order], stable=True)]
@@ -224,7 +226,9 @@ class PairingState:
         if count > self.keep:
             left_out = top_sim[:, self.keep]
             top_sim, top_idx = top_sim[:, : self.keep], top_idx[:, : self.keep]
-        top_sim, top_idx = _order_candidates(top_sim, top_idx)
+        # topk already orders by similarity; only exact ties need the index order fixed.
+        if bool((top_sim[:, 1:] == top_sim[:, :-1]).any()):
+            top_sim, top_idx = _order_candidates(top_sim, top_idx)
         pad = self.keep - top_sim.shape[1]
         if pad:
             top_sim = torch.nn.functional.pad(top_sim, (0, pad), value=float("-inf"))
