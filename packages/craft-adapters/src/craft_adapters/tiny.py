@@ -118,6 +118,21 @@ def _tiny_tokenizer(chat_template: str) -> Any:
     return tok
 
 
+def _qwen3_vision() -> dict[str, Any]:
+    """Tiny vision tower shared by Qwen3-VL and Qwen3.5 (patch 16, 2x2 merge)."""
+    return {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "out_hidden_size": 64,
+        "num_position_embeddings": 64,
+    }
+
+
 def _text_common() -> dict[str, Any]:
     return {
         "vocab_size": TINY_VOCAB_SIZE,
@@ -181,18 +196,7 @@ def _tiny_config(model_type: str) -> Any:
                 "mrope_interleaved": True,
             },
         }
-        vision = {
-            "depth": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "patch_size": 16,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "out_hidden_size": 64,
-            "num_position_embeddings": 64,
-            "deepstack_visual_indexes": [0],
-        }
+        vision = {**_qwen3_vision(), "deepstack_visual_indexes": [0]}
         return Qwen3VLConfig(text_config=text, vision_config=vision, **_qwen_token_ids())
     if model_type == "qwen3_5":
         from transformers import Qwen3_5Config
@@ -214,17 +218,7 @@ def _tiny_config(model_type: str) -> Any:
                 "partial_rotary_factor": 0.25,
             },
         }
-        vision = {
-            "depth": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "patch_size": 16,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "out_hidden_size": 64,
-            "num_position_embeddings": 64,
-        }
+        vision = _qwen3_vision()
         return Qwen3_5Config(text_config=text, vision_config=vision, **_qwen_token_ids())
     if model_type == "llava_onevision":
         from transformers import LlavaOnevisionConfig
