@@ -76,7 +76,8 @@ class BaselineMethod:
 
 class ScissorMergeMethod:
     """Scissor-Merge with its `CraftCompressor`: from `checkpoint`, or fresh (built on the
-    first call from the features' width when `hidden_size` is not given)."""
+    first call from the features' width when `hidden_size` is not given). The module is
+    loaded and placed exactly as for the `craft` method."""
 
     def __init__(
         self,
@@ -85,21 +86,13 @@ class ScissorMergeMethod:
         search_steps: int | None = None,
         **overrides: Any,
     ) -> None:
-        from craft_core import CraftCompressor, CraftConfig
+        from craft_eval.methods.craft import CraftMethod
 
-        self.checkpoint = None if checkpoint is None else str(checkpoint)
-        self.overrides = overrides
+        self.craft = CraftMethod(
+            name="scissor-merge", checkpoint=checkpoint, hidden_size=hidden_size, **overrides
+        )
+        self.checkpoint = self.craft.checkpoint
         self.search_steps = SEARCH_STEPS if search_steps is None else int(search_steps)
-        self.compressor: CraftCompressor | None = None
-        if self.checkpoint is not None:
-            self.compressor = CraftCompressor.from_pretrained(self.checkpoint).eval()
-            if overrides:
-                config = CraftConfig(**{**self.compressor.config.model_dump(), **overrides})
-                rebuilt = CraftCompressor(config)
-                rebuilt.load_state_dict(self.compressor.state_dict())
-                self.compressor = rebuilt.eval()
-        elif hidden_size is not None:
-            self.compressor = CraftCompressor(CraftConfig(hidden_size=hidden_size, **overrides))
 
     def __call__(
         self,
@@ -112,18 +105,10 @@ class ScissorMergeMethod:
         importance: torch.Tensor | None = None,
         **extras: Any,
     ) -> CompressionResult:
-        from craft_core import CraftCompressor, CraftConfig
-
-        if self.compressor is None:
-            if not isinstance(features, torch.Tensor) or features.dim() != 2:
-                raise ValueError("features must be a [N, D] tensor")
-            config = CraftConfig(hidden_size=int(features.shape[1]), **self.overrides)
-            self.compressor = CraftCompressor(config).eval()
-        self.compressor.to(features.device)
         result = scissor_merge(
             features,
             coords,
-            compressor=self.compressor,
+            compressor=self.craft.module_for(features),
             ratio=ratio,
             threshold=threshold,
             min_tokens=min_tokens,

@@ -80,6 +80,17 @@ class CraftMethod:
             module = rebuilt.eval()
         return module
 
+    def module_for(self, features: torch.Tensor) -> Any:
+        """The `CraftCompressor` for these features `[N, D]`: built now from their width if
+        it was not yet, and on their device unless a device was fixed."""
+        if self.module is None:
+            if not isinstance(features, torch.Tensor) or features.dim() != 2:
+                raise ValueError("features must be a [N, D] tensor")
+            self.module = self._fresh(int(features.shape[1])).to(features.device)
+        elif self.device is None and _module_device(self.module) != features.device:
+            self.module.to(features.device)
+        return self.module
+
     def __call__(
         self,
         features: torch.Tensor,
@@ -90,14 +101,9 @@ class CraftMethod:
         min_tokens: int | None = None,
         **extras: Any,
     ) -> CompressionResult:
-        if self.module is None:
-            if not isinstance(features, torch.Tensor) or features.dim() != 2:
-                raise ValueError("features must be a [N, D] tensor")
-            self.module = self._fresh(int(features.shape[1])).to(features.device)
-        elif self.device is None and _module_device(self.module) != features.device:
-            self.module.to(features.device)
+        module = self.module_for(features)
         with torch.no_grad():
-            result = self.module(
+            result = module(
                 features, coords, ratio=ratio, threshold=threshold, min_tokens=min_tokens
             )
         result.info["method"] = self.name
