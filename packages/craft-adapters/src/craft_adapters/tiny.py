@@ -1,7 +1,7 @@
 """Tiny, randomly initialised VLMs of every supported backbone, for tests and demos.
 
 `build_tiny_vlm(model_type, save_dir)` builds a model from the transformers config classes
-(sizes from `shared/design/backbones.md`: vocab 300, hidden 64, 2 layers, ...), saves it with
+(sizes from `docs/backbones.md`: vocab 300, hidden 64, 2 layers, ...), saves it with
 `save_pretrained`, loads it back with `from_pretrained` (the same loading code as a real
 checkpoint) and returns it with a processor built in memory (no hub access): a byte-level
 `Qwen2Tokenizer` with the backbone's special tokens, the backbone's video processor with an

@@ -1,6 +1,6 @@
 """`wrap(model, compressor, ratio=...)`: a transformers VLM that compresses its video tokens.
 
-The route (see `shared/design/backbones.md`, checked on all four backbones):
+The route (see `docs/backbones.md`, checked on all four backbones):
 
 1. run the vision tower + projector once (`get_video_features`),
 2. compute the position ids of the FULL sequence with the backbone's own function,

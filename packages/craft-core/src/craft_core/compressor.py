@@ -8,7 +8,7 @@
 Each round pairs every active token with its most similar one (training-free, float32,
 blockwise, incrementally updated), keeps the best edges within the budget, orients them by
 L2 norm, drops chains, and fuses each target with its sources through `GatedMerge`
-(differentiable). See `shared/design/algorithm.md` for every rule.
+(differentiable). See `docs/algorithm.md` for every rule.
 """
 
 from __future__ import annotations

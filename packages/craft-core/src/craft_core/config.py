@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class CraftConfig(BaseModel):
-    """Hyper-parameters of `CraftCompressor` (see `shared/design/algorithm.md`).
+    """Hyper-parameters of `CraftCompressor` (see `docs/algorithm.md`).
 
     Only `hidden_size` has no default: it is the width `D` of the language model's embedding
     space, which the vision projector already maps the video tokens into.
