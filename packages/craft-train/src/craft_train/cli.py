@@ -29,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Train the CRAFT merge module on a frozen VLM: stage 1 (captions), then "
         "stage 2 (video QA).",
     )
+    parser.add_argument(
+        "--debug", action="store_true", help="show the Python traceback of an unexpected error"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for stage in (1, 2):
         p = sub.add_parser(f"stage{stage}", help=f"run training stage {stage}")
@@ -79,6 +82,22 @@ def _exists(path: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    try:
+        return _main(args)
+    except KeyboardInterrupt:
+        print("craft-train: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    except Exception as err:  # an unexpected failure: one line, the traceback only with --debug
+        if args.debug:
+            raise
+        print(
+            f"craft-train: {type(err).__name__}: {err} (run with --debug for the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.command == "configs":
         for name in shipped_configs():
             print(name)
@@ -109,13 +128,16 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from craft_train.trainer import train
+    from craft_train.trainer import TrainingDiverged, train
 
     try:
         result = train(cfg)
     except ConfigError as err:  # found only once the run starts (a resume that does not fit)
         print(f"craft-train: {err}", file=sys.stderr)
         return 2
+    except TrainingDiverged as err:
+        print(f"craft-train: {err}", file=sys.stderr)
+        return 1
     if result.global_step >= result.total_steps:
         print(
             f"craft-train: stage {cfg.stage} done ({result.global_step} steps); merge module "

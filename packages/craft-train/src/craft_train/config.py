@@ -20,6 +20,7 @@ __all__ = [
     "BudgetConfig",
     "ConfigError",
     "DataConfig",
+    "DistillConfig",
     "LoraConfig",
     "MixtureConfig",
     "ModelConfig",
@@ -38,7 +39,8 @@ class ConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: `optim.lr=.inf` (or nan) is refused at load time, naming the field
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class LoraConfig(_Strict):
@@ -278,18 +280,86 @@ class TrainConfig(_Strict):
     progress_bar: bool = Field(default=True, description="tqdm progress bar on rank 0.")
 
 
-class TrainingConfig(_Strict):
-    """One stage of the curriculum: `craft-train stage1|stage2 --config FILE`."""
+DEFAULT_DISTILL_PROMPTS = (
+    "Describe this video in detail.",
+    "What happens in this video?",
+    "What objects and people can be seen in this video?",
+    "Where does this video take place, and what is the setting like?",
+    "What is the main action in this video, and who or what performs it?",
+    "Summarize this video in one sentence.",
+)
+"""Generic prompts given to the manifest rows of a distillation run that bring none."""
 
-    stage: Literal[1, 2] = Field(description="1: caption pre-training; 2: QA.")
+
+class DistillConfig(_Strict):
+    """`stage: distill`: match the uncompressed model on unlabeled videos (craft_train.distill)."""
+
+    prompts: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_DISTILL_PROMPTS),
+        min_length=1,
+        description="Prompts drawn for manifest rows without a `prompt` of their own.",
+    )
+    prompts_per_video: int = Field(
+        default=1, gt=0, description="Prompts drawn (distinct) for each row without a prompt."
+    )
+    max_new_tokens: int = Field(
+        default=128, gt=0, description="Longest teacher response (greedy, cached on disk)."
+    )
+    temperature: float = Field(
+        default=1.0, gt=0, description="Softmax temperature T of the KL (scaled by T^2)."
+    )
+    ce_weight: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="Loss = (1 - w) KL + w CE on the teacher's tokens (0: pure KL).",
+    )
+    cache_dir: str | None = Field(
+        default=None,
+        description="Folder of the teacher's cached responses; None: output_dir/teacher.",
+    )
+    teacher: str | None = Field(
+        default=None,
+        description="Another model (same tokenizer) as the teacher; None: the backbone itself, "
+        "uncompressed (the method). Its own vision tower runs then.",
+    )
+
+    @model_validator(mode="after")
+    def _enough_prompts(self) -> DistillConfig:
+        if self.prompts_per_video > len(self.prompts):
+            raise ValueError(
+                f"distill.prompts_per_video: {self.prompts_per_video} distinct prompts asked, "
+                f"distill.prompts holds {len(self.prompts)}"
+            )
+        return self
+
+
+class TrainingConfig(_Strict):
+    """One stage: `craft-train stage1|stage2|distill --config FILE`."""
+
+    stage: Literal[1, 2, "distill"] = Field(
+        description="1: caption pre-training; 2: QA; distill: match the uncompressed model."
+    )
     model: ModelConfig
     data: DataConfig
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     optim: OptimConfig
     train: TrainConfig
+    distill: DistillConfig | None = Field(
+        default=None, description="Distillation settings (stage distill only; defaults filled)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _distill_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("stage") == "distill" and data.get("distill") is None:
+            data = {**data, "distill": {}}
+        return data
 
     @model_validator(mode="after")
     def _stage_rules(self) -> TrainingConfig:
+        if self.stage != "distill" and self.distill is not None:
+            raise ValueError("distill: this section belongs to stage distill only")
         if self.stage == 2 and self.model.init_from is None:
             raise ValueError(
                 "model.init_from: stage 2 inherits the stage-1 merge module; give the stage-1 "
@@ -399,7 +469,7 @@ def load_config(
     path: str | Path | None = None,
     overrides: Iterable[str] = (),
     *,
-    stage: int | None = None,
+    stage: int | str | None = None,
     data: Mapping[str, Any] | None = None,
 ) -> TrainingConfig:
     """Read, override and validate a config.
@@ -422,8 +492,9 @@ def load_config(
         if raw.get("stage") is None:
             raw["stage"] = stage
         elif raw["stage"] != stage:
+            command = "distill" if stage == "distill" else f"stage{stage}"
             raise ConfigError(
-                f"stage: the config is for stage {raw['stage']} but `stage{stage}` was run"
+                f"stage: the config is for stage {raw['stage']} but `{command}` was run"
             )
     try:
         cfg = TrainingConfig.model_validate(raw)
@@ -469,12 +540,48 @@ def check_paths(cfg: TrainingConfig) -> None:
     for field, value in (
         ("model.backbone", cfg.model.backbone),
         ("model.processor", cfg.model.processor),
+        ("distill.teacher", cfg.distill.teacher if cfg.distill is not None else None),
     ):
         if value is None:
             continue
         looks_local = value.startswith(("/", "./", "../", "~")) or Path(value).exists()
         if looks_local and not Path(value).expanduser().is_dir():
             raise ConfigError(f"{field}: folder {value} does not exist")
+
+
+# Fields a resumed run may change: they decide where and how often it reports, never what it
+# computes. Every other field must equal the interrupted run's (see `config_drift`).
+RESUMABLE_FIELDS = (
+    "train.resume",
+    "train.output_dir",
+    "train.progress_bar",
+    "train.logging_steps",
+    "train.save_steps",
+    "train.save_total_limit",
+    "data.num_workers",
+)
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, inner in value.items():
+            out.update(_flatten(inner, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: value}
+
+
+def config_drift(saved: Mapping[str, Any], cfg: TrainingConfig) -> list[str]:
+    """Fields (`a.b.c`) whose value in `cfg` differs from the `saved` config of a run, outside
+    `RESUMABLE_FIELDS`: resuming with any of them changed would silently mix two runs."""
+    old = _flatten(dict(saved))
+    new = _flatten(cfg.model_dump(mode="json"))
+    keys = sorted(set(old) | set(new))
+    return [
+        k
+        for k in keys
+        if old.get(k) != new.get(k) and not any(k.startswith(f) for f in RESUMABLE_FIELDS)
+    ]
 
 
 def dump_config(cfg: TrainingConfig) -> str:

@@ -34,7 +34,13 @@ from craft_train.checkpoint import (
     prune_checkpoints,
     save_rng_state,
 )
-from craft_train.config import ConfigError, TrainingConfig, check_paths, dump_config
+from craft_train.config import (
+    ConfigError,
+    TrainingConfig,
+    check_paths,
+    config_drift,
+    dump_config,
+)
 from craft_train.data import (
     Example,
     VideoTextDataset,
@@ -48,11 +54,16 @@ from craft_train.data import (
 from craft_train.distributed import make_accelerator
 from craft_train.model import CRAFT_DIR, LORA_DIR, ModelBundle, build_model
 
-__all__ = ["StepInfo", "TrainResult", "load_examples", "train"]
+__all__ = ["StepInfo", "TrainResult", "TrainingDiverged", "load_examples", "train"]
 
 log = logging.getLogger(__name__)
 
 LOG_FILE = "log.jsonl"
+CONFIG_FILE = "config.yaml"
+
+
+class TrainingDiverged(RuntimeError):
+    """A non-finite loss, gradient norm or weight: the run stops before saving anything."""
 
 
 @dataclass
@@ -88,6 +99,10 @@ class TrainResult:
 
 def load_examples(cfg: TrainingConfig) -> list[Example]:
     """Read every manifest and build the mixture (cheap: no video is opened)."""
+    if cfg.stage == "distill":
+        from craft_train.distill import load_distill_examples
+
+        return load_distill_examples(cfg)
     examples: list[Example] = []
     for manifest in cfg.data.manifests:
         examples.extend(
@@ -169,6 +184,12 @@ class _Runner:
         """craft/ (and lora/) into `folder`. Call on EVERY rank: under ZeRO, gathering the
         fp32 master weights is a collective; only the main process writes."""
         state = self.craft_state()
+        bad = [name for name, tensor in state.items() if not bool(torch.isfinite(tensor).all())]
+        if bad:
+            raise TrainingDiverged(
+                f"merge-module weights {', '.join(bad[:3])} are not finite; nothing saved to "
+                f"{folder}"
+            )
         if not self.acc.is_main_process:
             return
         with torch.random.fork_rng():  # building the copy must not move any RNG
@@ -198,6 +219,7 @@ class _Runner:
             if not self.deepspeed:
                 torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
             torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+            (tmp / CONFIG_FILE).write_text(dump_config(self.cfg))
         acc.wait_for_everyone()
         if acc.is_main_process:
             state.save(tmp)  # last: marks the folder complete
@@ -289,9 +311,12 @@ def train(
     accelerator = make_accelerator(cfg)
     rank, world = accelerator.process_index, accelerator.num_processes
     output_dir = Path(cfg.train.output_dir)
+    resumed_from = _resume_folder(cfg)
+    if resumed_from is not None:
+        _check_same_run(resumed_from, cfg)
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
-        (output_dir / "config.yaml").write_text(dump_config(cfg))
+        (output_dir / CONFIG_FILE).write_text(dump_config(cfg))
         log.info("mixture: %d examples %s", len(examples), mixture_summary(examples))
 
     optim = cfg.optim
@@ -311,6 +336,12 @@ def train(
 
     set_seed(optim.seed)  # LoRA's init and dropout; a resumed run restores its RNG states
     bundle = build_model(cfg, accelerator.device)
+    distiller = None
+    if cfg.stage == "distill":  # the teacher's responses: generated once, cached on disk
+        from craft_train.distill import Distiller
+
+        distiller = Distiller.prepare(cfg, accelerator, bundle, examples)
+        encoder_factory = encoder_factory or distiller.make_encoder
     if encoder_factory is None:
         from craft_train.inputs import make_encoder
 
@@ -327,7 +358,6 @@ def train(
     trainable = [p for p in bundle.model.parameters() if p.requires_grad]
 
     start_step, skipped_base = 0, 0  # skipped_base: videos skipped before this process ran
-    resumed_from = _resume_folder(cfg)
     if resumed_from is not None:
         state = runner.load_checkpoint(resumed_from, scheduler, optimizer, model)
         if state.total_steps != total_steps or state.steps_per_epoch != steps_per_epoch:
@@ -390,11 +420,14 @@ def train(
             skipped += len(batch.pop("skipped_videos"))
             batch = _to_device(batch, accelerator.device)
             with accelerator.accumulate(model):
-                out = model(**batch)
+                if distiller is not None:  # KL to the uncompressed teacher on its response
+                    main_loss = distiller.loss(model, batch)
+                else:
+                    main_loss = model(**batch).loss
                 # Every trainable parameter joins the graph (with a zero gradient when, e.g.,
                 # a threshold merged nothing), so DDP / ZeRO always see the same parameters.
                 anchor = sum(p.reshape(-1)[0] * 0.0 for p in trainable)
-                loss = out.loss + anchor
+                loss = main_loss + anchor
                 accelerator.backward(loss)
                 if accelerator.sync_gradients != (micro == optim.grad_accum - 1):
                     raise RuntimeError("gradient accumulation went out of step")
@@ -403,7 +436,7 @@ def train(
                     grad_norm = float(norm) if norm is not None else None
                 prepared_optimizer.step()
                 prepared_optimizer.zero_grad()
-            losses.append(float(out.loss.detach()))
+            losses.append(float(main_loss.detach()))
             report = getattr(bundle.model, "last_compression", None)
             if report is not None:
                 before += report.tokens_before
@@ -412,6 +445,7 @@ def train(
         step += 1
         skipped_local += skipped
         mean_loss = sum(losses) / len(losses)
+        _check_finite(accelerator, step, mean_loss, grad_norm, trainable)
         result.losses.append(mean_loss)
         info = StepInfo(
             step=step,
@@ -464,6 +498,40 @@ def train(
     # No accelerator.end_training(): it destroys the process group, which the caller (a
     # second stage in the same process, a test) may still use.
     return result
+
+
+def _check_same_run(folder: Path, cfg: TrainingConfig) -> None:
+    """Refuse to resume `folder` with a config that changes what the run computes."""
+    import yaml
+
+    for path in (folder / CONFIG_FILE, folder.parent / CONFIG_FILE):
+        if path.is_file():
+            saved = yaml.safe_load(path.read_text()) or {}
+            drift = config_drift(saved, cfg)
+            if drift:
+                raise ConfigError(
+                    f"train.resume: {folder} was trained with another config ({path}); "
+                    f"changed: {', '.join(drift[:6])}. Resume with the same values, or start "
+                    "afresh with --set train.resume=never or another train.output_dir"
+                )
+            return
+
+
+def _check_finite(
+    accelerator: Any, step: int, loss: float, grad_norm: float | None, params: list[Any]
+) -> None:
+    """Stop (on every rank together) when the loss, the gradient norm or a trainable weight
+    is not finite: nothing of this step is saved; the last checkpoint stays the good one."""
+    weights_ok = all(bool(torch.isfinite(p.detach()).all()) for p in params)
+    grad_ok = grad_norm is None or math.isfinite(grad_norm)
+    bad = int(not (math.isfinite(loss) and grad_ok and weights_ok))
+    if _sum_over_ranks(accelerator, bad):
+        what = "loss" if not math.isfinite(loss) else "gradient norm" if not grad_ok else "weights"
+        raise TrainingDiverged(
+            f"step {step}: the {what} is not finite (loss {loss}, grad norm {grad_norm}); "
+            "training stopped and nothing of this step was saved. Lower optim.lr, set "
+            "optim.max_grad_norm, or check the data; the newest checkpoint-N is the last good state"
+        )
 
 
 def _sum_over_ranks(accelerator: Any, value: int) -> int:
