@@ -2,6 +2,7 @@
 
     craft-train stage1 --config qwen3_5_4b_stage1.yaml --set optim.lr=1e-3 --set train.output_dir=runs/x
     craft-train stage2 --config qwen3_5_4b_stage2.yaml model.lora.enabled=true   # bare overrides work too
+    craft-train distill --config qwen3_5_4b_distill.yaml   # unlabeled videos, match the full model
     craft-train configs                      # list the shipped example configs
     craft-train show-config --config FILE    # print the resolved config and exit
 
@@ -27,14 +28,18 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="craft-train",
         description="Train the CRAFT merge module on a frozen VLM: stage 1 (captions), then "
-        "stage 2 (video QA).",
+        "stage 2 (video QA); or distill (unlabeled videos, matching the uncompressed model).",
     )
     parser.add_argument(
         "--debug", action="store_true", help="show the Python traceback of an unexpected error"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for stage in (1, 2):
-        p = sub.add_parser(f"stage{stage}", help=f"run training stage {stage}")
+    for command, help_text in (
+        ("stage1", "run training stage 1 (captions)"),
+        ("stage2", "run training stage 2 (video QA)"),
+        ("distill", "train on unlabeled videos to match the uncompressed model"),
+    ):
+        p = sub.add_parser(command, help=help_text)
         _config_args(p)
         p.add_argument(
             "--check",
@@ -66,7 +71,7 @@ def shipped_configs() -> list[str]:
     return sorted(p.name for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
-def _load(args: argparse.Namespace, stage: int | None) -> TrainingConfig:
+def _load(args: argparse.Namespace, stage: int | str | None) -> TrainingConfig:
     path = args.config
     folder = resources.files("craft_train").joinpath("configs")
     if path in shipped_configs() and not _exists(path):
@@ -102,7 +107,7 @@ def _main(args: argparse.Namespace) -> int:
         for name in shipped_configs():
             print(name)
         return 0
-    stage = {"stage1": 1, "stage2": 2}.get(args.command)
+    stage = {"stage1": 1, "stage2": 2, "distill": "distill"}.get(args.command)
     try:
         cfg = _load(args, stage)
         if args.command == "show-config":

@@ -352,7 +352,9 @@ class TrainingConfig(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _distill_defaults(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("stage") == "distill" and data.get("distill") is None:
+        if not isinstance(data, dict):
+            return data
+        if data.get("stage") == "distill" and data.get("distill") is None:
             data = {**data, "distill": {}}
         return data
 
