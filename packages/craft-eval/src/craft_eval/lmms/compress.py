@@ -1,0 +1,310 @@
+"""What the plugin adds to an lmms-eval model: a compressor in front of the language model,
+and per-sample compression records in lmms-eval's sample logs.
+
+`CompressedGenerate` replaces the lmms-eval model's `_model`: `generate(**processor_outputs)`
+goes through `craft_adapters.wrap(model, compressor, ratio=...)`, everything else reaches the
+HF model unchanged. `CraftLMMixin` sits in front of lmms-eval's class in the MRO: it takes the
+plugin's own `model_args` (method, checkpoint, ratio, threshold, min_tokens) before lmms-eval's
+`__init__` sees them, and after `generate_until` it attaches to each request's
+`TokenCounts` the visual tokens before/after, the realized ratio and the compression time.
+
+Requests are matched to batch rows by the documents lmms-eval's own `generate_until` reads
+(`self.task_dict[task][split][doc_id]`, once per row, right before the batch's `generate`):
+a logging view of `task_dict` records that order, so batches of any size map back.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+_OWN_ARGS = ("method", "checkpoint", "ratio", "threshold", "min_tokens")
+
+
+def parse_budget(
+    method: str, ratio: Any, threshold: Any, min_tokens: Any
+) -> tuple[float | None, float | None, int | None]:
+    """(ratio, threshold, min_tokens) from model_args values; clear errors naming the argument."""
+
+    def number(name: str, value: Any, kind: type) -> Any:
+        if value is None or value == "":
+            return None
+        try:
+            return kind(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"model_args {name}={value!r} is not a number") from None
+
+    r = number("ratio", ratio, float)
+    t = number("threshold", threshold, float)
+    m = number("min_tokens", min_tokens, int)
+    if method == "none":
+        if r is not None or t is not None:
+            raise ValueError("model_args ratio/threshold need a method (method=craft, ...)")
+        return None, None, None
+    if (r is None) == (t is None):
+        raise ValueError(f"method={method}: give exactly one of model_args ratio= or threshold=")
+    from craft_core.budget import resolve_budget
+
+    resolve_budget(100, ratio=r, threshold=t, min_tokens=m)  # validates ranges
+    return r, t, m
+
+
+class TimedCompressor:
+    """A registered method, timed per call (one call = one video): `calls_ms` lists them."""
+
+    def __init__(self, method: Any) -> None:
+        self.method = method
+        self.calls_ms: list[float] = []
+
+    @property
+    def hidden_size(self) -> int | None:
+        return getattr(self.method, "hidden_size", None)
+
+    def __call__(self, features: torch.Tensor, coords: torch.Tensor, **kwargs: Any) -> Any:
+        if features.device.type == "cuda":
+            torch.cuda.synchronize(features.device)
+        start = time.perf_counter()
+        result = self.method(features, coords, **kwargs)
+        if features.device.type == "cuda":
+            torch.cuda.synchronize(features.device)
+        self.calls_ms.append((time.perf_counter() - start) * 1000.0)
+        return result
+
+
+def build_compressor(method: str, checkpoint: str | None, model: Any) -> TimedCompressor | None:
+    """The registered `method` (None for "none"), sized to the model's language model."""
+    if method == "none":
+        if checkpoint:
+            raise ValueError("model_args checkpoint= needs a method (method=craft)")
+        return None
+    from craft_eval.methods import get_method, get_method_info, list_methods
+
+    try:
+        info = get_method_info(method)
+    except KeyError:
+        names = ", ".join(m.name for m in list_methods())
+        raise ValueError(f"model_args method={method!r} is unknown; known: none, {names}") from None
+    kwargs: dict[str, Any] = {}
+    if checkpoint:
+        if "checkpoint" not in inspect.signature(info.factory).parameters:
+            raise ValueError(f"model_args checkpoint= is not used by method={method}")
+        kwargs["checkpoint"] = str(checkpoint)
+    params = inspect.signature(info.factory).parameters
+    if "hidden_size" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        kwargs.setdefault("hidden_size", int(model.config.get_text_config().hidden_size))
+    return TimedCompressor(get_method(method, **kwargs))
+
+
+@dataclass
+class RowRecord:
+    """Compression of one batch row (one request)."""
+
+    tokens_before: int
+    tokens_after: int
+    compression_ms: float
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "visual_tokens_before": self.tokens_before,
+            "visual_tokens_after": self.tokens_after,
+            "realized_ratio": round(self.tokens_before / max(1, self.tokens_after), 4),
+            "compression_ms": round(self.compression_ms, 3),
+        }
+
+
+class CompressedGenerate:
+    """Stands where lmms-eval keeps the HF model: `generate` compresses, the rest delegates.
+
+    `rows` holds one `RowRecord` per row of the last `generate` call.
+    """
+
+    def __init__(self, model: Any, compressor: TimedCompressor | None, budget: dict[str, Any]):
+        import craft_adapters
+
+        self._hf = model
+        self._compressor = compressor
+        self._wrapped = craft_adapters.wrap(model, compressor, **budget)
+        self._video_token_id = self._wrapped.adapter.video_token_id
+        self.rows: list[RowRecord] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._hf, name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._wrapped(*args, **kwargs)
+
+    @torch.no_grad()
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            raise TypeError("craft plugin: pass processor outputs to generate() as keywords")
+        ids = kwargs.get("input_ids")
+        if self._compressor is not None:
+            self._compressor.calls_ms = []
+        out = self._wrapped.generate(**kwargs)
+        self.rows = self._records(ids)
+        return out
+
+    def _records(self, ids: Any) -> list[RowRecord]:
+        if not isinstance(ids, torch.Tensor):
+            return []
+        report = self._wrapped.last_compression
+        if report is None or not report.videos:
+            counts = (ids == self._video_token_id).sum(dim=1).tolist()
+            return [RowRecord(int(n), int(n), 0.0) for n in counts]
+        rows = [RowRecord(0, 0, 0.0) for _ in range(ids.shape[0])]
+        times = self._compressor.calls_ms if self._compressor is not None else []
+        for k, video in enumerate(report.videos):
+            row = rows[video.batch_index]
+            row.tokens_before += video.tokens_before
+            row.tokens_after += video.tokens_after
+            row.compression_ms += times[k] if k < len(times) else 0.0
+        return rows
+
+
+class _DocLog:
+    """A read-through view of lmms-eval's `task_dict` that logs (task, split, doc_id) reads."""
+
+    def __init__(self, inner: Any, log: list[tuple[Any, ...]], path: tuple[Any, ...] = ()):
+        self._inner, self._log, self._path = inner, log, path
+
+    def __getitem__(self, key: Any) -> Any:
+        value = self._inner[key]
+        if len(self._path) == 2:
+            self._log.append((*self._path, key))
+            return value
+        return _DocLog(value, self._log, (*self._path, key))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __contains__(self, key: Any) -> bool:
+        return key in self._inner
+
+    def __iter__(self) -> Any:
+        return iter(self._inner)
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+
+class CraftLMMixin:
+    """Put in front of an lmms-eval model class: `class X(CraftLMMixin, LmmsClass)`."""
+
+    _model: Any
+    task_dict: Any
+
+    def __init__(
+        self,
+        *,
+        method: str = "none",
+        checkpoint: str | None = None,
+        ratio: Any = None,
+        threshold: Any = None,
+        min_tokens: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        method = str(method).lower()
+        r, t, m = parse_budget(method, ratio, threshold, min_tokens)
+        super().__init__(**kwargs)
+        compressor = build_compressor(method, checkpoint, self._model)
+        budget = {"ratio": r, "threshold": t, "min_tokens": m} if compressor is not None else {}
+        self._model = CompressedGenerate(self._model, compressor, budget)
+        self.craft_method = method
+        self.craft_budget = {k: v for k, v in budget.items() if v is not None}
+
+    def generate_until(self, requests: list[Any]) -> list[Any]:
+        from lmms_eval.api.instance import GenerationResult
+
+        log: list[tuple[Any, ...]] = []
+        original = self.task_dict
+        keyed: dict[tuple[Any, ...], list[RowRecord]] = {}
+        compressed: CompressedGenerate = self._model
+        inner_generate = compressed.generate
+
+        def generate(*args: Any, **kwargs: Any) -> Any:
+            out = inner_generate(*args, **kwargs)
+            rows = compressed.rows
+            reads = list(dict.fromkeys(log)) if len(log) != len(rows) else list(log)
+            if len(reads) == len(rows):
+                for key, row in zip(reads, rows):
+                    keyed.setdefault(key, []).append(row)
+            log.clear()
+            return out
+
+        self.task_dict = _DocLog(original, log) if isinstance(original, Mapping) else original
+        compressed.generate = generate  # type: ignore[method-assign]
+        try:
+            results = super().generate_until(requests)  # type: ignore[misc]
+        finally:
+            self.task_dict = original
+            del compressed.generate
+        out = []
+        for request, result in zip(requests, results):
+            doc_id, task, split = request.args[-3:]
+            rows = keyed.get((task, split, doc_id))
+            out.append(_with_fields(result, rows.pop(0) if rows else None, GenerationResult))
+        self._log_summary([r for r in out if isinstance(r, GenerationResult)])
+        return out
+
+    def _log_summary(self, results: list[Any]) -> None:
+        """Averages over this call's requests into lmms-eval's `throughput` summary."""
+        from lmms_eval.models.model_utils.gen_metrics import log_metrics
+
+        fields = [r.token_counts.craft for r in results if hasattr(r.token_counts, "craft")]
+        if not fields:
+            return
+        extra: dict[str, Any] = {"craft_samples": len(fields)}
+        for key in ("visual_tokens_before", "visual_tokens_after", "compression_ms"):
+            extra[f"craft_{key}"] = sum(f[key] for f in fields) / len(fields)
+        before = sum(f["visual_tokens_before"] for f in fields)
+        extra["craft_realized_ratio"] = before / max(
+            1, sum(f["visual_tokens_after"] for f in fields)
+        )
+        log_metrics(
+            total_elapsed_time=0.0, total_gen_tokens=0, avg_speed=0.0, additional_metrics=extra
+        )
+
+
+def _with_fields(result: Any, row: RowRecord | None, result_cls: Any) -> Any:
+    """The request's result with the compression fields in its `TokenCounts`."""
+    from lmms_eval.api.instance import TokenCounts
+
+    if isinstance(result, result_cls):
+        text, counts = result.text, result.token_counts
+    else:
+        text, counts = result, None
+    if row is None:
+        return result
+    merged = CraftTokenCounts.make(TokenCounts, counts, row.fields())
+    return result_cls(text=text, token_counts=merged)
+
+
+class CraftTokenCounts:
+    """Factory of `TokenCounts` subclasses whose `to_dict` adds the compression fields
+    (lmms-eval writes `to_dict()` into each sample's `token_counts`)."""
+
+    _cls: Any = None
+
+    @classmethod
+    def make(cls, base: type, counts: Any, fields: dict[str, Any]) -> Any:
+        if cls._cls is None:
+
+            class _Counts(base):  # type: ignore[valid-type,misc]
+                craft: dict[str, Any]
+
+                def to_dict(self) -> dict[str, Any]:
+                    return {**super().to_dict(), **self.craft}
+
+            cls._cls = _Counts
+        merged = cls._cls(
+            input_tokens=getattr(counts, "input_tokens", None),
+            output_tokens=getattr(counts, "output_tokens", None),
+            reasoning_tokens=getattr(counts, "reasoning_tokens", None),
+        )
+        merged.craft = dict(fields)
+        return merged
