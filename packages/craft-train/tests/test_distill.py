@@ -1,0 +1,281 @@
+"""Distillation (`stage: distill`): config, manifest, teacher cache, loss, and a training run.
+
+The loss is checked against an independent reference (the unmodified transformers model's
+logits for the teacher, the student's full logits, a per-token loop); the vision tower runs
+once per micro-batch; the teacher's responses are generated once, cached, and a killed
+generation resumes without regenerating; a killed run resumes to the same weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import TinySetup
+from safetensors.torch import load_file
+
+from craft_train.cli import main
+from craft_train.config import ConfigError, load_config
+from craft_train.data import collate
+from craft_train.distill import (
+    DistillEncoder,
+    Distiller,
+    left_align,
+    load_distill_examples,
+    read_distill_manifest,
+)
+from craft_train.model import build_model
+from craft_train.teacher_cache import TeacherCache, example_key, fill_cache
+from craft_train.trainer import StepInfo, train
+
+
+def _manifest(tiny: TinySetup, rows: list[dict[str, Any]] | None = None) -> Path:
+    path = tiny.root / "distill.jsonl"
+    rows = rows if rows is not None else [{"video": f"clip{i}.mp4"} for i in range(8)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _config(tiny: TinySetup, out: Path, **sections: dict[str, Any]) -> dict[str, Any]:
+    sections = {
+        **sections,
+        "data": {"manifests": [str(_manifest(tiny))], **sections.get("data", {})},
+        "distill": {"max_new_tokens": 6, **sections.get("distill", {})},
+    }
+    return tiny.config(out, stage="distill", **sections)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- config, manifest
+
+
+def test_config_and_cli_errors_name_the_field(tiny: TinySetup, tmp_path: Path, capsys) -> None:
+    cfg = load_config(data=_config(tiny, tmp_path / "o"), stage="distill")
+    assert cfg.distill is not None and cfg.distill.temperature == 1.0
+    assert len(cfg.distill.prompts) == 6
+    with pytest.raises(ConfigError, match=r"distill\.temperature"):
+        load_config(data=_config(tiny, tmp_path, distill={"temperature": 0}), stage="distill")
+    with pytest.raises(ConfigError, match=r"distill\.prompts_per_video"):
+        load_config(
+            data=_config(tiny, tmp_path, distill={"prompts": ["a"], "prompts_per_video": 2}),
+        )
+    with pytest.raises(ConfigError, match="distill: this section belongs to stage distill"):
+        load_config(data={**tiny.config(tmp_path), "distill": {}}, stage=1)
+    stage1 = tiny.config(tmp_path)
+    assert load_config(data=stage1, stage=1).distill is None  # other stages: no section
+
+    path = tmp_path / "d.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(_config(tiny, tmp_path / "o")))
+    assert main(["distill", "--config", str(path), "--check"]) == 0
+    assert "config ok: stage distill, 8 examples" in capsys.readouterr().out
+    assert main(["distill", "--config", str(path), "distill.ce_weight=2"]) == 2
+    assert "distill.ce_weight" in capsys.readouterr().err
+    assert main(["stage1", "--config", str(path)]) == 2
+    assert "`stage1` was run" in capsys.readouterr().err
+
+
+def test_manifest_prompts(tmp_path: Path) -> None:
+    rows = [
+        {"video": "a.mp4"},
+        {"video": "b.mp4", "prompt": "Count the cars.", "source": "road"},
+        {"video": "/abs/c.mp4"},
+    ]
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts = ["p1", "p2", "p3"]
+    got = read_distill_manifest(path, prompts=prompts, prompts_per_video=2, seed=0)
+    assert [e.video for e in got] == [str(tmp_path / "a.mp4")] * 2 + [
+        str(tmp_path / "b.mp4"),
+        "/abs/c.mp4",
+        "/abs/c.mp4",
+    ]
+    assert got[2].prompt == "Count the cars." and got[2].source == "road"
+    assert got[0].source == "distill" and got[0].target == ""
+    assert got[0].prompt != got[1].prompt and {got[0].prompt, got[1].prompt} <= set(prompts)
+    again = read_distill_manifest(path, prompts=prompts, prompts_per_video=2, seed=0)
+    assert again == got  # seeded: the same on every rank and after a resume
+    path.write_text('{"prompt": "no video"}\n')
+    with pytest.raises(ConfigError, match=r"m\.jsonl:1: field 'video'"):
+        read_distill_manifest(path, prompts=prompts, prompts_per_video=1, seed=0)
+
+
+# --------------------------------------------------------------------------- the loss
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny: TinySetup, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A built student, its distiller (responses cached) and two encoded examples."""
+    out = tmp_path_factory.mktemp("distill") / "run"
+    cfg = load_config(data=_config(tiny, out), stage="distill")
+    bundle = build_model(cfg)
+    distiller = Distiller(cfg, bundle)
+    examples = load_distill_examples(cfg)[:2]
+    assert distiller.fill_cache(examples) == 2
+    encode = distiller.make_encoder(cfg, bundle.processor)
+    items = [{**encode(e), "skipped_videos": []} for e in examples]
+    return cfg, bundle, distiller, examples, items
+
+
+def _batch(items: list[dict[str, Any]], bundle: Any) -> dict[str, Any]:
+    batch = collate(items, bundle.pad_token_id)
+    batch.pop("skipped_videos")
+    return batch
+
+
+def _reference_kl(bundle: Any, item: dict[str, Any], ratio: float, t: float) -> torch.Tensor:
+    """Per response token: KL between the UNMODIFIED HF model's and the compressed model's
+    full-sequence logits, positions found by a plain loop over the labels."""
+    inputs = {k: v for k, v in item.items() if k not in ("labels", "skipped_videos")}
+    labels = item["labels"][0]
+    with torch.no_grad():
+        teacher = bundle.backbone(**inputs).logits[0]
+        bundle.model.set_budget(ratio=ratio)
+        student = bundle.model(**inputs).logits[0]
+    n_resp = int((labels != -100).sum())
+    out = []
+    for j in range(n_resp):  # the j-th response token is predicted by the position before it
+        tp = torch.softmax(teacher[len(labels) - n_resp - 1 + j] / t, -1)
+        sq = torch.softmax(student[student.shape[0] - n_resp - 1 + j] / t, -1)
+        out.append(sum(float(tp[v] * (tp[v].log() - sq[v].log())) for v in range(tp.shape[0])))
+    return torch.tensor(out)
+
+
+def test_loss_matches_a_reference_and_vanishes_uncompressed(loaded: Any) -> None:
+    cfg, bundle, distiller, _, items = loaded
+    bundle.model.eval()
+    t = 2.0
+    distiller.temperature = t
+    try:
+        for item in items:
+            ref = _reference_kl(bundle, item, ratio=4.0, t=t)
+            bundle.model.set_budget(ratio=4.0)
+            with torch.no_grad():
+                loss = distiller.loss(bundle.model, _batch([item], bundle))
+            assert float(ref.mean()) > 1e-3  # compression changes the answers
+            torch.testing.assert_close(loss, ref.mean() * t * t, rtol=1e-4, atol=1e-6)
+            bundle.model.set_budget(ratio=1.0)  # nothing merged: the student IS the teacher
+            with torch.no_grad():
+                assert float(distiller.loss(bundle.model, _batch([item], bundle))) < 1e-6
+    finally:
+        distiller.temperature = cfg.distill.temperature
+
+
+def test_batch_of_uneven_rows_equals_rows_one_by_one(loaded: Any) -> None:
+    _, bundle, distiller, _, items = loaded
+    assert items[0]["input_ids"].shape != items[1]["input_ids"].shape  # different prompts
+    bundle.model.eval()
+    bundle.model.set_budget(ratio=4.0)
+    one = torch.cat([distiller.item_kl(bundle.model, _batch([i], bundle)) for i in items])
+    both = distiller.item_kl(bundle.model, _batch(items, bundle))
+    torch.testing.assert_close(both, one, rtol=1e-4, atol=1e-6)
+    batch = _batch(items, bundle)
+    aligned = left_align(batch, bundle.pad_token_id)
+    assert bool((aligned["attention_mask"][:, -1] == 1).all())
+    for b in range(2):
+        n = int(batch["attention_mask"][b].sum())
+        assert torch.equal(aligned["input_ids"][b, -n:], batch["input_ids"][b, :n])
+
+
+def test_vision_tower_runs_once_per_micro_batch(loaded: Any) -> None:
+    _, bundle, distiller, _, items = loaded
+    calls = []
+    handle = bundle.backbone.model.visual.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        bundle.model.train()
+        bundle.model.set_budget(ratio=8.0)
+        loss = distiller.loss(bundle.model, _batch(items, bundle))
+        loss.backward()
+        assert len(calls) == 1  # the teacher and the student shared one vision pass
+        grads = [p.grad for p in bundle.compressor.parameters() if p.requires_grad]
+        assert any(g is not None and float(g.abs().sum()) > 0 for g in grads)
+    finally:
+        handle.remove()
+        bundle.compressor.zero_grad()
+
+
+# --------------------------------------------------------------------------- the cache
+
+
+def test_cached_responses_are_the_greedy_generation_and_resume(loaded: Any, tmp_path: Path) -> None:
+    cfg, bundle, distiller, examples, _ = loaded
+    encoder = DistillEncoder(cfg, bundle.processor)
+    inputs = encoder.prompt_inputs(examples[0])
+    with torch.no_grad():
+        bundle.backbone.eval()
+        ref = bundle.backbone.generate(
+            **inputs, max_new_tokens=6, do_sample=False, use_cache=True, pad_token_id=0
+        )
+    length = inputs["input_ids"].shape[-1]
+    assert distiller.responses[example_key(examples[0])] == ref[0, length:].tolist()
+
+    # A killed generation keeps what it wrote (a torn last line is dropped) and resumes.
+    meta = {"teacher": "x"}
+    cache = TeacherCache(tmp_path / "c", meta)
+    made: list[str] = []
+
+    def generate(example: Any) -> list[int]:
+        if len(made) == 1:
+            raise KeyboardInterrupt
+        made.append(example.video)
+        return [1, 2]
+
+    with pytest.raises(KeyboardInterrupt):
+        fill_cache(cache, examples, generate)
+    with (tmp_path / "c" / "responses-0.jsonl").open("a") as handle:
+        handle.write('{"key": "torn')
+    assert list(cache.responses().values()) == [[1, 2]]
+    assert fill_cache(cache, examples + examples, lambda e: made.append(e.video) or [3]) == 1
+    assert made == [examples[0].video, examples[1].video]  # nothing generated twice
+    assert sorted(map(str, cache.responses().values())) == ["[1, 2]", "[3]"]
+    with pytest.raises(ConfigError, match=r"distill\.cache_dir: .* \(changed: teacher\)"):
+        TeacherCache(tmp_path / "c", {"teacher": "y"})
+
+
+# --------------------------------------------------------------------------- training runs
+
+
+class Killed(Exception):
+    pass
+
+
+def test_killed_distill_run_resumes_to_the_same_weights(tiny: TinySetup, tmp_path: Path) -> None:
+    """CRAFT+ (LoRA; the teacher runs without it): killed after step 3 (checkpoint-2 on
+    disk), started again, it ends with the uninterrupted run's weights, and the teacher's
+    responses are not generated again."""
+
+    def config(out: Path) -> Any:
+        data = _config(
+            tiny,
+            out,
+            model={"lora": {"enabled": True, "lr": 1e-3}},
+            optim={"max_steps": 4, "epochs": 10},
+            train={"save_steps": 2},
+        )
+        return load_config(data=data, stage="distill")
+
+    reference = train(config(tmp_path / "ref"))
+    assert len(reference.losses) == 4 and all(loss > 0 for loss in reference.losses)
+
+    out = tmp_path / "killed"
+
+    def kill_after_3(info: StepInfo) -> None:
+        if info.step == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(config(out), on_step=kill_after_3)
+    cached = (out / "teacher" / "responses-0.jsonl").read_text()
+    assert len(cached.splitlines()) == 8
+    resumed = train(config(out))
+    assert resumed.resumed_from == out / "checkpoint-2" and len(resumed.losses) == 2
+    assert (out / "teacher" / "responses-0.jsonl").read_text() == cached  # not regenerated
+    for part in ("craft/model.safetensors", "lora/adapter_model.safetensors"):
+        ref, mine = load_file(str(tmp_path / "ref" / part)), load_file(str(out / part))
+        assert set(ref) == set(mine) and ref
+        for name in ref:
+            torch.testing.assert_close(mine[name], ref[name], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(resumed.losses, reference.losses[2:], rtol=1e-5, atol=1e-7)
