@@ -1,4 +1,5 @@
-"""FastVID and TimeChat-Online's DTD against hand-worked examples."""
+"""FastVID and TimeChat-Online's DTD against hand-worked examples (the published code's
+arithmetic is checked in ../test_baselines_published.py)."""
 
 from __future__ import annotations
 
@@ -30,25 +31,6 @@ def test_density_peaks_pick_one_per_cluster() -> None:
     assert sum(p < 6 for p in picks) == 1 and sum(6 <= p < 10 for p in picks) == 1
 
 
-def test_fastvid_anchor_merge_rule() -> None:
-    """Every output row is its salient token, or `w anchor + (1 - w) mean(assigned)` with
-    `w = max(1 / (n + 1), beta)`."""
-    features, coords = video(8, 3, 3, dim=8, seed=4, noise=0.4)
-    attention = torch.rand(72, generator=torch.Generator().manual_seed(1))
-    result = fastvid(features, coords, ratio=4.0, importance=attention, p=2, beta=0.6)
-    check_result(result, features, coords, 18)
-    for row, kept in enumerate(result.kept_index.tolist()):
-        members = [
-            i for i in torch.nonzero(result.assignment == row).squeeze(1).tolist() if i != kept
-        ]
-        if not members:
-            expected = features[kept]
-        else:
-            w = max(1.0 / (len(members) + 1), 0.6)
-            expected = w * features[kept] + (1 - w) * features[members].mean(dim=0)
-        torch.testing.assert_close(result.features[row], expected)
-
-
 def test_fastvid_salient_tokens_follow_attention() -> None:
     features, coords = video(2, 4, 4, dim=8, seed=5)
     attention = torch.zeros(32)
@@ -68,7 +50,7 @@ def test_fastvid_merges_stay_in_their_segment() -> None:
     second = torch.randn(9, 8, generator=g) * 3 + 5
     features = torch.cat([first, second.repeat(4, 1)])
     coords = grid_coords(8, 3, 3)
-    result = fastvid(features, coords, ratio=6.0, segments=2)
+    result = fastvid(features, coords, ratio=3.0, segments=2)
     assert result.info["segments"] == [4, 4]
     owner = result.kept_index[result.assignment]
     assert torch.equal(coords[owner, 0] >= 4, coords[:, 0] >= 4)

@@ -1,19 +1,43 @@
 """FastVID: dynamic temporal segmentation, salient tokens and density-based token merging.
 
 Shen et al., "FastVID: Dynamic Density Pruning for Fast Video Large Language Models", 2025.
-1. Segment the video at the `c - 1` lowest adjacent-frame similarities (frame = mean token,
-   cosine) and wherever the similarity is below `tau`.
-2. Each frame's budget `k_f` (the total split in proportion to frame sizes) keeps a salient
-   share `1 - d` by attention received.
-3. The rest of a segment's budget becomes density-peak anchors (DPC-kNN, `k = 4`) chosen
-   among the non-salient tokens of every `p`-th frame of the segment; every other
-   non-salient token of the segment merges into its most similar anchor:
-   `anchor = w * anchor + (1 - w) * mean(assigned)`, `w = max(1 / (n + 1), beta)`.
+Re-stated from the published LLaVA-OneVision code, github.com/LunarShen/FastVID,
+`fastvid_llavaonevision/LLaVA-NeXT/llava/model/language_model/modeling_qwen2.py`, lines
+912-1040 (commit a40a109):
+
+1. DySeg (912-922): cut the video after the `c - 1` lowest adjacent-frame cosines of the
+   frame features (here: the frame's mean token, as the published Qwen2.5-VL variant does)
+   and wherever the cosine is below `tau`.
+2. STPrune (931-961): each frame keeps `k_f` tokens, `k_f - int(k_f * d)` of them salient
+   (top attention received); the other `int(k_f * d)` are its "context" share.
+3. Anchor distribution (939-950): in a segment of `L` frames the anchor frames are those
+   with `(L - 1 - j) % p == 0` (counted from the END, so the last frame always is one); the
+   segment's context total is split equally among them (`ctx * L // ceil(L / p)` each).
+4. Density peaks (963-986), per anchor frame over its non-salient tokens:
+   `dist = cdist(x, x) / sqrt(D)` on the raw features, density
+   `exp(-mean(top4 smallest dist ** 2))` with the zero self-distance INCLUDED, `delta` the
+   distance to the nearest denser token (the frame's largest distance for the densest);
+   the `count` highest `delta * density` are the anchors.
+5. DTM (988-1040): in a multi-frame segment EVERY non-salient token of the segment merges,
+   for each anchor frame, into its most similar (cosine) anchor of that frame, the anchor
+   itself included; single-frame segments (and `p = 1`) merge within the frame. An anchor
+   becomes `w * anchor + (1 - w) * mean(assigned)`, `w = max(1 / (n + 1), beta)`, where the
+   mean includes the anchor (the published LLaVA-OneVision variant; `include_anchor=False`
+   gives the LLaVA-Video variant's mean over the other tokens only).
+
+Deliberate deviations (listed in the package README): the budget is exact by default
+(`exact_budget=True`: the `floor(N / ratio)` tokens are split over frames by size and the
+segment's anchors over its anchor frames with the remainder going to the earlier ones;
+`exact_budget=False` is the published per-frame `int(n_f / ratio)`); the published code
+adds `rand * 1e-6` to the density to break ties, here ties go to the smaller index; an
+anchor frame asked for more anchors than it has non-salient tokens (the published code
+fails there) gives the excess to salient tokens of the segment's other frames.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 
 import torch
 
@@ -22,7 +46,6 @@ from craft_eval.baselines._common import (
     apportion,
     finish,
     frames_of,
-    group_sum,
     identity,
     importance_scores,
     most_similar,
@@ -36,7 +59,7 @@ NAME = "fastvid"
 
 def segment_frames(frame_means: torch.Tensor, segments: int, tau: float) -> list[list[int]]:
     """DySeg: frame indices of each segment, cut at the `segments - 1` lowest adjacent
-    similarities and at every similarity below `tau`."""
+    similarities and at every similarity below `tau`. `frame_means` is `[T, D]`."""
     t = frame_means.shape[0]
     if t == 1:
         return [[0]]
@@ -48,26 +71,78 @@ def segment_frames(frame_means: torch.Tensor, segments: int, tau: float) -> list
     return [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
 
 
-def density_peaks(e: torch.Tensor, count: int, knn: int) -> torch.Tensor:
-    """DPC-kNN: positions of the `count` rows with the highest density x distance score.
+def density_peaks(x: torch.Tensor, count: int, knn: int = 4) -> torch.Tensor:
+    """DPC-kNN as published: positions of the `count` rows of `x [m, D]` with the highest
+    `delta * density`, ascending (ties: the smaller position).
 
-    density = exp(-mean squared distance to the k nearest neighbours); distance = the
-    distance to the nearest row of higher density (the largest distance for the densest).
-    Distances are Euclidean between the L2-normalised rows. Ties go to the smaller position.
+    `dist = cdist(x, x) / sqrt(D)`; density = `exp(-mean of the knn smallest dist^2)` (the
+    row's zero distance to itself is one of them); delta = the distance to the nearest row
+    of strictly higher density, or the largest distance of the whole matrix for the densest.
     """
-    m = e.shape[0]
-    dist = (2.0 - 2.0 * (e @ e.T)).clamp(min=0.0).sqrt()
-    k = min(knn, m - 1)
-    if k > 0:
-        near = torch.topk(dist, k + 1, dim=-1, largest=False).values[:, 1:]
-        density = torch.exp(-(near**2).mean(dim=-1))
+    m, dim = x.shape
+    if count <= 0 or m == 0:
+        return torch.zeros(0, dtype=torch.long, device=x.device)
+    dist = torch.cdist(x, x) / (dim**0.5)
+    nearest = torch.topk(dist, min(knn, m), dim=-1, largest=False).values
+    density = torch.exp(-(nearest**2).mean(dim=-1))
+    higher = (density[None, :] > density[:, None]).to(dist.dtype)
+    delta = (dist * higher + dist.max() * (1 - higher)).min(dim=-1).values
+    return top_indices(delta * density, min(count, m))
+
+
+def _plan(
+    frames_sizes: list[int],
+    segs: list[list[int]],
+    k: int,
+    ratio: float,
+    d: float,
+    p: int,
+    exact: bool,
+) -> tuple[list[int], dict[int, int]]:
+    """Salient count per frame and anchor count per anchor frame."""
+    if exact:
+        retain = apportion(k, frames_sizes, frames_sizes)
     else:
-        density = torch.ones(m, device=e.device)
-    higher = density[None, :] > density[:, None]
-    delta = dist.masked_fill(~higher, float("inf")).min(dim=-1).values
-    no_higher = ~higher.any(dim=-1)
-    delta[no_higher] = dist[no_higher].max(dim=-1).values
-    return top_indices(density * delta, count)
+        retain = [min(s, int(s * (1.0 / ratio))) for s in frames_sizes]
+    salient = [r - int(r * d) for r in retain]
+    context = [r - s for r, s in zip(retain, salient)]
+    anchors: dict[int, int] = {}
+    for seg in segs:
+        length = len(seg)
+        anchor_frames = [f for j, f in enumerate(seg) if (length - 1 - j) % p == 0]
+        if len(anchor_frames) == length:  # single-frame segment or p = 1: per frame
+            anchors.update({f: context[f] for f in seg})
+            continue
+        total = sum(context[f] for f in seg)
+        caps = [frames_sizes[f] - salient[f] for f in anchor_frames]
+        if exact:  # equal shares, the remainder to the earlier anchor frames
+            split = apportion(total, [1.0] * len(anchor_frames), caps)
+            spill = total - sum(split)
+        else:  # published: `total // ceil(L / p)` each
+            share = total // len(anchor_frames)
+            split = [min(c, share) for c in caps]
+            spill = share * len(anchor_frames) - sum(split)
+        anchors.update(dict(zip(anchor_frames, split)))
+        if spill > 0:  # the anchor frames are full: the rest become salient elsewhere
+            room = [frames_sizes[f] - salient[f] - anchors.get(f, 0) for f in seg]
+            for f, extra in zip(seg, apportion(spill, room, room)):
+                salient[f] += extra
+    return salient, anchors
+
+
+def _merge(
+    x: torch.Tensor, e: torch.Tensor, pool: torch.Tensor, anchors: torch.Tensor, beta: float
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """DTM: every token of `pool` goes to its most similar anchor (first maximum);
+    `-> (merged rows [A, D], (each pool token's best cosine, its anchor position))`."""
+    sims = e[pool] @ e[anchors].T
+    owner = sims.argmax(dim=-1)
+    best = sims.gather(1, owner[:, None]).squeeze(1)
+    one_hot = torch.nn.functional.one_hot(owner, anchors.numel()).to(x.dtype)
+    counts = one_hot.sum(dim=0)[:, None]
+    w = (1.0 / (counts + 1.0)).clamp(min=beta)
+    mean = (one_hot.T @ x[pool]) / counts.clamp(min=1.0)
+    return w * x[anchors] + (1.0 - w) * mean, (best, owner)
 
 
 def fastvid(
@@ -84,23 +159,28 @@ def fastvid(
     p: int = 4,
     beta: float = 0.6,
     knn: int = 4,
+    include_anchor: bool = True,
+    exact_budget: bool = True,
 ) -> CompressionResult:
-    """Keep exactly `max(1, floor(N / ratio))` tokens: salient ones plus merged anchors.
+    """Keep salient tokens plus merged density-peak anchors (see the module docstring).
 
     Args:
-        importance: `[N]` attention received per token; the L2 norm is the proxy without it.
+        features: `[N, D]` one video's tokens; coords: `[N, 3]` `(t, h, w)`.
+        importance: `[N]` attention received per token; the L2 norm is the proxy without it
+            (`result.info["importance"]` says which ran).
         segments: `c`, the most segments cut at the lowest similarities.
         tau: cut wherever adjacent frames are less similar than this.
-        d: share of each frame's budget given to density anchors (the rest is salient).
-        p: anchors are drawn from every `p`-th frame of a segment.
+        d: share of each frame's budget given to density anchors (`int(k_f * d)`).
+        p: anchor frames are every `p`-th frame of a segment, counted from its end.
         beta: floor of the anchor's own weight in its merge.
-        knn: neighbours of the DPC-kNN density.
+        knn: neighbours of the DPC-kNN density (self included).
+        include_anchor: the anchor counts among its assigned tokens (LLaVA-OneVision code);
+            False: the mean is over the other tokens only (LLaVA-Video code).
+        exact_budget: exactly `max(1, floor(N / ratio))` tokens (default); False: the
+            published per-frame `int(n_f / ratio)` (fewer tokens when that rounds down).
 
-    If a segment's anchor frames hold fewer non-salient tokens than its anchor budget, the
-    anchors are drawn from all of its non-salient tokens. A segment whose budget is all
-    salient gives one salient slot to an anchor so that its other tokens have somewhere to
-    merge; a segment with no budget at all (budget below the segment count) is pruned and
-    its tokens are assigned to the most similar kept token of the video.
+    Non-salient tokens of a frame that merges into no anchor (a zero context share) are
+    dropped, as published; `assignment` points them at their most similar kept token.
     """
     if not 0.0 <= d <= 1.0:
         raise ValueError(f"d must lie in [0, 1], got {d}")
@@ -111,7 +191,16 @@ def fastvid(
     )
     n = features.shape[0]
     scores, proxy = importance_scores(features, importance)
-    settings = {"segments": segments, "tau": tau, "d": d, "p": p, "beta": beta, "knn": knn}
+    settings = {
+        "segments": segments,
+        "tau": tau,
+        "d": d,
+        "p": p,
+        "beta": beta,
+        "knn": knn,
+        "include_anchor": include_anchor,
+        "exact_budget": exact_budget,
+    }
     info: dict = {"settings": settings, "importance": proxy}
     k = budget.floor
     if k >= n:
@@ -120,58 +209,54 @@ def fastvid(
     frames = frames_of(coords)
     x = features.float()
     e = normalized(x)
-    frame_means = torch.stack([x[m].mean(dim=0) for m in frames.members])
-    segs = segment_frames(frame_means, segments, tau)
-    budgets = apportion(k, frames.sizes, frames.sizes)
-    salient_counts = [min(k_f, round(k_f * (1.0 - d))) for k_f in budgets]
+    segs = segment_frames(torch.stack([x[m].mean(dim=0) for m in frames.members]), segments, tau)
+    assert ratio is not None
+    salient, anchor_counts = _plan(frames.sizes, segs, k, float(ratio), d, p, exact_budget)
 
-    representative = torch.arange(n, device=x.device)
     kept_parts: list[torch.Tensor] = []
     row_parts: list[torch.Tensor] = []
-    orphans: list[torch.Tensor] = []
+    rest: list[torch.Tensor] = []  # non-salient tokens per frame, ascending
+    for f, members in enumerate(frames.members):
+        pos = top_indices(scores[members], salient[f])
+        mask = torch.ones(members.numel(), dtype=torch.bool, device=x.device)
+        mask[pos] = False
+        kept_parts.append(members[pos])
+        row_parts.append(x[members[pos]])
+        rest.append(members[mask])
+
+    representative = torch.arange(n, device=x.device)
+    best = torch.full((n,), -math.inf, device=x.device)  # similarity to the chosen anchor
     for seg in segs:
-        seg_budget = sum(budgets[f] for f in seg)
-        anchors_wanted = seg_budget - sum(salient_counts[f] for f in seg)
-        has_leftovers = sum(frames.sizes[f] for f in seg) > seg_budget
-        if seg_budget > 0 and anchors_wanted == 0 and has_leftovers:
-            donor = max(seg, key=lambda f: (salient_counts[f], -f))
-            salient_counts[donor] -= 1
-            anchors_wanted = 1
-        rest_by_frame = []
-        for f in seg:
-            members = frames.members[f]
-            salient_pos = top_indices(scores[members], salient_counts[f])
-            mask = torch.ones(members.numel(), dtype=torch.bool, device=x.device)
-            mask[salient_pos] = False
-            kept_parts.append(members[salient_pos])
-            row_parts.append(x[members[salient_pos]])
-            rest_by_frame.append(members[mask])
-        rest = torch.cat(rest_by_frame)
-        if rest.numel() == 0:
-            continue
-        if anchors_wanted == 0:
-            orphans.append(rest)
-            continue
-        pool = torch.cat(rest_by_frame[::p])
-        if pool.numel() < anchors_wanted:
-            pool = rest
-        anchors = torch.sort(pool[density_peaks(e[pool], anchors_wanted, knn)]).values
-        is_anchor = torch.zeros(n, dtype=torch.bool, device=x.device)
-        is_anchor[anchors] = True
-        others = rest[~is_anchor[rest]]
-        owner = most_similar(e[others], e[anchors])
-        sums = group_sum(x[others], owner, anchors.numel())
-        counts = torch.bincount(owner, minlength=anchors.numel()).float()
-        w = torch.clamp(1.0 / (counts + 1.0), min=beta)[:, None]
-        merged = w * x[anchors] + (1.0 - w) * sums / counts.clamp(min=1.0)[:, None]
-        merged = torch.where(counts[:, None] > 0, merged, x[anchors])
-        representative[others] = anchors[owner]
-        kept_parts.append(anchors)
-        row_parts.append(merged)
+        per_frame = all(f in anchor_counts for f in seg)  # one frame, or p = 1
+        chosen = {
+            f: rest[f][density_peaks(x[rest[f]], anchor_counts[f], knn)]
+            for f in seg
+            if anchor_counts.get(f, 0) > 0
+        }
+        seg_pool = torch.cat([rest[f] for f in seg])
+        if not include_anchor and chosen:  # LLaVA-Video: kept tokens do not merge
+            is_anchor = torch.zeros(n, dtype=torch.bool, device=x.device)
+            is_anchor[torch.cat(list(chosen.values()))] = True
+        for f, anchors in chosen.items():
+            pool = rest[f] if per_frame else seg_pool
+            if not include_anchor:
+                pool = pool[~is_anchor[pool]]
+            row, rep = _merge(x, e, pool, anchors, beta)
+            kept_parts.append(anchors)
+            row_parts.append(row)
+            if pool.numel():
+                sims, owner = rep
+                better = sims > best[pool]
+                best[pool[better]] = sims[better]
+                representative[pool[better]] = anchors[owner[better]]
 
     kept = torch.cat(kept_parts)
-    if orphans:
-        lost = torch.cat(orphans)
+    representative[kept] = kept
+    merged = torch.zeros(n, dtype=torch.bool, device=x.device)
+    merged[kept] = True
+    merged |= torch.isfinite(best)
+    if not bool(merged.all()):
+        lost = torch.nonzero(~merged).squeeze(1)
         representative[lost] = kept[most_similar(e[lost], e[kept])]
     info["segments"] = [len(s) for s in segs]
     return finish(NAME, features, coords, kept, representative, torch.cat(row_parts), info=info)

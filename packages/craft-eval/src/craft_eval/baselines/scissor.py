@@ -9,7 +9,8 @@ LLMs", 2025.
 3. Every original token is assigned to its most similar representative and each
    representative becomes `(rep + sum assigned) / (n + 1)`.
 
-Threshold mode is the published one (`threshold = tau`, default 0.9). The fixed-ratio mode
+Threshold mode is the published one (`threshold = tau`, default 0.9; no floor unless
+`min_tokens` is given, then padded up to it). The fixed-ratio mode
 searches `tau` by bisection so that step 2 lands on the budget; where no `tau` gives the
 exact count (the count jumps, or all tokens are alike) the nearest count above is trimmed
 (the representatives of the fewest tokens are dropped) or the count below padded (the tokens
@@ -44,8 +45,15 @@ SEARCH_STEPS = 24
 def connected_components(sims: torch.Tensor, tau: float) -> torch.Tensor:
     """Component id (0..C-1, numbered by smallest member) of every node of the graph with an
     edge wherever `sims > tau`. Exact: min-label propagation over the edge list with pointer
-    jumping (the published code samples about log(n)/eps^2 nodes, which at eps = 0.05 is
-    every node below about 3,300 nodes)."""
+    jumping.
+
+    The published `approximate_components` (github.com/HumanMLLM/LLaVA-Scissor,
+    `llava/model/llava_arch_zip.py`, lines 73-127) differs in two ways: it unions only the
+    edges of about log(n)/eps^2 sampled nodes (every node below about 3,300 nodes at
+    eps = 0.05), and it collects a component as `np.where(uf.parent == root)`, the nodes
+    whose parent IS the root, so a node two or more links below its root (union by rank
+    without a final path compression) belongs to no component and is lost. Here every node
+    is in exactly one component (a deliberate deviation; see the README)."""
     n = sims.shape[0]
     one_way = torch.nonzero(sims > tau).T  # made symmetric: the graph is undirected
     src, dst = torch.cat([one_way[0], one_way[1]]), torch.cat([one_way[1], one_way[0]])
@@ -243,10 +251,12 @@ def plan_groups(
     if budget.threshold is None and budget.floor >= features.shape[0]:
         info["settings"] = {"mode": "budget"}
         return None, info
+    # threshold mode: no floor unless min_tokens is given (the published method has none)
+    floor = 1 if budget.threshold is not None and min_tokens is None else budget.floor
     plan = scissor_plan(
         features,
         coords,
-        floor=budget.floor,
+        floor=floor,
         threshold=budget.threshold,
         search_steps=search_steps,
     )
@@ -269,8 +279,8 @@ def llava_scissor(
     importance: torch.Tensor | None = None,
     search_steps: int = SEARCH_STEPS,
 ) -> CompressionResult:
-    """LLaVA-Scissor in its own mode (`threshold=tau`, published 0.9, never below
-    `min_tokens`) or budgeted (`ratio=`: exactly `max(1, floor(N / ratio))` tokens, tau
+    """LLaVA-Scissor in its own mode (`threshold=tau`, published 0.9; never below
+    `min_tokens` when it is given, no floor otherwise) or budgeted (`ratio=`: exactly `max(1, floor(N / ratio))` tokens, tau
     searched). Each output token sits at its anchor's original position. `importance` is
     ignored."""
     plan, info = plan_groups(
