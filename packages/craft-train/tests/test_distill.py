@@ -279,3 +279,31 @@ def test_killed_distill_run_resumes_to_the_same_weights(tiny: TinySetup, tmp_pat
         for name in ref:
             torch.testing.assert_close(mine[name], ref[name], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(resumed.losses, reference.losses[2:], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_deepspeed_two_processes_through_the_cli(tiny: TinySetup, tmp_path: Path) -> None:
+    """`craft-train distill` under torchrun, ZeRO-2 on gloo: the ranks share the teacher's
+    generation (each writes its half) and train on the same responses."""
+    from test_deepspeed import _torchrun
+
+    out = tmp_path / "out"
+    config = tmp_path / "distill.yaml"
+    data = _config(
+        tiny,
+        out,
+        optim={"max_steps": 2, "epochs": 10, "grad_accum": 1},
+        train={"deepspeed": "zero2", "save_steps": 1},
+    )
+    import yaml
+
+    config.write_text(yaml.safe_dump(data))
+    done = _torchrun(2, ["-m", "craft_train.cli", "distill", "--config", str(config)])
+    assert "stage distill done (2 steps)" in done.stdout
+    halves = [(out / "teacher" / f"responses-{r}.jsonl").read_text().splitlines() for r in (0, 1)]
+    assert [len(h) for h in halves] == [4, 4]
+    assert (out / "checkpoint-2" / "deepspeed" / "latest").is_file()
+    rows = [json.loads(x) for x in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["loss"] > 0 for r in rows)
+    trained = load_file(str(out / "craft" / "model.safetensors"))
+    assert float(trained["merge.w_up.weight"].abs().sum()) > 0  # left its zero init
