@@ -280,6 +280,27 @@ def test_killed_distill_run_resumes_to_the_same_weights(tiny: TinySetup, tmp_pat
             torch.testing.assert_close(mine[name], ref[name], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(resumed.losses, reference.losses[2:], rtol=1e-5, atol=1e-7)
 
+    # The teacher of CRAFT+ is the ORIGINAL model: the trained LoRA is off while it runs.
+    from transformers import AutoModelForImageTextToText
+
+    bundle = resumed.bundle
+    assert bundle is not None and bundle.peft_model is not None
+    cfg = config(out)
+    distiller = Distiller(cfg, bundle)
+    example = load_distill_examples(cfg)[0]
+    distiller.fill_cache([example])  # cached: nothing generated
+    item = distiller.make_encoder(cfg, bundle.processor)(example)
+    inputs = {k: v for k, v in item.items() if k != "labels"}
+    bundle.model.eval()
+    plain = AutoModelForImageTextToText.from_pretrained(tiny.backbone, dtype=torch.float32)
+    with torch.no_grad():
+        expected = plain(**inputs).logits
+        with distiller.teacher_mode():
+            teacher = distiller.teacher(**inputs).logits
+        with_lora = distiller.teacher(**inputs).logits
+    torch.testing.assert_close(teacher, expected, rtol=1e-4, atol=1e-5)
+    assert float((with_lora - expected).abs().max()) > 1e-3
+
 
 @pytest.mark.slow
 def test_deepspeed_two_processes_through_the_cli(tiny: TinySetup, tmp_path: Path) -> None:

@@ -1,0 +1,149 @@
+"""Distillation vs stage 1+2 vs the untrained merge module, in the miniature world.
+
+    uv run python packages/craft-train/benchmarks/distill_world.py --work /tmp/distill-world
+
+The world (`craft_world`) is a tiny Qwen2.5-VL trained on synthetic clips, with held-out
+MVBench-format questions. Three merge modules on the same frozen backbone:
+
+- untrained: the seeded initial module (what `build_model` starts from);
+- stage 1+2: the shipped `craft_world.craft_path()` (craft-train stage 1 on captions, then
+  stage 2 on QA; 300 + 150 steps x 4 examples, with labels);
+- distill: `craft-train distill` on the same "craft"-split clips WITHOUT their captions or
+  answers: each clip with the describe prompt and its two questions' prompts, the frozen
+  model's own answers as teacher; 450 steps x 4 examples (the same number of examples).
+
+For each, at ratios 8 and 16, on held-out clips (split "test", both tasks): accuracy (the most
+likely option letter) and the KL of the first answer token's distribution to the
+uncompressed model's, with the standard error of the paired difference to the untrained
+module. Results go to `<work>/results.json` and a markdown table on stdout. Every run writes
+as it goes and resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def distill_manifest(root: Path) -> Path:
+    """{video, prompt} rows: the describe prompt and every question prompt, no labels."""
+    rows = []
+    for line in (root / "captions.jsonl").read_text().splitlines():
+        rows.append(
+            {"video": json.loads(line)["video"], "prompt": "Describe this video in detail."}
+        )
+    for line in (root / "qa.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        rows.append({"video": row["video"], "prompt": row["question"]})
+    path = root / "distill.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def untrained(hidden_size: int, seed: int) -> Any:
+    """The merge module `craft_train.model.build_model` starts from (seeded)."""
+    from craft_core import CraftCompressor, CraftConfig
+    from craft_world import WORLD_CRAFT
+
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return CraftCompressor(CraftConfig(hidden_size=hidden_size, **WORLD_CRAFT))
+
+
+def evaluate(modules: dict[str, Any], test_root: Path, ratios: list[float]) -> dict[str, Any]:
+    """Accuracy and KL to the uncompressed model per module and ratio (paired SEs)."""
+    import craft_world
+    from craft_world.measure import accuracy, answer_logprobs, kl_to, load_items, paired
+
+    model, processor = craft_world.load_backbone()
+    items = load_items(test_root, task=None)
+    ref = answer_logprobs(model, processor, items)
+    out: dict[str, Any] = {
+        "items": len(items),
+        "uncompressed": {"accuracy": float(accuracy(ref, items, processor).mean())},
+    }
+    for ratio in ratios:
+        kls, accs = {}, {}
+        for name, module in modules.items():
+            lp = answer_logprobs(model, processor, items, module, ratio=ratio)
+            kls[name] = kl_to(ref, lp)
+            accs[name] = accuracy(lp, items, processor)
+        for name in modules:
+            diff, se = paired(kls["untrained"], kls[name])
+            acc_diff, acc_se = paired(accs[name], accs["untrained"])
+            out.setdefault(name, {})[f"{ratio:g}x"] = {
+                "accuracy": float(accs[name].mean()),
+                "kl": float(kls[name].mean()),
+                "kl_drop_vs_untrained": diff,
+                "kl_drop_se": se,
+                "accuracy_gain_vs_untrained": acc_diff,
+                "accuracy_gain_se": acc_se,
+            }
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--work", required=True, help="folder of clips, runs and results")
+    parser.add_argument("--clips", type=int, default=600, help="training clips (split craft)")
+    parser.add_argument("--test", type=int, default=300, help="held-out clips (split test)")
+    parser.add_argument("--steps", type=int, default=450, help="distillation steps (x 4)")
+    parser.add_argument("--lr", type=float, default=4e-3)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+
+    import craft_world
+    from craft_core import CraftCompressor
+    from craft_train.config import load_config
+    from craft_train.trainer import train
+    from craft_world.recipe import craft_train_config
+
+    work = Path(args.work)
+    root = craft_world.make_clips(work / "clips", args.clips, seed=0, split="craft")
+    test_root = craft_world.make_clips(work / "test", args.test, seed=0, split="test")
+    out = work / "distill"
+    data = craft_train_config(
+        distill_manifest(root),
+        out,
+        stage="distill",  # type: ignore[arg-type]
+        optim={"lr": args.lr, "max_steps": args.steps, "grad_accum": 4},
+        distill={"max_new_tokens": 16},
+    )
+    started = time.perf_counter()
+    train(load_config(data=data, stage="distill"))
+    seconds = time.perf_counter() - started
+    print(f"distillation: {args.steps} steps in {seconds:.0f} s", file=sys.stderr)
+
+    distilled = CraftCompressor.from_pretrained(out / "craft")
+    modules = {
+        "untrained": untrained(distilled.config.hidden_size, seed=0),
+        "stage 1+2": CraftCompressor.from_pretrained(craft_world.craft_path()),
+        "distill": distilled,
+    }
+    results = evaluate(modules, test_root, [8.0, 16.0])
+    results["distill_seconds"] = seconds
+    results["args"] = vars(args)
+    (work / "results.json").write_text(json.dumps(results, indent=1))
+    print(
+        f"held-out: {results['items']} questions; uncompressed accuracy "
+        f"{results['uncompressed']['accuracy']:.3f}"
+    )
+    print("| merge module | ratio | accuracy | KL to uncompressed | KL drop vs untrained (SE) |")
+    print("| --- | --- | --- | --- | --- |")
+    for name in modules:
+        for ratio, row in results[name].items():
+            print(
+                f"| {name} | {ratio} | {row['accuracy']:.3f} | {row['kl']:.4f} | "
+                f"{row['kl_drop_vs_untrained']:.4f} ({row['kl_drop_se']:.4f}) |"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
