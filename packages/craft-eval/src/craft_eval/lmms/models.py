@@ -7,14 +7,13 @@ settings stay lmms-eval's; only the language model's input is compressed).
 | craft_qwen2_5_vl | `models/simple/qwen2_5_vl.py:Qwen2_5_VL`, `models/chat/qwen2_5_vl.py:Qwen2_5_VL` |
 | craft_qwen3_vl | `models/simple/qwen3_vl.py:Qwen3_VL`, `models/chat/qwen3_vl.py:Qwen3_VL` |
 | craft_qwen3_5 | `models/simple/qwen3_5.py:Qwen3_5`, `models/chat/qwen3_5.py:Qwen3_5` |
-| craft_llava_onevision | `models/simple/llava_hf.py:LlavaHf`, `models/chat/llava_hf.py:LlavaHf` |
+| craft_llava_onevision | `models/simple/llava_hf.py:LlavaHf` (its chat class fails on video-only requests) |
 
 Importing this module imports lmms-eval (install `craft-eval[lmms]`).
 """
 
 from __future__ import annotations
 
-from lmms_eval.models.chat.llava_hf import LlavaHf as _LlavaHfChat
 from lmms_eval.models.chat.qwen2_5_vl import Qwen2_5_VL as _Qwen2_5_VLChat
 from lmms_eval.models.chat.qwen3_5 import Qwen3_5 as _Qwen3_5Chat
 from lmms_eval.models.chat.qwen3_vl import Qwen3_VL as _Qwen3_VLChat
@@ -58,9 +57,3 @@ class CraftQwen3_5Chat(CraftLMMixin, _Qwen3_5Chat):
 
 class CraftLlavaHf(CraftLMMixin, _LlavaHf):
     """lmms-eval's `llava_hf` (simple; LLaVA-OneVision checkpoints) with a compressor."""
-
-
-class CraftLlavaHfChat(CraftLMMixin, _LlavaHfChat):
-    """lmms-eval's `llava_hf` (chat; LLaVA-OneVision checkpoints) with a compressor."""
-
-    is_simple = False

@@ -3,7 +3,7 @@
 lmms-eval 0.7.3 (`lmms_eval/models/__init__.py`, `_initialize_model_registry`) calls
 `ModelRegistryV2.load_entrypoint_manifests("lmms_eval.models")`, which accepts a callable
 returning manifests. Each `craft_<backbone>` names a chat class (lmms-eval prefers it) and a
-simple class (`--force_simple`), both subclasses of lmms-eval's own classes for that backbone
+simple class (`--force_simple`), subclasses of lmms-eval's own classes for that backbone
 (`craft_eval.lmms.models`).
 """
 
@@ -19,12 +19,14 @@ BACKBONES: dict[str, str] = {
     "craft_llava_onevision": "llava_hf",
 }
 
-_CLASSES: dict[str, tuple[str, str]] = {
+_CLASSES: dict[str, tuple[str, str | None]] = {
     # plugin model id -> (simple class, chat class) in craft_eval.lmms.models
     "craft_qwen2_5_vl": ("CraftQwen2_5_VL", "CraftQwen2_5_VLChat"),
     "craft_qwen3_vl": ("CraftQwen3_VL", "CraftQwen3_VLChat"),
     "craft_qwen3_5": ("CraftQwen3_5", "CraftQwen3_5Chat"),
-    "craft_llava_onevision": ("CraftLlavaHf", "CraftLlavaHfChat"),
+    # simple only: lmms-eval 0.7.3's chat `llava_hf` hands the processor `images=[]` for a
+    # video-only request, which transformers 5 rejects (IndexError in the image processor)
+    "craft_llava_onevision": ("CraftLlavaHf", None),
 }
 
 
@@ -37,7 +39,7 @@ def manifests() -> list[Any]:
         ModelManifest(
             model_id=model_id,
             simple_class_path=f"{module}.{simple}",
-            chat_class_path=f"{module}.{chat}",
+            chat_class_path=f"{module}.{chat}" if chat else None,
         )
         for model_id, (simple, chat) in _CLASSES.items()
     ]
