@@ -52,12 +52,14 @@ def _call_compressor(
     features: torch.Tensor,
     coords: torch.Tensor,
     budget: dict[str, Any],
+    importance: torch.Tensor | None = None,
 ) -> Any:
-    # Unset budget entries are left out so the compressor's own defaults apply; the wrapper
-    # has no importance scores, and says so only to compressors that take the argument.
+    # Unset budget entries are left out so the compressor's own defaults apply; the
+    # importance (received attention, when the compressor asked for it: attention.py) goes
+    # only to compressors that take the argument.
     kwargs = {k: v for k, v in budget.items() if v is not None}
     if _accepts(compressor, "importance"):
-        kwargs["importance"] = None
+        kwargs["importance"] = importance
     return compressor(features, coords, **kwargs)
 
 
@@ -102,8 +104,10 @@ def compress_video(
     budget: dict[str, Any],
     feats: torch.Tensor,
     layout: VideoLayout,
+    importance: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, VideoCompression]:
-    """Compress one video's `[n, D]` feature rows.
+    """Compress one video's `[n, D]` feature rows (`importance`: `[n_compressed]` received
+    attention, or None).
 
     -> (kept rows, new feature rows, assignment of every row, report).
     """
@@ -114,7 +118,7 @@ def compress_video(
         return rows, feats, rows, VideoCompression(layout.batch_index, n, n)
     sub = feats if comp.numel() == n else feats[comp]
     coords = layout.coords.to(device=feats.device, dtype=torch.long)
-    result = _call_compressor(compressor, sub, coords, budget)
+    result = _call_compressor(compressor, sub, coords, budget, importance)
     _check_result(result, int(comp.numel()), d)
     kept_idx = result.kept_index.to(feats.device)
     assign_sub = result.assignment.to(feats.device)

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from craft_adapters.attention import encode_videos_with_attention
 from craft_adapters.registry import BackboneAdapter, get_adapter
 from craft_adapters.report import CompressionReport, VideoCompression
 from craft_adapters.session import VideoSession
@@ -210,16 +211,18 @@ class CraftModel(torch.nn.Module):
         if mask is None:
             mask = torch.ones_like(ids)
             inputs = {**inputs, "attention_mask": mask}
-        enc_video, features = adapter.encode_videos(inputs)
+        enc_video, features, attention = encode_videos_with_attention(
+            adapter, inputs, self.compressor
+        )
         self._check_placeholders(inputs, features)
         positions, _ = adapter.full_positions(inputs)
         layouts = adapter.video_layout(inputs, positions, features)
 
         keep = mask.bool().clone()
         kept_rows_all, new_feats_all, assigns_all, reports = [], [], [], []
-        for feats, layout in zip(features, layouts):
+        for feats, layout, importance in zip(features, layouts, attention):
             kept_rows, new_feats, assign, rep = compress_video(
-                self.compressor, self._budget, feats, layout
+                self.compressor, self._budget, feats, layout, importance
             )
             dropped = torch.ones(feats.shape[0], dtype=torch.bool, device=feats.device)
             dropped[kept_rows] = False
