@@ -1,0 +1,59 @@
+"""craft-world: a miniature world where accuracy means something.
+
+    import craft_world
+    model, processor = craft_world.load_backbone()        # the shipped, trained tiny Qwen2.5-VL
+    root = craft_world.make_clips("clips", n=200, seed=0)  # held-out clips in MVBench's format
+    craft_world.craft_path()                               # a merge module trained by craft-train
+
+The clips and questions are in `craft_world.clips`, the backbone recipe in
+`craft_world.backbone` and `craft_world.train_backbone`, item-by-item measurements in
+`craft_world.measure`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from craft_world.clips import make_clips
+
+__version__ = "0.1.0"
+
+__all__ = ["WORLD_CRAFT", "backbone_path", "craft_path", "load_backbone", "make_clips"]
+
+WORLD_CRAFT: dict[str, Any] = {}
+"""CraftConfig fields (other than hidden_size) of the world's merge module: the defaults."""
+
+_CHECKPOINTS = Path(__file__).parent / "checkpoints"
+
+
+def _shipped(name: str, remake: str) -> Path:
+    path = _CHECKPOINTS / name
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"the shipped checkpoint {path} is missing; remake it with `{remake}` "
+            "(see packages/craft-world/README.md)"
+        )
+    return path
+
+
+def backbone_path() -> Path:
+    """Folder of the trained world backbone: `from_pretrained` loads model and processor."""
+    return _shipped("backbone", "python -m craft_world.train_backbone")
+
+
+def craft_path() -> Path:
+    """Folder of the shipped merge module (`CraftCompressor.from_pretrained`), trained in
+    the world by craft-train stage 1 then stage 2 on the frozen backbone."""
+    return _shipped("craft", "python -m craft_world.train_craft")
+
+
+def load_backbone() -> tuple[Any, Any]:
+    """`(model, processor)`: the world backbone in float32, eval mode, on the CPU."""
+    import torch
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    path = backbone_path()
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
+    model.eval()
+    return model, AutoProcessor.from_pretrained(path)

@@ -1,0 +1,276 @@
+"""The miniature world: seeded synthetic clips, their questions, and MVBench-format files.
+
+A clip is 8 frames of 84 x 84 at 2 fps (4 s): a smooth random texture with sensor noise,
+and one to three small squares of distinct colours (8 x 8 px) moving in straight lines. Each
+square is, with probability 0.4, TRANSIENT: visible in only 2 consecutive frames (one
+temporal patch pair of Qwen2.5-VL, i.e. 1 to 4 of the clip's 144 video tokens), so a
+compressor that blurs or drops the few tokens that hold it loses the answer.
+
+Questions (MVBench's multiple choice, options fixed in order):
+
+    object_existence  "Is there a red square?"        (A) yes (B) no
+    moving_count      "How many squares are there?"   (A) 1 (B) 2 (C) 3
+
+and a caption ("Describe this video in detail." -> "red, blue.": the colours present, in
+palette order) for craft-train's stage 1.
+
+Everything is a pure function of `(seed, split, index)`: `make_clips(out, n, seed)` writes
+the same bytes on every machine that has the same PyAV / libx264 build.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "CAPTION_PROMPT",
+    "FPS",
+    "FRAMES",
+    "PALETTE",
+    "SIZE",
+    "SPLITS",
+    "TASKS",
+    "VIDEO_FOLDER",
+    "Question",
+    "Scene",
+    "make_clips",
+    "mvbench_prompt",
+    "questions_for",
+    "render",
+    "sample_scene",
+    "write_mp4",
+]
+
+FRAMES = 8
+"""Frames per clip."""
+SIZE = 84
+"""Frame side in pixels (6 x 6 patches of 14 px)."""
+FPS = 2
+"""Frame rate of the written mp4 (the readers' default sampling rate: every frame is kept)."""
+SQUARE = 8
+"""Side of a square in pixels."""
+P_TRANSIENT = 0.4
+"""Probability that a square is visible in only 2 of the 8 frames."""
+PALETTE: dict[str, tuple[int, int, int]] = {
+    "red": (225, 30, 30),
+    "green": (30, 200, 40),
+    "blue": (40, 60, 235),
+    "yellow": (235, 215, 30),
+    "magenta": (215, 40, 205),
+    "cyan": (40, 215, 215),
+}
+TASKS = ("object_existence", "moving_count")
+"""The MVBench task names the questions are filed under."""
+VIDEO_FOLDER = "clevrer/video_validation"
+"""MVBench's video folder of both tasks (`craft_eval.tasks.mvbench.VIDEO_FOLDERS`)."""
+SPLITS = {"train": 0, "test": 1, "craft": 2}
+"""Disjoint seed streams: backbone training, held-out evaluation, merge-module training."""
+CAPTION_PROMPT = "Describe this video in detail."
+"""craft-train's default stage-1 prompt."""
+COUNT_OPTIONS = ("1", "2", "3")
+YES_NO = ("yes", "no")
+
+
+@dataclass(frozen=True)
+class Scene:
+    """What a clip shows.
+
+    Attributes:
+        colours: the squares' colour names (distinct, 1 to 3).
+        spans: `(first, last + 1)` frame range each square is visible in.
+        starts: top-left pixel `(y, x)` of each square at frame 0.
+        ends: top-left pixel `(y, x)` at frame 7 (straight-line motion in between).
+        seed: seed of the texture and noise.
+    """
+
+    colours: tuple[str, ...]
+    spans: tuple[tuple[int, int], ...]
+    starts: tuple[tuple[int, int], ...]
+    ends: tuple[tuple[int, int], ...]
+    seed: int
+
+    @property
+    def caption(self) -> str:
+        names = [c for c in PALETTE if c in self.colours]
+        return ", ".join(names) + "."
+
+
+@dataclass(frozen=True)
+class Question:
+    """One multiple-choice question about a scene (MVBench record fields)."""
+
+    task: str
+    question: str
+    candidates: tuple[str, ...]
+    answer: str
+
+
+def _rng(seed: int, split: str, index: int, stream: int = 0) -> np.random.Generator:
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    return np.random.default_rng([seed, SPLITS[split], index, stream])
+
+
+def sample_scene(seed: int, split: str, index: int) -> Scene:
+    """The scene of clip `index` of `split` (a pure function of its arguments)."""
+    rng = _rng(seed, split, index)
+    k = int(rng.integers(1, 4))
+    colours = tuple(str(c) for c in rng.choice(list(PALETTE), size=k, replace=False))
+    spans, starts, ends = [], [], []
+    hi = SIZE - SQUARE
+    for _ in colours:
+        if rng.random() < P_TRANSIENT:
+            first = 2 * int(rng.integers(0, FRAMES // 2))
+            spans.append((first, first + 2))
+        else:
+            spans.append((0, FRAMES))
+        starts.append((int(rng.integers(0, hi + 1)), int(rng.integers(0, hi + 1))))
+        ends.append((int(rng.integers(0, hi + 1)), int(rng.integers(0, hi + 1))))
+    return Scene(colours, tuple(spans), tuple(starts), tuple(ends), int(rng.integers(2**31)))
+
+
+def render(scene: Scene) -> np.ndarray:
+    """The clip's frames: uint8 `[FRAMES, SIZE, SIZE, 3]`."""
+    rng = np.random.default_rng(scene.seed)
+    coarse = rng.random((7, 7))  # smooth grey texture: bilinear upsampling of a 7 x 7 grid
+    axis = np.linspace(0, 6, SIZE)
+    i0 = np.minimum(axis.astype(int), 5)
+    f = axis - i0
+    rows = coarse[i0] * (1 - f)[:, None] + coarse[i0 + 1] * f[:, None]
+    texture = rows[:, i0] * (1 - f)[None, :] + rows[:, i0 + 1] * f[None, :]
+    tint = rng.uniform(-12, 12, 3)
+    base = 70 + 90 * texture[..., None] + tint  # [H, W, 3], muted
+    frames = np.empty((FRAMES, SIZE, SIZE, 3), dtype=np.uint8)
+    for t in range(FRAMES):
+        image = base + rng.normal(0.0, 6.0, base.shape)  # sensor noise
+        for colour, (a, b), (y0, x0), (y1, x1) in zip(
+            scene.colours, scene.spans, scene.starts, scene.ends
+        ):
+            if not a <= t < b:
+                continue
+            y = round(y0 + (y1 - y0) * t / (FRAMES - 1))
+            x = round(x0 + (x1 - x0) * t / (FRAMES - 1))
+            image[y : y + SQUARE, x : x + SQUARE] = PALETTE[colour]
+        frames[t] = np.clip(np.rint(image), 0, 255).astype(np.uint8)
+    return frames
+
+
+def write_mp4(path: str | Path, frames: np.ndarray, fps: int = FPS) -> None:
+    """Write uint8 `[F, H, W, 3]` frames as an H.264 mp4 (near-lossless, one thread)."""
+    import av
+
+    with av.open(str(path), "w") as container:
+        if "libx264" in av.codecs_available:
+            stream = container.add_stream("libx264", rate=fps)
+            stream.options = {"crf": "6", "preset": "medium", "threads": "1"}
+        else:  # pragma: no cover - PyAV wheels ship libx264
+            stream = container.add_stream("mpeg4", rate=fps)
+            stream.options = {"qscale": "1"}
+        stream.width, stream.height = frames.shape[2], frames.shape[1]
+        stream.pix_fmt = "yuv420p"
+        for image in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+
+
+def questions_for(scene: Scene, seed: int, split: str, index: int) -> list[Question]:
+    """One existence question (asked colour present with probability 1/2) and one count."""
+    rng = _rng(seed, split, index, stream=1)
+    if rng.random() < 0.5:
+        colour, answer = str(rng.choice(list(scene.colours))), "yes"
+    else:
+        absent = [c for c in PALETTE if c not in scene.colours]
+        colour, answer = str(rng.choice(absent)), "no"
+    return [
+        Question("object_existence", f"Is there a {colour} square?", YES_NO, answer),
+        Question(
+            "moving_count", "How many squares are there?", COUNT_OPTIONS, str(len(scene.colours))
+        ),
+    ]
+
+
+def mvbench_prompt(question: str, candidates: Sequence[str]) -> str:
+    """The lmms-eval MVBench prompt text (`craft_eval.tasks.mvbench.MVBench.prompt`)."""
+    lines = "\n".join(f"({'ABCDE'[i]}) {c}" for i, c in enumerate(candidates))
+    return f"Question:{question}\nOption:\n{lines}\nOnly give the best option.\n"
+
+
+def make_clips(
+    out_dir: str | Path, n: int, seed: int = 0, *, split: str = "test", start: int = 0
+) -> Path:
+    """Write `n` clips and their questions in MVBench's format, plus craft-train manifests.
+
+    Layout under `out_dir`:
+
+        json/object_existence.json, json/moving_count.json   MVBench records
+        video/clevrer/video_validation/<split>_<index>.mp4  the clips
+        captions.jsonl   {video, caption, source}            craft-train stage 1
+        qa.jsonl         {video, question, answer, source}   craft-train stage 2 (the
+                         question is the full MVBench prompt, the answer its letter)
+        world.json       {seed, split, start, n}
+
+    Args:
+        out_dir: folder (created); an existing clip file is not rewritten.
+        n: number of clips (2 questions each).
+        seed: world seed; clips are `(seed, split, start + i)` for `i < n`.
+        split: "test" (held out), "train" (the backbone's) or "craft" (the merge module's).
+        start: first clip index.
+
+    Returns:
+        `out_dir`, ready for `craft_eval.tasks.get_benchmark("mvbench").load(out_dir)`.
+    """
+    if n <= 0:
+        raise ValueError(f"n must be positive, got {n}")
+    if seed < 0 or start < 0:
+        raise ValueError(f"seed and start must be >= 0, got seed={seed} start={start}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    out = Path(out_dir)
+    videos = out / "video" / VIDEO_FOLDER
+    videos.mkdir(parents=True, exist_ok=True)
+    (out / "json").mkdir(exist_ok=True)
+    records: dict[str, list[dict[str, Any]]] = {t: [] for t in TASKS}
+    captions, qa = [], []
+    for index in range(start, start + n):
+        scene = sample_scene(seed, split, index)
+        name = f"{split}_{index:06d}.mp4"
+        path = videos / name
+        if not path.is_file():
+            tmp = path.with_suffix(".tmp.mp4")
+            write_mp4(tmp, render(scene))
+            tmp.replace(path)
+        rel = f"video/{VIDEO_FOLDER}/{name}"
+        captions.append({"video": rel, "caption": scene.caption, "source": "world"})
+        for q in questions_for(scene, seed, split, index):
+            records[q.task].append(
+                {
+                    "video": name,
+                    "question": q.question,
+                    "candidates": list(q.candidates),
+                    "answer": q.answer,
+                }
+            )
+            letter = "ABCDE"[q.candidates.index(q.answer)]
+            qa.append(
+                {
+                    "video": rel,
+                    "question": mvbench_prompt(q.question, q.candidates),
+                    "answer": letter,
+                    "source": q.task,
+                }
+            )
+    for task, rows in records.items():
+        (out / "json" / f"{task}.json").write_text(json.dumps(rows, indent=1))
+    (out / "captions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in captions))
+    (out / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in qa))
+    meta = {"seed": seed, "split": split, "start": start, "n": n}
+    (out / "world.json").write_text(json.dumps(meta))
+    return out

@@ -1,0 +1,133 @@
+"""Item-by-item measurements in the world: answer distributions, KL to the uncompressed model.
+
+    items = load_items(make_clips(tmp, 200, split="test"))
+    ref = answer_logprobs(model, processor, items)                         # uncompressed
+    mine = answer_logprobs(model, processor, items, compressor, ratio=8.0)
+    kl = kl_to(ref, mine)                                                   # [n]
+    diff, se = paired(kl_trained, kl_untrained)                             # mean, std. error
+
+The answer distribution of an item is the model's next-token distribution at the first
+answer position (right after the assistant prompt): for MVBench prompts, the option letter.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from craft_world.clips import VIDEO_FOLDER, mvbench_prompt
+
+__all__ = ["Item", "answer_logprobs", "kl_to", "load_items", "paired"]
+
+
+@dataclass(frozen=True)
+class Item:
+    """One held-out question: the clip, the full prompt text, the right option letter."""
+
+    video: str
+    prompt: str
+    answer: str
+    task: str
+
+
+def load_items(root: str | Path, task: str | None = "object_existence") -> list[Item]:
+    """The questions `make_clips` wrote under `root` (one task, or every task with None)."""
+    root = Path(root)
+    files = sorted((root / "json").glob("*.json"))
+    if task is not None:
+        files = [f for f in files if f.stem == task]
+    if not files:
+        raise FileNotFoundError(f"no json/{task or '*'}.json under {root}")
+    items = []
+    for path in files:
+        for rec in json.loads(path.read_text()):
+            letter = "ABCDE"[rec["candidates"].index(rec["answer"])]
+            items.append(
+                Item(
+                    video=str(root / "video" / VIDEO_FOLDER / rec["video"]),
+                    prompt=mvbench_prompt(rec["question"], rec["candidates"]),
+                    answer=letter,
+                    task=path.stem,
+                )
+            )
+    return items
+
+
+_INPUTS: dict[tuple[int, str, str], Any] = {}
+
+
+def _inputs(processor: Any, item: Item) -> Any:
+    from craft_adapters import build_inputs, read_video
+
+    key = (id(processor), item.video, item.prompt)
+    if key not in _INPUTS:
+        video = read_video(item.video, fps=2.0)
+        _INPUTS[key] = build_inputs(processor, video.frames, video.fps, item.prompt)
+    return _INPUTS[key]
+
+
+@torch.no_grad()
+def answer_logprobs(
+    model: Any,
+    processor: Any,
+    items: Sequence[Item],
+    compressor: Callable[..., Any] | None = None,
+    ratio: float | None = None,
+) -> torch.Tensor:
+    """Log-probabilities of the first answer token of every item: `[n, V]` float32.
+
+    Args:
+        model: the world backbone (an HF VLM, not wrapped).
+        processor: its processor.
+        items: from `load_items`.
+        compressor: a CRAFT `CraftCompressor` or any craft-eval baseline callable; None for
+            the uncompressed model.
+        ratio: compression ratio (required with a compressor).
+    """
+    from craft_adapters import wrap
+
+    if compressor is not None and ratio is None:
+        raise ValueError("ratio: give the compression ratio with a compressor")
+    runner = wrap(model, compressor, ratio=ratio) if compressor is not None else model
+    was_training = model.training
+    model.eval()
+    if isinstance(compressor, torch.nn.Module):
+        compressor.eval()
+    rows = []
+    for item in items:
+        logits = runner(**_inputs(processor, item)).logits[0, -1]
+        rows.append(torch.log_softmax(logits.float(), dim=-1))
+    model.train(was_training)
+    return torch.stack(rows)
+
+
+def kl_to(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """`KL(reference || other)` per row of two `[n, V]` log-probability tensors: `[n]`."""
+    if reference.shape != other.shape:
+        raise ValueError(f"shapes differ: {tuple(reference.shape)} vs {tuple(other.shape)}")
+    return (reference.exp() * (reference - other)).sum(-1)
+
+
+def paired(a: torch.Tensor | Sequence[float], b: torch.Tensor | Sequence[float]) -> tuple[float, float]:
+    """Mean of `a - b` over items and the standard error of that mean (`std / sqrt(n)`)."""
+    d = torch.as_tensor(a, dtype=torch.float64) - torch.as_tensor(b, dtype=torch.float64)
+    if d.ndim != 1 or d.numel() < 2:
+        raise ValueError(f"need two 1-D series of >= 2 paired values, got shape {tuple(d.shape)}")
+    return float(d.mean()), float(d.std(unbiased=True) / math.sqrt(d.numel()))
+
+
+def accuracy(logprobs: torch.Tensor, items: Sequence[Item], processor: Any) -> torch.Tensor:
+    """Per item 1.0 where the most likely option letter is the right one: `[n]`."""
+    tok = processor.tokenizer
+    hits = []
+    for row, item in zip(logprobs, items):
+        n_options = item.prompt.count("\n(")
+        letters = [tok.convert_tokens_to_ids(c) for c in "ABCDE"[:n_options]]
+        hits.append(float("ABCDE"[int(row[letters].argmax())] == item.answer))
+    return torch.tensor(hits)

@@ -1,0 +1,145 @@
+"""The world: clips mean what their annotations say, the backbone is reproducible and the
+shipped one answers held-out questions; the measurement helpers equal plain formulas."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+from craft_world import backbone_path, load_backbone, make_clips  # noqa: E402
+from craft_world.clips import (  # noqa: E402
+    FRAMES,
+    PALETTE,
+    SIZE,
+    SQUARE,
+    VIDEO_FOLDER,
+    render,
+    sample_scene,
+)
+from craft_world.measure import accuracy, answer_logprobs, kl_to, load_items, paired  # noqa: E402
+
+
+def _colour_frames(frames: np.ndarray, rgb: tuple[int, int, int], tol: int) -> list[int]:
+    """Frames holding a full SQUARE x SQUARE block of pixels within `tol` of `rgb`."""
+    out = []
+    for t, image in enumerate(frames.astype(int)):
+        close = (np.abs(image - np.array(rgb)).max(-1) <= tol).astype(int)
+        sums = np.lib.stride_tricks.sliding_window_view(close, (SQUARE, SQUARE)).sum((-1, -2))
+        if (sums >= SQUARE * SQUARE - 4).any():
+            out.append(t)
+    return out
+
+
+def test_scenes_show_what_they_say() -> None:
+    transient = 0
+    for index in range(40):
+        scene = sample_scene(0, "test", index)
+        frames = render(scene)
+        assert frames.shape == (FRAMES, SIZE, SIZE, 3) and frames.dtype == np.uint8
+        for colour, (a, b) in zip(scene.colours, scene.spans):
+            assert _colour_frames(frames, PALETTE[colour], tol=0) == list(range(a, b)), colour
+            transient += b - a == 2
+        for colour in set(PALETTE) - set(scene.colours):
+            assert _colour_frames(frames, PALETTE[colour], tol=0) == []
+    assert 5 < transient < 40  # about 0.4 of the squares
+
+
+def test_seeds_and_splits() -> None:
+    a, b = sample_scene(3, "test", 5), sample_scene(3, "test", 5)
+    assert a == b and np.array_equal(render(a), render(b))
+    assert sample_scene(3, "train", 5) != a and sample_scene(4, "test", 5) != a
+    with pytest.raises(ValueError, match="split"):
+        sample_scene(0, "dev", 0)
+
+
+def test_make_clips_writes_mvbench_records_and_readable_mp4(tmp_path: Path) -> None:
+    from craft_adapters import read_video
+
+    root = make_clips(tmp_path / "w", 6, seed=1)
+    assert make_clips(tmp_path / "w2", 6, seed=1) and (
+        (tmp_path / "w" / "json" / "object_existence.json").read_text()
+        == (tmp_path / "w2" / "json" / "object_existence.json").read_text()
+    )
+    exist = json.loads((root / "json" / "object_existence.json").read_text())
+    count = json.loads((root / "json" / "moving_count.json").read_text())
+    assert len(exist) == len(count) == 6
+    for i, (e, c) in enumerate(zip(exist, count)):
+        scene = sample_scene(1, "test", i)
+        colour = e["question"].split()[3]
+        assert e["answer"] == ("yes" if colour in scene.colours else "no")
+        assert e["candidates"] == ["yes", "no"] and c["answer"] == str(len(scene.colours))
+        video = read_video(root / "video" / VIDEO_FOLDER / e["video"], fps=2.0)
+        assert video.frames.shape == (FRAMES, SIZE, SIZE, 3) and video.fps == 2.0
+        for colour, (a, b) in zip(scene.colours, scene.spans):  # colours survive the codec
+            assert _colour_frames(video.frames, PALETTE[colour], tol=60) == list(range(a, b))
+    qa = [json.loads(x) for x in (root / "qa.jsonl").read_text().splitlines()]
+    assert len(qa) == 12 and {r["answer"] for r in qa} <= set("ABC")
+    assert all((root / r["video"]).is_file() for r in qa)
+    for bad, match in (({"n": 0}, "n must be positive"), ({"n": 2, "split": "x"}, "split")):
+        with pytest.raises(ValueError, match=match):
+            make_clips(tmp_path / "bad", **bad)  # type: ignore[arg-type]
+
+
+def test_backbone_training_is_bit_for_bit_and_resumes(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from craft_world.train_backbone import train_backbone
+
+    kw = {"clips": 6, "steps": 4, "batch": 2, "save_every": 2, "eval_every": 100, "eval_clips": 2}
+    train_backbone(tmp_path / "a", tmp_path / "a" / "out", **kw)
+    train_backbone(tmp_path / "b", tmp_path / "b" / "out", stop_at=2, **kw)  # "killed"
+    assert not (tmp_path / "b" / "out").exists()
+    train_backbone(tmp_path / "b", tmp_path / "b" / "out", **kw)  # resumes at step 2
+    wa = load_file(str(tmp_path / "a" / "out" / "model.safetensors"))
+    wb = load_file(str(tmp_path / "b" / "out" / "model.safetensors"))
+    assert set(wa) == set(wb)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    fresh = load_file(str(tmp_path / "a" / "out" / "model.safetensors"))
+    assert fresh  # and it trained: differs from its seeded initialisation
+    from craft_world.backbone import new_backbone
+
+    init = new_backbone(0).state_dict()
+    assert any(not torch.equal(init[k], wa[k]) for k in wa if k in init)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory):
+    model, processor = load_backbone()
+    root = make_clips(tmp_path_factory.mktemp("heldout") / "w", 100, seed=0, split="test")
+    return model, processor, root
+
+
+def test_shipped_backbone_answers_heldout_questions(world) -> None:
+    model, processor, root = world
+    assert (backbone_path() / "model.safetensors").stat().st_size < 5_000_000
+    n_params = sum(p.numel() for p in model.parameters())
+    assert 0.5e6 < n_params < 1.5e6
+    for task in ("object_existence", "moving_count"):
+        items = load_items(root, task)
+        hits = accuracy(answer_logprobs(model, processor, items), items, processor)
+        print(task, float(hits.mean()))
+        assert float(hits.mean()) > 0.9, task
+
+
+def test_measure_helpers_equal_plain_formulas(world) -> None:
+    model, processor, root = world
+    items = load_items(root)[:5]
+    ref = answer_logprobs(model, processor, items)
+    assert ref.shape == (5, model.config.get_text_config().vocab_size)
+    torch.testing.assert_close(ref.exp().sum(-1), torch.ones(5))
+    other = torch.log_softmax(torch.randn_like(ref), -1)
+    expect = torch.nn.functional.kl_div(other, ref, log_target=True, reduction="none").sum(-1)
+    torch.testing.assert_close(kl_to(ref, other), expect)
+    mean, se = paired([3.0, 5.0, 4.0], [1.0, 2.0, 3.0])
+    assert mean == pytest.approx(2.0) and se == pytest.approx(1.0 / 3**0.5)
+    with pytest.raises(ValueError, match="ratio"):
+        answer_logprobs(model, processor, items, compressor=lambda *a, **k: None)
