@@ -126,3 +126,38 @@ def test_craft_from_checkpoint(tmp_path) -> None:  # type: ignore[no-untyped-def
     got = method(feats, coords, ratio=5.0)
     assert torch.allclose(got.features, expected.features)
     assert got.info["checkpoint"] == str(tmp_path / "ckpt")
+
+
+def test_every_method_names_its_saliency_source(capsys: pytest.CaptureFixture[str]) -> None:
+    """`craft-eval methods` says, for each method, what ranks its tokens; the attention
+    methods build compressors that ask craft-adapters for the vision tower's attention."""
+    import craft_eval.baselines  # noqa: F401  (registers the baselines)
+    from craft_eval.cli import main
+
+    info = {m.name: m for m in list_methods()}
+    for name in ("visionzip", "fastvid"):
+        assert info[name].saliency.startswith("attention")
+        assert get_method(name).needs_attention is True
+    for name in ("tome", "divprune", "llava-scissor", "dtd", "vidcom2", "craft"):
+        assert info[name].saliency.startswith("token features")
+        assert getattr(get_method(name), "needs_attention", False) is False
+    assert info["random"].saliency == info["uniform"].saliency == "none"
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("saliency: ") == len(info)
+    assert "saliency: attention" in out
+
+
+@pytest.mark.parametrize("name", ["visionzip", "fastvid"])
+def test_attention_methods_record_the_source_that_ran(name: str) -> None:
+    feats, coords = _tokens(n=96, d=16)
+    method = get_method(name)
+    attention = torch.rand(96, generator=torch.Generator().manual_seed(3))
+    given = method(feats, coords, ratio=4.0, attention=attention)
+    fallback = method(feats, coords, ratio=4.0)
+    assert given.info["importance"] == "attention"
+    assert fallback.info["importance"] == "l2_norm"
+    # the L2 proxy is exactly what ran without attention
+    proxy = method(feats, coords, ratio=4.0, importance=feats.norm(dim=-1))
+    assert torch.equal(proxy.kept_index, fallback.kept_index)
+    assert not torch.equal(given.kept_index, fallback.kept_index)

@@ -123,6 +123,10 @@ class _TimedCompressor:
     def hidden_size(self) -> int | None:
         return getattr(self.method, "hidden_size", None)
 
+    @property
+    def needs_attention(self) -> bool:  # craft-adapters hands such methods the attention
+        return bool(getattr(self.method, "needs_attention", False))
+
     def __call__(self, features: torch.Tensor, coords: torch.Tensor, **kwargs: Any) -> Any:
         _sync(features.device)
         start = time.perf_counter()

@@ -302,6 +302,7 @@ def _cmd_methods(args: argparse.Namespace) -> int:
     for m in rows:
         needs = ", ".join(m.needs) or "-"
         print(f"{m.name:<{width}}  {m.kind:<5}  {needs:<15}  {m.description}")
+        print(f"{'':<{width}}  {'':<5}  {'':<15}  saliency: {m.saliency}")
     return 0
 
 

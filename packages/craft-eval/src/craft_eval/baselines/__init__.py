@@ -4,7 +4,8 @@ Each function takes `features [N, D]`, `coords [N, 3]` (t, h, w) and exactly one
 (`ratio=` fixed and exact, or `threshold=` for the methods with an adaptive mode) and returns a
 `craft_core.CompressionResult`. Methods that score tokens by the vision tower's attention
 take `importance=[N]` (attention received) and fall back to the L2 norm, recording which ran
-in `result.info["importance"]`.
+in `result.info["importance"]`; their registered compressors set `needs_attention = True`,
+so craft-adapters hands them the vision tower's last-layer attention (craft_adapters.attention).
 
 Importing this package registers every baseline in `craft_eval.methods` (the registry passes
 the vision tower's attention as the extra `attention=`; `importance=` is accepted too).
@@ -47,9 +48,17 @@ __all__ = [
 class BaselineMethod:
     """A registered baseline: the function with its settings bound (a `TokenCompressor`)."""
 
-    def __init__(self, function: Callable[..., CompressionResult], **settings: Any) -> None:
+    def __init__(
+        self,
+        function: Callable[..., CompressionResult],
+        *,
+        needs_attention: bool = False,
+        **settings: Any,
+    ) -> None:
         self.function = function
         self.settings = settings
+        #: craft-adapters hands `importance=` (received attention) to compressors that ask
+        self.needs_attention = needs_attention
 
     def __call__(
         self,
@@ -118,7 +127,8 @@ class ScissorMergeMethod:
         return result
 
 
-_ATTENTION_NOTE = " Uses attention=[N] (received attention); L2-norm proxy without it."
+_ATTENTION_NOTE = " Ranks by attention=[N] (received attention); L2-norm proxy without it."
+_ATTENTION = "attention (ViT last layer, received); L2-norm fallback"
 
 
 @register_method(
@@ -145,17 +155,19 @@ def build_divprune(**_: Any) -> BaselineMethod:
     "visionzip",
     kind="merge",
     needs=("attention",),
+    saliency=_ATTENTION,
     description="VisionZip: per-frame dominant tokens + contextual merges (54:10)."
     + _ATTENTION_NOTE,
 )
 def build_visionzip(contextual_fraction: float = 10 / 64, **_: Any) -> BaselineMethod:
-    return BaselineMethod(visionzip, contextual_fraction=contextual_fraction)
+    return BaselineMethod(visionzip, needs_attention=True, contextual_fraction=contextual_fraction)
 
 
 @register_method(
     "vidcom2",
     kind="prune",
     needs=(),
+    saliency="token features (Gaussian similarity to video / frame means)",
     description="VidCom2: frame-adaptive budgets, keeps each frame's most distinctive tokens.",
 )
 def build_vidcom2(
@@ -168,8 +180,9 @@ def build_vidcom2(
     "fastvid",
     kind="merge",
     needs=("attention",),
-    description="FastVID: dynamic segments, salient tokens + density-peak anchor merges."
-    + _ATTENTION_NOTE,
+    saliency=_ATTENTION,
+    description="FastVID (published OneVision code): dynamic segments, salient tokens + "
+    "density-peak anchors merging segment tokens per anchor frame." + _ATTENTION_NOTE,
 )
 def build_fastvid(
     segments: int = 8,
@@ -178,20 +191,33 @@ def build_fastvid(
     p: int = 4,
     beta: float = 0.6,
     knn: int = 4,
+    include_anchor: bool = True,
+    exact_budget: bool = True,
     **_: Any,
 ) -> BaselineMethod:
-    return BaselineMethod(fastvid, segments=segments, tau=tau, d=d, p=p, beta=beta, knn=knn)
+    return BaselineMethod(
+        fastvid,
+        needs_attention=True,
+        segments=segments,
+        tau=tau,
+        d=d,
+        p=p,
+        beta=beta,
+        knn=knn,
+        include_anchor=include_anchor,
+        exact_budget=exact_budget,
+    )
 
 
 @register_method(
     "llava-scissor",
     kind="merge",
     needs=(),
-    description="LLaVA-Scissor: semantic connected components (threshold=tau, published 0.9; "
-    "ratio= searches tau for the exact count).",
+    description="LLaVA-Scissor: semantic connected components (threshold=tau, published 0.9, "
+    "no floor unless min_tokens=; ratio= searches tau for the exact count).",
 )
 def build_llava_scissor(search_steps: int | None = None, **_: Any) -> BaselineMethod:
-    settings = {} if search_steps is None else {"search_steps": search_steps}
+    settings: dict[str, Any] = {} if search_steps is None else {"search_steps": search_steps}
     return BaselineMethod(llava_scissor, **settings)
 
 
@@ -199,8 +225,9 @@ def build_llava_scissor(search_steps: int | None = None, **_: Any) -> BaselineMe
     "dtd",
     kind="prune",
     needs=(),
+    saliency="token features (cosine with the same patch of the previous frame)",
     description="TimeChat-Online DTD: drop tokens too similar to the same patch of the "
-    "previous frame (threshold=, or ratio= drops the most redundant).",
+    "previous frame (threshold=, or ratio= drops each later frame's most redundant).",
 )
 def build_dtd(**_: Any) -> BaselineMethod:
     return BaselineMethod(dtd)

@@ -65,6 +65,10 @@ class MethodInfo:
             ("attention",); empty when nothing.
         description: one line for `craft-eval methods`.
         factory: `(**kwargs) -> TokenCompressor`.
+        saliency: what ranks or groups the tokens, e.g. "token features" or "attention"
+            (the vision tower's received attention, handed over by craft-adapters when the
+            built compressor sets `needs_attention`; each result's `info["importance"]`
+            records what actually ran).
     """
 
     name: str
@@ -72,6 +76,7 @@ class MethodInfo:
     needs: tuple[str, ...]
     description: str
     factory: MethodFactory
+    saliency: str = "token features"
 
 
 _REGISTRY: dict[str, MethodInfo] = {}
@@ -83,8 +88,9 @@ def register_method(
     kind: str,
     needs: tuple[str, ...] | list[str] = (),
     description: str,
+    saliency: str = "token features",
 ) -> Callable[[MethodFactory], MethodFactory]:
-    """Decorator: register `factory` under `name`.
+    """Decorator: register `factory` under `name` (`saliency`: see `MethodInfo`).
 
     Raises:
         ValueError: an empty name, an unknown kind, or a name registered twice with a
@@ -109,6 +115,7 @@ def register_method(
             needs=tuple(needs),
             description=description,
             factory=factory,
+            saliency=saliency,
         )
         return factory
 

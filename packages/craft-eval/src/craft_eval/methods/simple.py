@@ -71,14 +71,22 @@ class UniformCompressor:
 
 
 @register_method(
-    "random", kind="prune", needs=(), description="Random subset of the budget's size (seeded)."
+    "random",
+    kind="prune",
+    needs=(),
+    saliency="none",
+    description="Random subset of the budget's size (seeded).",
 )
 def build_random(seed: int = 0, **_: Any) -> RandomCompressor:
     return RandomCompressor(seed=seed)
 
 
 @register_method(
-    "uniform", kind="prune", needs=(), description="Evenly strided subset over the raster order."
+    "uniform",
+    kind="prune",
+    needs=(),
+    saliency="none",
+    description="Evenly strided subset over the raster order.",
 )
 def build_uniform(**_: Any) -> UniformCompressor:
     return UniformCompressor()
