@@ -97,6 +97,13 @@ def _check_result(result: Any, n: int, d: int) -> None:
             f"compressor returned assignment of shape {tuple(result.assignment.shape)}; "
             f"expected [{n}]"
         )
+    # NaN / inf rows would reach the language model and silently poison every reply
+    if result.features.is_floating_point() and not bool(torch.isfinite(result.features).all()):
+        bad = int((~torch.isfinite(result.features)).any(dim=-1).sum())
+        raise ValueError(
+            f"compressor returned non-finite features ({bad} of {k} rows hold NaN or inf); "
+            "refusing to pass them to the language model"
+        )
 
 
 def compress_video(

@@ -316,8 +316,9 @@ def build_tiny_vlm(model_type: str, save_dir: str | Path, seed: int = 0) -> tupl
     Args:
         model_type: a transformers `config.model_type` of a supported backbone
             (`craft_adapters.supported_model_types()`).
-        save_dir: folder the model is saved to with `save_pretrained` (created if missing);
-            the returned model is loaded back from it with `from_pretrained`.
+        save_dir: folder the model and its processor are saved to with `save_pretrained`
+            (created if missing); the returned model is loaded back from it with
+            `from_pretrained`, and `AutoProcessor.from_pretrained(save_dir)` loads the processor.
         seed: torch seed of the random initialisation.
 
     Returns:
@@ -333,6 +334,7 @@ def build_tiny_vlm(model_type: str, save_dir: str | Path, seed: int = 0) -> tupl
         model = AutoModelForImageTextToText.from_config(config, dtype=torch.float32)
     model.save_pretrained(save_dir)
     processor = build_tiny_processor(model_type)
+    processor.save_pretrained(save_dir)  # the folder loads like a real checkpoint (AutoProcessor)
     loaded = AutoModelForImageTextToText.from_pretrained(save_dir, dtype=torch.float32)
     loaded.eval()
     return loaded, processor

@@ -1,7 +1,8 @@
 """Read a video file into uint8 frames sampled at a given fps, up to a frame cap.
 
-decord is used when it imports (fast seeking); otherwise PyAV decodes the stream (decord has
-no wheels for some platforms). Both give the same frame indices:
+decord is used when it imports (fast seeking); otherwise, or when decord fails on a file
+(it does on some small valid mp4s), PyAV decodes the stream (decord has no wheels for some
+platforms). A file neither can read raises `VideoReadError` naming the path. Both give the same frame indices:
 
 - `n = round(duration * fps)` frames at timestamps `k / fps` (frame index
   `min(total - 1, floor(k * native_fps / fps + 0.5))`), at least one frame;
@@ -19,7 +20,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["SampledVideo", "read_video", "sample_indices"]
+__all__ = ["SampledVideo", "VideoReadError", "read_video", "sample_indices"]
+
+
+class VideoReadError(ValueError):
+    """A file that holds no decodable video stream (the message names the path)."""
 
 
 @dataclass(frozen=True)
@@ -89,6 +94,8 @@ def _read_pyav(path: str, fps: float, max_frames: int) -> SampledVideo:
     import av
 
     with av.open(path) as container:
+        if not container.streams.video:
+            raise VideoReadError(f"{path}: no video stream (audio-only or not a video file)")
         stream = container.streams.video[0]
         native = float(stream.average_rate or stream.guessed_rate or 30.0)
         total = int(stream.frames or 0)
@@ -135,8 +142,14 @@ def read_video(
         A `SampledVideo` (unpacks as `frames, fps`).
     """
     path = str(path)
+    if backend not in (None, "decord", "pyav"):
+        raise ValueError(f"backend: unknown video backend {backend!r}; use 'decord' or 'pyav'")
+    if not (math.isfinite(fps) and fps > 0):
+        raise ValueError(f"fps must be a positive number, got {fps}")
+    if max_frames < 1:
+        raise ValueError(f"max_frames must be at least 1, got {max_frames}")
     if not Path(path).is_file():
-        raise FileNotFoundError(path)
+        raise FileNotFoundError(f"video not found: {path}")
     if backend is None:
         try:
             import decord  # noqa: F401
@@ -144,8 +157,16 @@ def read_video(
             backend = "decord"
         except ImportError:
             backend = "pyav"
-    if backend == "decord":
-        return _read_decord(path, fps, max_frames)
-    if backend == "pyav":
+        if backend == "decord":  # decord fails on some valid files: PyAV gets a second try
+            try:
+                return _read_decord(path, fps, max_frames)
+            except Exception:
+                backend = "pyav"
+    try:
+        if backend == "decord":
+            return _read_decord(path, fps, max_frames)
         return _read_pyav(path, fps, max_frames)
-    raise ValueError(f"unknown video backend {backend!r}; use 'decord' or 'pyav'")
+    except VideoReadError:
+        raise
+    except Exception as error:
+        raise VideoReadError(f"{path}: cannot decode ({type(error).__name__}: {error})") from error

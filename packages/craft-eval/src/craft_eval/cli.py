@@ -10,6 +10,10 @@
 
 Data parallel: `torchrun --nproc-per-node 8 -m craft_eval.cli run ...` (each rank takes
 every 8th item; rank 0 merges).
+
+Every argument, annotation file, checkpoint and method option is checked before a model is
+loaded. A usage error prints one line naming the option and exits with 2; any other failure
+prints one line and exits with 1 (`--debug` shows the traceback instead).
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ from craft_eval.runner import RunConfig, run_benchmark
 DEFAULT_RATIOS = (2.0, 4.0, 8.0, 16.0, 32.0)
 
 
+class UsageError(Exception):
+    """A bad argument, file or option: one line on stderr, exit code 2."""
+
+
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="checkpoint folder of a supported transformers VLM")
     p.add_argument(
@@ -35,6 +43,12 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         "qwen3_vl, llava_onevision); for plumbing checks only",
     )
     p.add_argument("--device", help="cuda, cuda:1, cpu (default: cuda:LOCAL_RANK if available)")
+    p.add_argument(
+        "--allow-untrained",
+        action="store_true",
+        help="let a method that needs --checkpoint (craft, scissor-merge) run without one, "
+        "on a fresh untrained module (G = 0.5); for plumbing checks only",
+    )
 
 
 def _add_data_args(p: argparse.ArgumentParser) -> None:
@@ -66,6 +80,9 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="craft-eval", description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--debug", action="store_true", help="show the Python traceback of any error"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="evaluate one method on benchmarks (resumable JSONL)")
@@ -102,14 +119,20 @@ def build_parser() -> argparse.ArgumentParser:
     eff.add_argument("--repeats", type=int, default=5)
     eff.add_argument("--device")
     eff.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        help="weights and activations (default: bfloat16 on a GPU, float32 on CPU)",
+    )
+    eff.add_argument(
         "--override", help='text-config overrides, e.g. "num_hidden_layers=4,hidden_size=64"'
     )
     eff.add_argument("--json", help="also write the result as JSON here")
 
     demo = sub.add_parser("demo", help="the whole pipeline on a laptop CPU, nothing downloaded")
-    demo.add_argument("--model", help="a real checkpoint instead of the tiny random model")
-    demo.add_argument("--backbone", default="qwen2_5_vl", help="tiny model's backbone")
-    demo.add_argument("--ratio", type=float, default=8.0)
+    demo.add_argument("--model", help="another checkpoint instead of the world's backbone")
+    demo.add_argument("--backbone", help="a tiny RANDOM model of this type (pipeline check)")
+    demo.add_argument("--ratio", type=float, help="one ratio only (default: 4, 8 and 16)")
+    demo.add_argument("--items", type=int, default=60, help="held-out clips (2 questions each)")
     demo.add_argument("--methods", nargs="+", help="default: every registered method")
     demo.add_argument("--output", "-o", default="craft-demo")
     demo.add_argument("--device")
@@ -118,6 +141,25 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except KeyboardInterrupt:
+        print("craft-eval: interrupted; the same command resumes a run", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if args.debug:
+            raise
+        if isinstance(error, (UsageError, SystemExit)):
+            print(f"craft-eval: error: {error}", file=sys.stderr)
+            return 2
+        print(
+            f"craft-eval: {type(error).__name__}: {error} (--debug shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     handler = {
         "run": _cmd_run,
         "sweep": _cmd_sweep,
@@ -135,15 +177,22 @@ def main(argv: list[str] | None = None) -> int:
 def _roots(values: list[str], benchmarks: list[str]) -> dict[str, str]:
     pairs = dict(v.split("=", 1) for v in values if "=" in v)
     plain = [v for v in values if "=" not in v]
+    unknown = sorted(set(pairs) - set(benchmarks))
+    if unknown:
+        raise UsageError(f"--data-root {unknown[0]}=...: {unknown[0]} is not among --benchmark")
+    if len(plain) > 1:
+        raise UsageError("--data-root: give one DIR, or B=DIR pairs")
     out = {}
     for b in benchmarks:
         if b in pairs:
             out[b] = pairs[b]
         elif plain:
             base = Path(plain[0])
-            out[b] = str(base / b) if (base / b).exists() else str(base)
+            out[b] = str(base / b) if (base / b).is_dir() else str(base)
         else:
-            raise SystemExit(f"no --data-root for {b}")
+            raise UsageError(f"--data-root: none given for {b}")
+        if not Path(out[b]).is_dir():
+            raise UsageError(f"--data-root {out[b]} ({b}): no such folder")
     return out
 
 
@@ -157,13 +206,35 @@ def _device(arg: str | None) -> str:
     return "cpu"
 
 
+def _check_model_args(args: argparse.Namespace) -> str:
+    """The run's model tag; raises UsageError before anything heavy is loaded."""
+    if args.model and args.tiny:
+        raise UsageError("give --model or --tiny, not both")
+    if args.model:
+        path = Path(args.model)
+        if not (path / "config.json").is_file():
+            raise UsageError(f"--model {args.model}: not a checkpoint folder (no config.json)")
+        return path.resolve().name
+    if args.tiny:
+        from craft_adapters import supported_model_types
+
+        if args.tiny not in supported_model_types():
+            known = ", ".join(supported_model_types())
+            raise UsageError(f"--tiny {args.tiny}: unknown backbone; known: {known}")
+        return f"tiny-{args.tiny}"
+    raise UsageError("give --model PATH (or --tiny MODEL_TYPE for a random plumbing check)")
+
+
 def _load_model(args: argparse.Namespace) -> tuple[Any, Any, str]:
     device = _device(args.device)
     if args.model:
         from craft_eval.backend import load_pretrained
 
-        model, processor = load_pretrained(args.model, device)
-        return model, processor, Path(args.model).name
+        try:
+            model, processor = load_pretrained(args.model, device)
+        except (OSError, ValueError, KeyError) as error:
+            raise UsageError(f"--model {args.model}: cannot be loaded ({error})") from None
+        return model, processor, Path(args.model).resolve().name
     if args.tiny:
         import tempfile
 
@@ -171,13 +242,16 @@ def _load_model(args: argparse.Namespace) -> tuple[Any, Any, str]:
 
         model, processor = build_tiny_vlm(args.tiny, tempfile.mkdtemp(prefix="craft-tiny-"))
         return model.to(device).eval(), processor, f"tiny-{args.tiny}"
-    raise SystemExit("give --model PATH (or --tiny MODEL_TYPE for a random plumbing check)")
+    raise UsageError("give --model PATH (or --tiny MODEL_TYPE for a random plumbing check)")
 
 
 def _kv(pairs: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for pair in pairs:
-        key, _, value = pair.partition("=")
+        key, eq, value = pair.partition("=")
+        if not eq or not key.strip():
+            raise UsageError(f"--method-arg {pair!r}: expected KEY=VALUE")
+        key = key.strip()
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -185,22 +259,69 @@ def _kv(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def _evaluate(
+def _check_method(
+    method: str, kwargs: dict[str, Any], allow_untrained: bool, hidden_size: int | None = None
+) -> None:
+    """Method name, its option keys and its checkpoint, checked before any model loads."""
+    import inspect
+
+    from craft_eval.methods import get_method, get_method_info
+
+    if method == "none":
+        return
+    try:
+        info = get_method_info(method)
+    except KeyError as error:
+        raise UsageError(f"--method {method}: {error.args[0]}") from None
+    params = inspect.signature(info.factory).parameters.values()
+    allowed = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    if any(p.kind is p.VAR_KEYWORD and p.name == "overrides" for p in params):
+        from craft_core import CraftConfig
+
+        allowed |= set(CraftConfig.model_fields) | {"device"}
+    unknown = sorted(set(kwargs) - allowed)
+    if unknown:
+        known = ", ".join(sorted(allowed - {"checkpoint", "hidden_size"})) or "none"
+        raise UsageError(f"--method-arg {unknown[0]}: {method} has no such option; known: {known}")
+    if "checkpoint" in info.needs and kwargs.get("checkpoint") is None:
+        if not allow_untrained:
+            raise UsageError(
+                f"--method {method} needs --checkpoint (a trained merge module); "
+                "--allow-untrained runs a fresh untrained one (G = 0.5) for plumbing checks"
+            )
+        print(f"craft-eval: warning: {method} runs UNTRAINED (no --checkpoint)", file=sys.stderr)
+    checkpoint = kwargs.get("checkpoint")
+    if checkpoint is not None:
+        if not Path(checkpoint).is_dir():
+            raise UsageError(f"--checkpoint {checkpoint}: no such folder")
+        try:
+            get_method(method, **kwargs)  # loads (and checks) the checkpoint; cheap
+        except Exception as error:
+            raise UsageError(f"--checkpoint {checkpoint}: cannot be loaded ({error})") from None
+
+
+def _configs(
     args: argparse.Namespace,
-    model: Any,
-    processor: Any,
     tag: str,
     method: str,
     ratio: float | None,
     threshold: float | None,
     method_kwargs: dict[str, Any],
-    progress: bool = True,
-) -> list[dict[str, Any]]:
-    from craft_eval.backend import HFBackend
+    min_tokens: int | None = None,
+) -> list[RunConfig]:
+    """One checked RunConfig per benchmark (arguments, annotations, videos, protocol)."""
+    from craft_eval.runner import load_items
+    from craft_eval.tasks import get_benchmark
 
-    summaries = []
-    roots = _roots(args.data_root, args.benchmark)
+    configs = []
+    names = []
     for bench in args.benchmark:
+        try:
+            names.append(get_benchmark(bench).name)
+        except KeyError as error:
+            raise UsageError(f"--benchmark {bench}: {error.args[0]}") from None
+    roots = _roots(args.data_root, names)
+    for bench in names:
         config = RunConfig(
             benchmark=bench,
             data_root=roots[bench],
@@ -215,23 +336,52 @@ def _evaluate(
             max_frames=args.frames,
             subset=args.subset,
             limit=args.limit,
-            method_kwargs=method_kwargs,
+            method_kwargs={k: v for k, v in method_kwargs.items() if k != "checkpoint"},
+            min_tokens=min_tokens,
         )
-        run_dir = Path(args.output) / tag / config.run_name()
+        try:
+            config.validate()
+            get_benchmark(bench).describe_protocol(config.protocol, config.fallback)
+            load_items(config)
+        except (ValueError, FileNotFoundError) as error:
+            raise UsageError(str(error)) from None
+        configs.append(config)
+    if args.merge_maps < 0:
+        raise UsageError(f"--merge-maps must be >= 0, got {args.merge_maps}")
+    return configs
 
-        def backend(config: RunConfig = config, run_dir: Path = run_dir) -> HFBackend:
+
+def _evaluate(
+    args: argparse.Namespace,
+    model: Any,
+    processor: Any,
+    configs: list[RunConfig],
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    from craft_eval.backend import HFBackend
+
+    summaries = []
+    for config in configs:
+        run_dir = Path(args.output) / config.model / config.run_name()
+        kwargs = dict(config.method_kwargs)
+        if config.checkpoint is not None:
+            kwargs["checkpoint"] = config.checkpoint
+
+        def backend(
+            config: RunConfig = config, run_dir: Path = run_dir, kwargs: dict[str, Any] = kwargs
+        ) -> HFBackend:
             return HFBackend(
                 model,
                 processor,
                 method=config.method,
                 ratio=config.ratio,
                 threshold=config.threshold,
-                min_tokens=getattr(args, "min_tokens", None),
-                method_kwargs=method_kwargs,
+                min_tokens=config.min_tokens,
+                method_kwargs=kwargs,
                 fps=config.fps,
                 max_frames=config.max_frames,
                 merge_map_dir=run_dir,
-                merge_maps=getattr(args, "merge_maps", 0),
+                merge_maps=args.merge_maps,
             )
 
         summary = run_benchmark(
@@ -239,40 +389,51 @@ def _evaluate(
         )
         if summary is not None:
             summaries.append(summary)
-            s = summary["scores"]
-            comp = "-" if s["comp_ratio"] is None else f"{s['comp_ratio']:.2f}x"
-            print(
-                f"{config.run_name()}: accuracy {s['accuracy']:.1f} "
-                f"({s['n_scored']} scored, {s['n_errors']} errors), Comp. {comp} -> {run_dir}"
-            )
+            print(f"{config.run_name()}: {_score_line(summary)} -> {run_dir}")
     return summaries
+
+
+def _score_line(summary: dict[str, Any]) -> str:
+    s = summary["scores"]
+    comp = "-" if s.get("comp_ratio") is None else f"{s['comp_ratio']:.2f}x"
+    acc = "n/a (answers not public)" if s.get("accuracy") is None else f"{s['accuracy']:.1f}"
+    line = f"accuracy {acc} ({s['n_scored']} scored, {s['n_errors']} errors), Comp. {comp}"
+    if summary.get("submission"):
+        line += f"; submission file {summary['submission']}"
+    return line
 
 
 # -- commands ----------------------------------------------------------------------------------
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    model, processor, tag = _load_model(args)
+    tag = _check_model_args(args)
     method_kwargs = _kv(args.method_arg)
     if args.checkpoint:
         method_kwargs["checkpoint"] = args.checkpoint
-    if args.method != "none" and args.ratio is None and args.threshold is None:
-        raise SystemExit("--method needs --ratio or --threshold")
-    _evaluate(args, model, processor, tag, args.method, args.ratio, args.threshold, method_kwargs)
+    configs = _configs(
+        args, tag, args.method, args.ratio, args.threshold, method_kwargs, args.min_tokens
+    )
+    _check_method(args.method, method_kwargs, args.allow_untrained)
+    model, processor, _ = _load_model(args)
+    _evaluate(args, model, processor, configs)
     return 0
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
-    model, processor, tag = _load_model(args)
-    _evaluate(args, model, processor, tag, "none", None, None, {})
+    tag = _check_model_args(args)
+    plan = _configs(args, tag, "none", None, None, {})
     for method in args.methods:
         kwargs = (
             {"checkpoint": args.checkpoint}
             if args.checkpoint and method in ("craft", "scissor-merge")
             else {}
         )
+        _check_method(method, kwargs, args.allow_untrained)
         for ratio in args.ratios:
-            _evaluate(args, model, processor, tag, method, ratio, None, kwargs)
+            plan += _configs(args, tag, method, ratio, None, kwargs)
+    model, processor, _ = _load_model(args)
+    _evaluate(args, model, processor, plan)
     if int(os.environ.get("RANK", "0")) == 0:
         from craft_eval.report import write_report
 
@@ -284,6 +445,11 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from craft_eval.report import write_report
+
+    if not Path(args.runs).is_dir():
+        raise UsageError(f"runs {args.runs}: no such folder")
+    if not any(Path(args.runs).rglob("summary.json")):
+        raise UsageError(f"runs {args.runs}: no summary.json under it (no finished run)")
 
     out = write_report(args.runs, args.out)
     print(out["table"])
@@ -307,19 +473,49 @@ def _cmd_methods(args: argparse.Namespace) -> int:
 
 
 def _cmd_efficiency(args: argparse.Namespace) -> int:
-    from craft_eval.efficiency import format_efficiency, measure_efficiency, parse_overrides
+    import math
 
-    result = measure_efficiency(
-        args.arch,
-        num_frames=args.frames,
-        ratios=args.ratios,
-        methods=args.methods,
-        text_tokens=args.text_tokens,
-        device=args.device,
-        warmup=args.warmup,
-        repeats=args.repeats,
-        overrides=parse_overrides(args.override),
+    import torch
+
+    from craft_eval.efficiency import (
+        format_efficiency,
+        load_arch,
+        measure_efficiency,
+        parse_overrides,
     )
+    from craft_eval.methods import get_method_info
+
+    checks = [
+        ("--frames", args.frames >= 1, args.frames),
+        ("--text-tokens", args.text_tokens >= 0, args.text_tokens),
+        ("--warmup", args.warmup >= 0, args.warmup),
+        ("--repeats", args.repeats >= 1, args.repeats),
+    ] + [("--ratios", math.isfinite(r) and r >= 1, r) for r in args.ratios]
+    for option, ok, value in checks:
+        if not ok:
+            raise UsageError(f"{option}: {value} is out of range")
+    try:
+        overrides = parse_overrides(args.override)
+        load_arch(args.arch, overrides)
+        for method in args.methods:
+            get_method_info(method)
+    except (KeyError, ValueError, TypeError) as error:
+        raise UsageError(str(error.args[0] if error.args else error)) from None
+    try:
+        result = measure_efficiency(
+            args.arch,
+            num_frames=args.frames,
+            ratios=args.ratios,
+            methods=args.methods,
+            text_tokens=args.text_tokens,
+            device=args.device,
+            dtype=getattr(torch, args.dtype) if args.dtype else None,
+            warmup=args.warmup,
+            repeats=args.repeats,
+            overrides=overrides,
+        )
+    except MemoryError as error:
+        raise UsageError(str(error)) from None
     print(format_efficiency(result))
     if result["overrides"]:
         print(f"(scaled down with overrides {result['overrides']})")
@@ -338,6 +534,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         methods=args.methods,
         output=args.output,
         device=args.device,
+        num_items=args.items,
     )
 
 

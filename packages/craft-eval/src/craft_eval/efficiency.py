@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -256,6 +257,40 @@ def build_text_model(arch: dict[str, Any], device: torch.device, dtype: torch.dt
     return model.eval()
 
 
+def weight_bytes(arch: dict[str, Any], dtype: torch.dtype) -> int:
+    """Bytes of the language model's weights in `dtype`, counted on the meta device (nothing
+    is allocated)."""
+    model = build_text_model(arch, torch.device("meta"), dtype)
+    return sum(p.numel() for p in model.parameters()) * (torch.finfo(dtype).bits // 8)
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Free memory of `device` (CUDA: free device memory; CPU: MemAvailable); None if unknown."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_fits(arch: dict[str, Any], device: torch.device, dtype: torch.dtype) -> None:
+    """Raise MemoryError (before anything is allocated) when the weights alone would take more
+    than 80% of the free memory: the process would otherwise be killed without a word."""
+    need = weight_bytes(arch, dtype)
+    free = available_bytes(device)
+    if free is not None and need > 0.8 * free:
+        raise MemoryError(
+            f"--arch {arch['_name']}: its language model needs {need / 2**30:.1f} GiB in "
+            f"{str(dtype).replace('torch.', '')} for the weights alone, and {device} has "
+            f"{free / 2**30:.1f} GiB free; use a GPU, --dtype bfloat16, or scale it down with "
+            '--override "num_hidden_layers=2"'
+        )
+
+
 def measure_efficiency(
     arch_name: str,
     *,
@@ -278,6 +313,7 @@ def measure_efficiency(
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     arch = load_arch(arch_name, overrides)
     text_config = arch["text_config"]
+    check_fits(arch, device, dtype)
     model = build_text_model(arch, device, dtype)
     hidden = int(text_config["hidden_size"])
     n_video = video_tokens(arch, num_frames)

@@ -69,7 +69,7 @@ def write_video(
     if frames is None:
         frames = synthetic_frames(**frame_kwargs)
     with av.open(str(path), mode="w") as container:
-        stream = container.add_stream(codec, rate=fps)
+        stream: Any = container.add_stream(codec, rate=fps)
         stream.width = int(frames.shape[2])
         stream.height = int(frames.shape[1])
         stream.pix_fmt = "yuv420p"

@@ -8,8 +8,11 @@ Layout of a run directory (one per benchmark x method x budget):
     <run_dir>/summary.json            config + protocol + scores
 
 A killed run started again with the same arguments reads its shard, skips every item already
-recorded (a half-written last line is dropped) and goes on; the merged summary is the same
-as an uninterrupted run's. A video that cannot be decoded becomes an error record for that
+recorded (a half-written LAST line is dropped; a bad line anywhere else is an error, nothing is
+deleted) and goes on; the merged summary is the same as an uninterrupted run's. Result files
+are only appended to. Each rank holds a lock on `<run_dir>/.lock.rank<r>` while it writes, so a
+second run into the same folder is refused instead of interleaving lines (the lock goes with
+the process, so a SIGKILLed run can be resumed at once). A video that cannot be decoded becomes an error record for that
 item (scored wrong) and the run goes on.
 
 Data parallel: with torchrun each process reads RANK / WORLD_SIZE from the environment,
@@ -19,6 +22,7 @@ takes items[rank::world_size], and rank 0 merges once every shard has its "done"
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -32,6 +36,14 @@ from craft_eval.tasks import Item, Prompt, get_benchmark
 
 class VideoDecodeError(RuntimeError):
     """A video that is missing or cannot be decoded: recorded as an error for its item."""
+
+
+class RunLocked(RuntimeError):
+    """Another process is writing the same run folder (and rank)."""
+
+
+class CorruptRecords(ValueError):
+    """A results file with a bad line that is not a torn last line: nothing is dropped."""
 
 
 @dataclass
@@ -72,12 +84,49 @@ class RunConfig:
     subset: str | None = None
     limit: int | None = None
     method_kwargs: dict[str, Any] = field(default_factory=dict)
+    min_tokens: int | None = None
 
     def run_name(self) -> str:
         budget = ""
         if self.method != "none":
             budget = f"-r{self.ratio:g}" if self.ratio is not None else f"-t{self.threshold:g}"
+            if self.min_tokens is not None:
+                budget += f"-m{self.min_tokens}"
         return f"{self.benchmark}/{self.method}{budget}"
+
+    def validate(self) -> None:
+        """Raise ValueError naming the option of any value that cannot give a meaningful run."""
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"--limit must be a positive number of items, got {self.limit}")
+        if not (math.isfinite(self.fps) and self.fps > 0):
+            raise ValueError(f"--fps must be a positive number, got {self.fps:g}")
+        if self.max_frames < 1:
+            raise ValueError(f"--frames must be at least 1, got {self.max_frames}")
+        if self.method == "none":
+            given = [
+                name
+                for name, value in (
+                    ("--ratio", self.ratio),
+                    ("--threshold", self.threshold),
+                    ("--min-tokens", self.min_tokens),
+                    ("--checkpoint", self.checkpoint),
+                )
+                if value is not None
+            ]
+            if given or self.method_kwargs:
+                what = ", ".join(given) or "--method-arg"
+                raise ValueError(f"{what} given with --method none (the uncompressed model)")
+            return
+        if (self.ratio is None) == (self.threshold is None):
+            raise ValueError(f"--method {self.method} needs exactly one of --ratio, --threshold")
+        if self.ratio is not None and not (math.isfinite(self.ratio) and self.ratio >= 1):
+            raise ValueError(f"--ratio must be a finite number >= 1, got {self.ratio:g}")
+        if self.threshold is not None and not (
+            math.isfinite(self.threshold) and -1 <= self.threshold <= 1
+        ):
+            raise ValueError(f"--threshold must be a similarity in [-1, 1], got {self.threshold:g}")
+        if self.min_tokens is not None and self.min_tokens < 1:
+            raise ValueError(f"--min-tokens must be at least 1, got {self.min_tokens}")
 
     def identity(self) -> dict[str, Any]:
         """The fields a resumed run must share with the interrupted one (JSON-normalised)."""
@@ -93,30 +142,59 @@ def shard_from_env() -> tuple[int, int]:
     return rank, world
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Complete JSON lines of `path`; a torn last line (killed mid-write) is cut off."""
+def _read_jsonl(path: Path, *, repair: bool = False) -> list[dict[str, Any]]:
+    """Complete JSON lines of `path`.
+
+    Only a torn LAST line (no newline: the process was killed mid-write) is ignored, and with
+    `repair` (the shard's own writer, holding its lock) cut off so appending can go on. A line
+    that does not parse anywhere else raises `CorruptRecords`: nothing after it is dropped.
+    """
     if not path.exists():
         return []
     data = path.read_bytes()
     rows: list[dict[str, Any]] = []
     good_end = 0
-    start = 0
-    while True:
-        end = data.find(b"\n", start)
-        if end < 0:
-            break
-        line = data[start:end].strip()
-        if line:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-        good_end = end + 1
-        start = end + 1
-    if good_end < len(data):
+    for number, line in enumerate(data.split(b"\n")[:-1], start=1):
+        good_end += len(line) + 1
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise CorruptRecords(
+                f"{path}: line {number} is not valid JSON ({error}); the file was left as it "
+                "is: fix or remove that line, or write the run to another --output"
+            ) from None
+        if not isinstance(row, dict):
+            raise CorruptRecords(f"{path}: line {number} is not a JSON object")
+        rows.append(row)
+    if repair and good_end < len(data):
         with open(path, "r+b") as f:
             f.truncate(good_end)
     return rows
+
+
+class _Lock:
+    """An exclusive, non-blocking lock on a file (POSIX flock; released when the process
+    ends, even by SIGKILL). Where flock is missing (Windows) it does nothing."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = open(path, "a")  # noqa: SIM115 - closed in release()
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX
+            return
+        try:
+            fcntl.flock(self.file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self.file.close()
+            raise RunLocked(
+                f"{path.parent}: another craft-eval process is writing this run folder; wait "
+                "for it to finish or use another --output"
+            ) from None
+
+    def release(self) -> None:
+        self.file.close()
 
 
 class _Writer:
@@ -151,23 +229,80 @@ def run_benchmark(
         stop_after: stop after this many NEW items without writing "done" (tests use it
             to simulate a killed run).
     """
+    config.validate()
     bench = get_benchmark(config.benchmark)
     protocol_info = bench.describe_protocol(config.protocol, config.fallback)
     if rank is None or world_size is None:
         rank, world_size = shard_from_env()
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
 
-    items = bench.load(config.data_root, subset=config.subset)
-    if config.limit is not None:
-        items = items[: config.limit]
+    items = load_items(config)
     order = {item.id: i for i, item in enumerate(items)}
-    if len(order) != len(items):
-        raise ValueError(f"{bench.name}: duplicate item ids in the data")
     shard = items[rank::world_size]
 
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = _Lock(run_dir / f".lock.rank{rank}")
+    try:
+        return _run_locked(
+            config, backend, run_dir, bench, protocol_info, items, order, shard, rank,
+            world_size, progress, merge_timeout_s, stop_after,
+        )  # fmt: skip
+    finally:
+        lock.release()
+
+
+def load_items(config: RunConfig) -> list[Item]:
+    """The items of `config` (its subset and limit), checked: unique ids, gold answers among
+    the options, and at least one video present (a wrong --data-root is not a 0% run)."""
+    bench = get_benchmark(config.benchmark)
+    if not Path(config.data_root).is_dir():
+        raise FileNotFoundError(f"--data-root {config.data_root}: no such folder")
+    try:
+        items = bench.load(config.data_root, subset=config.subset)
+    except (KeyError, IndexError, TypeError) as error:  # a record without a needed field
+        raise ValueError(
+            f"{bench.name}: an annotation record under {config.data_root} is malformed "
+            f"({type(error).__name__}: {error})"
+        ) from None
+    if config.limit is not None:
+        items = items[: config.limit]
+    if not items:
+        raise ValueError(f"{bench.name}: no items under --data-root {config.data_root}")
+    ids = [item.id for item in items]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"{bench.name}: duplicate item id {dup!r} in the annotations")
+    for item in items:
+        if item.answer and item.answer not in item.letters:
+            raise ValueError(
+                f"{bench.name}: item {item.id}: answer {item.answer!r} is not one of its "
+                f"{len(item.options)} options ({item.letters}); check the annotation file"
+            )
+    if not any(Path(item.video).is_file() for item in items):
+        raise FileNotFoundError(
+            f"{bench.name}: none of the {len(items)} videos exists (first: {items[0].video}); "
+            f"check --data-root {config.data_root}"
+        )
+    return items
+
+
+def _run_locked(
+    config: RunConfig,
+    backend: Backend | Callable[[], Backend],
+    run_dir: Path,
+    bench: Any,
+    protocol_info: dict[str, Any],
+    items: list[Item],
+    order: dict[str, int],
+    shard: list[Item],
+    rank: int,
+    world_size: int,
+    progress: bool,
+    merge_timeout_s: float,
+    stop_after: int | None,
+) -> dict[str, Any] | None:
     shard_path = run_dir / f"records.rank{rank}.jsonl"
-    existing = _read_jsonl(shard_path)
+    existing = _read_jsonl(shard_path, repair=True)
     header = {
         "type": "header",
         "config": config.identity(),

@@ -127,7 +127,22 @@ class Benchmark:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """Rows of a .json (list, or {"data": [...]}) / .jsonl / .parquet annotation file."""
+    """Rows of a .json (list, or {"data": [...]}) / .jsonl / .parquet annotation file.
+
+    Raises:
+        ValueError: the file cannot be parsed (the message names it).
+    """
+    try:
+        rows = _read_records(path)
+    except (OSError, ValueError, UnicodeDecodeError) as error:  # pyarrow's errors are ValueErrors
+        raise ValueError(f"annotation file {path} cannot be read: {error}") from None
+    bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
+    if bad is not None:
+        raise ValueError(f"annotation file {path}: record {bad} is not an object")
+    return rows
+
+
+def _read_records(path: Path) -> list[dict[str, Any]]:
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         import pyarrow.parquet as pq

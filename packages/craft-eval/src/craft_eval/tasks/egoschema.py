@@ -16,7 +16,7 @@ from craft_eval.tasks.base import (
     read_records,
     strip_letter,
 )
-from craft_eval.tasks.parsing import mmmu_extract, random_fallback
+from craft_eval.tasks.parsing import mmmu_extract, random_fallback, strip_reasoning
 
 POST_PROMPT = "Answer with the option's letter from the given choices directly."
 
@@ -39,8 +39,7 @@ class EgoSchema(Benchmark):
         items = []
         for path in find_annotation(root, patterns, f"{self.title} ({which})"):
             for rec in read_records(path):
-                raw = rec.get("answer")
-                answer = "" if raw in (None, "") else LETTERS[int(raw)]
+                answer = _answer_letter(rec.get("answer"), len(rec["option"]), path)
                 items.append(
                     Item(
                         benchmark=self.name,
@@ -62,7 +61,9 @@ class EgoSchema(Benchmark):
     def parse(
         self, reply: str, item: Item, protocol: str = "lmms-eval", fallback: str | None = None
     ) -> str:
-        letter = mmmu_extract(reply, dict(zip(item.letters, item.options)))
+        # lmms-eval matches the option texts as distributed ("A. ..."), stripped
+        texts = [str(o).strip() for o in item.record.get("option", item.options)]
+        letter = mmmu_extract(strip_reasoning(reply), dict(zip(item.letters, texts)))
         if letter is not None:
             return letter
         if (fallback or "random") == "random":
@@ -71,6 +72,21 @@ class EgoSchema(Benchmark):
 
     def rules(self, protocol: str) -> str:
         return 'lmms-eval prompt; MMMU-style parser ("(A)", "A ", "A.", option texts)'
+
+
+def _answer_letter(raw: Any, n_options: int, path: Path) -> str:
+    """The gold letter of an answer index (0 .. n_options - 1); "" when not public."""
+    if raw in (None, ""):
+        return ""
+    try:
+        index = int(raw)
+    except (TypeError, ValueError):
+        index = -1
+    if not 0 <= index < n_options:
+        raise ValueError(
+            f"{path}: field 'answer' = {raw!r} is not an option index 0..{n_options - 1}"
+        )
+    return LETTERS[index]
 
 
 def write_submission(records: list[dict[str, Any]], path: str | Path) -> Path:

@@ -13,13 +13,18 @@ from craft_eval.tasks.base import (
     read_records,
     strip_letter,
 )
-from craft_eval.tasks.parsing import first_letter_extract, mc_extract
+from craft_eval.tasks.parsing import first_letter_extract, mc_extract, strip_reasoning
 
 INSTRUCTION = (
     "Select the best answer to the following multiple-choice question based on the video. "
     "Respond with only the letter (A, B, C, or D) of the correct option."
 )
-POST_PROMPT = "Answer with the option's letter from the given choices directly."
+# lmms-eval 0.7.3 (tasks/videomme/utils.py:videomme_doc_to_text) says "and the subtitles"
+# even without subtitles, and its default post_prompt starts with a newline (a blank line)
+LMMS_INSTRUCTION = INSTRUCTION.replace(
+    "based on the video.", "based on the video and the subtitles."
+)
+POST_PROMPT = "\nAnswer with the option's letter from the given choices directly."
 ORIGINAL_POST_PROMPT = "The best answer is:"
 
 
@@ -38,8 +43,14 @@ class VideoMME(Benchmark):
         for path in files:
             for rec in read_records(path):
                 vid = str(rec["videoID"])
+                # videos in <root>/data; with --data-root at the dataset root the parquet
+                # folder is <root>/videomme and the videos sit beside it in <root>/data
                 video = first_existing(
-                    [root / "data" / f"{vid}{ext}" for ext in (".mp4", ".MP4", ".mkv")]
+                    [
+                        folder / "data" / f"{vid}{ext}"
+                        for folder in (root, root.parent)
+                        for ext in (".mp4", ".MP4", ".mkv")
+                    ]
                 )
                 items.append(
                     Item(
@@ -58,15 +69,18 @@ class VideoMME(Benchmark):
     def prompt(self, item: Item, protocol: str = "lmms-eval") -> Prompt:
         self.check_protocol(protocol, None)
         options = "\n".join(str(o) for o in item.record["options"])
-        post = POST_PROMPT if protocol == "lmms-eval" else ORIGINAL_POST_PROMPT
-        return Prompt(f"{INSTRUCTION}\n{item.question}\n{options}\n{post}", max_new_tokens=16)
+        if protocol == "original":
+            text = f"{INSTRUCTION}\n{item.question}\n{options}\n{ORIGINAL_POST_PROMPT}"
+        else:
+            text = f"{LMMS_INSTRUCTION}\n{item.question}\n{options}\n{POST_PROMPT}"
+        return Prompt(text, max_new_tokens=16)
 
     def parse(
         self, reply: str, item: Item, protocol: str = "lmms-eval", fallback: str | None = None
     ) -> str:
         if protocol == "original":
             return first_letter_extract(reply, "ABCD")
-        return mc_extract(reply, "ABCD")
+        return mc_extract(strip_reasoning(reply), "ABCD")
 
     def rules(self, protocol: str) -> str:
         if protocol == "original":
