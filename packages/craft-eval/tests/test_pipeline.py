@@ -156,17 +156,35 @@ def test_cli_run_uses_the_pipeline(
 
 
 @pytest.mark.slow
-def test_demo_runs_and_writes_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_runs_in_the_world_and_keeps_what_it_did_not_create(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from craft_eval.demo import run_demo
 
-    code = run_demo(backbone=BACKBONE, methods=["craft"], output=tmp_path, num_items=1)
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "mine.txt").write_text("not the demo's")  # `craft-eval demo -o .`
+    code = run_demo(methods=["craft-selection"], ratio=8.0, output=tmp_path, num_items=3)
     assert code == 0
+    assert (tmp_path / "runs" / "mine.txt").read_text() == "not the demo's"
     out = capsys.readouterr().out
-    assert "MEANINGLESS" in out and "FLOPs red." in out
-    for method in ("none", "craft"):
-        assert f"\n{method} " in out
+    assert "the world's trained backbone" in out and "FLOPs red." in out
+    rows = {line.split()[0]: line for line in out.splitlines() if "+-" in line}
+    assert set(rows) >= {"none", "craft-selection", "craft-trained"}
+    assert "8x" in rows["craft-trained"] and "144 -> 18" in rows["craft-selection"]
+    # 6 questions: the accuracy is k/6 and its standard error sqrt(p (1 - p) / 6).
+    acc = float(rows["none"].split("+-")[0].split()[-1])
+    assert any(abs(acc - 100 * k / 6) < 0.06 for k in range(7))
+    assert (tmp_path / "report" / "accuracy_retention_vs_ratio.png").exists()
     assert (tmp_path / "report" / "accuracy_vs_compression.png").exists()
-    assert list((tmp_path / "report").glob("*merge_map*.png"))
+    # A second run resumes from the records instead of deleting them.
+    assert run_demo(methods=["craft-selection"], ratio=8.0, output=tmp_path, num_items=3) == 0
+
+
+def test_binomial_standard_error() -> None:
+    from craft_eval.demo import binomial_se
+
+    assert binomial_se(50.0, 100) == pytest.approx(5.0)
+    assert binomial_se(100.0, 10) == 0.0 and binomial_se(None, 10) is None
 
 
 def test_cli_sweep_runs_base_and_grid_then_reports(

@@ -24,13 +24,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ship", help="copy the final craft/ folder here")
     parser.add_argument("--clips", type=int, default=600)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--set", nargs="*", default=[], help="stage1/stage2 overrides: s1:optim.lr=1e-3")
+    parser.add_argument(
+        "--set", nargs="*", default=[], help="stage1/stage2 overrides: s1:optim.lr=1e-3"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
     from craft_train.config import load_config
     from craft_train.trainer import train
-
     from craft_world import make_clips
     from craft_world.recipe import STAGE1, STAGE2, craft_train_config
 

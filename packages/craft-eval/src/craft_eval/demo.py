@@ -1,46 +1,92 @@
-"""`craft-eval demo`: the whole pipeline on a laptop CPU in about a minute, nothing downloaded.
+"""`craft-eval demo`: the paper in miniature on a laptop CPU, nothing downloaded.
 
-1. writes a tiny benchmark in MVBench's distributed format (json/<task>.json + synthetic
-   clips of a coloured square moving over a gradient, written with PyAV),
-2. builds a tiny randomly initialised VLM of a supported backbone (craft_adapters.tiny),
-   or loads `--model PATH`,
-3. runs every item through reader -> processor -> adapter -> compressor -> generate ->
-   parser -> scorer for the uncompressed model and every registered method at 8x,
-4. prints tokens, realized ratio, prefill ms, KV-cache MB, FLOPs reduction and accuracy, and
-   writes the report (Markdown table, accuracy-vs-compression plot, merge maps).
+1. writes held-out clips of the miniature world (`craft_world.make_clips`, split "test") in
+   MVBench's format: object_existence ("Is there a red square?", squares that may be
+   visible in only 2 of 8 frames) and moving_count ("How many squares are there?"),
+2. loads the world's trained ~1M-parameter Qwen2.5-VL (`craft_world.load_backbone()`;
+   uncompressed it answers > 95% of held-out questions) and the merge module trained on
+   it by craft-train stage 1 then stage 2 (`craft_world.craft_path()`),
+3. runs every question through reader -> processor -> adapter -> compressor -> generate ->
+   parser -> scorer: uncompressed, every registered method at 4x, 8x and 16x, and the
+   trained CRAFT module ("craft-trained") at the same ratios,
+4. prints accuracy with its binomial standard error, retention, tokens, prefill ms, KV MB
+   and the FLOPs reduction; plots accuracy and retention vs ratio per method; writes the
+   Markdown report and merge maps.
+
+`--model PATH` evaluates another checkpoint on the same clips; `--backbone TYPE` a tiny
+RANDOM model of that type (its accuracy is meaningless: a pipeline check only). Nothing is
+deleted: runs already under OUTPUT/runs resume.
 """
 
 from __future__ import annotations
 
-import shutil
+import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-DEMO_TASKS = "moving_direction,object_existence"
-DEMO_FRAMES = 16  # frames the reader keeps (8 s clip at fps=2)
+DEMO_TASKS = "object_existence,moving_count"
+DEMO_FRAMES = 8  # the world's clips: 8 frames at 2 fps
+DEMO_RATIOS = (4.0, 8.0, 16.0)
+TRAINED = "craft-trained"
 
 
 def _line(text: str) -> None:
     print(text, flush=True)
 
 
+def binomial_se(accuracy: float | None, n: int) -> float | None:
+    """Standard error (points) of an accuracy in percent over `n` questions."""
+    if accuracy is None or n <= 0:
+        return None
+    p = accuracy / 100.0
+    return 100.0 * math.sqrt(p * (1.0 - p) / n)
+
+
+def _load(model_path: str | None, backbone: str | None, out: Path, dev: Any) -> tuple[Any, ...]:
+    """`(model, processor, tag, trained_checkpoint or None, description)`."""
+    from craft_eval.backend import load_pretrained
+
+    if model_path:
+        model, processor = load_pretrained(model_path, dev)
+        return model, processor, Path(model_path).name, None, f"loaded {model_path}"
+    if backbone:
+        from craft_adapters.tiny import build_tiny_vlm
+
+        model, processor = build_tiny_vlm(backbone, out / "tiny-model")
+        return model.to(dev).eval(), processor, f"tiny-{backbone}", None, "a tiny RANDOM model"
+    import craft_world
+
+    model, processor = craft_world.load_backbone()
+    try:
+        trained: str | None = str(craft_world.craft_path())
+    except FileNotFoundError:
+        trained = None
+    return model.to(dev).eval(), processor, "world", trained, "the world's trained backbone"
+
+
 def run_demo(
     *,
     model_path: str | None = None,
-    backbone: str = "qwen2_5_vl",
-    ratio: float = 8.0,
+    backbone: str | None = None,
+    ratio: float | None = None,
+    ratios: Sequence[float] = DEMO_RATIOS,
     methods: list[str] | None = None,
     output: str | Path = "craft-demo",
     device: str | None = None,
-    num_items: int = 2,
+    num_items: int = 60,
+    seed: int = 0,
 ) -> int:
-    """Run the demo; returns a process exit code (0 ok, 1 when a required piece is missing)."""
+    """Run the demo; returns a process exit code (0 ok, 1 when a required piece is missing).
+
+    Args:
+        ratio: evaluate this one ratio only (else `ratios`).
+        num_items: held-out clips (questions per task).
+    """
     import torch
 
-    from craft_eval.backend import HFBackend, adapters_status, load_pretrained
-    from craft_eval.efficiency import prefill_flops
-    from craft_eval.fixtures import write_fixture
+    from craft_eval.backend import HFBackend, adapters_status
     from craft_eval.methods import list_methods
     from craft_eval.report import write_report
     from craft_eval.runner import RunConfig, run_benchmark
@@ -53,46 +99,45 @@ def run_demo(
         _line(f"craft-eval demo cannot run the model pipeline: {missing}.")
         _line("Nothing was faked; install/finish craft-adapters and run it again.")
         return 1
+    try:
+        import craft_world
+    except ImportError:
+        _line("craft-eval demo needs craft-world (the miniature world): pip install craft-world")
+        return 1
+    if num_items < 1:
+        raise ValueError(f"num_items must be positive, got {num_items}")
+    grid = [float(ratio)] if ratio is not None else [float(r) for r in ratios]
 
-    runs = out / "runs"
-    if runs.exists():  # a demo starts fresh (a real run would resume instead)
-        shutil.rmtree(runs)
-    data = write_fixture(
-        "mvbench", out / "data" / "mvbench", num_items=num_items, num_frames=4 * DEMO_FRAMES
-    )
+    data = craft_world.make_clips(out / "data" / "mvbench", num_items, seed=seed, split="test")
     n_items = 2 * num_items
-    _line(f"[1/4] wrote {n_items} questions in MVBench's format + synthetic clips -> {data}")
+    _line(f"[1/4] wrote {n_items} held-out questions (MVBench format) + clips -> {data}")
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if model_path:
-        model, processor = load_pretrained(model_path, dev)
-        tag = Path(model_path).name
-        _line(f"[2/4] loaded {model_path} ({model.config.model_type}) on {dev}")
-    else:
-        from craft_adapters.tiny import build_tiny_vlm
-
-        model, processor = build_tiny_vlm(backbone, out / "tiny-model")
-        model = model.to(dev).eval()
-        tag = f"tiny-{backbone}"
-        _line(f"[2/4] built a tiny RANDOM {backbone} VLM (saved and reloaded) on {dev}")
+    model, processor, tag, trained, what = _load(model_path, backbone, out, dev)
+    _line(f"[2/4] {what} ({model.config.model_type}) on {dev}")
 
     names = methods or [m.name for m in list_methods()]
-    jobs: list[tuple[str, float | None]] = [("none", None)] + [(m, ratio) for m in names]
-    _line(f"[3/4] evaluating {len(jobs)} configurations x {n_items} questions at {ratio:g}x")
+    jobs: list[tuple[str, float | None]] = [("none", None)]
+    jobs += [(m, r) for r in grid for m in names]
+    if trained is not None:
+        jobs += [(TRAINED, r) for r in grid]
+    _line(f"[3/4] {len(jobs)} configurations x {n_items} questions (ratios {grid})")
     from tqdm.auto import tqdm
 
     mvbench = get_benchmark("mvbench")
-    first = mvbench.load(data, subset=DEMO_TASKS)[0]  # the question the efficiency is measured on
-
+    first = mvbench.load(data, subset=DEMO_TASKS)[0]
+    runs = out / "runs"
     rows: list[dict[str, Any]] = []
     bar = tqdm(total=len(jobs) * n_items, unit="q", desc="demo", dynamic_ncols=True)
     for method, r in jobs:
+        is_trained = method == TRAINED
         config = RunConfig(
             benchmark="mvbench",
             data_root=str(data),
             model=tag,
             method=method,
             ratio=r,
+            checkpoint=trained if is_trained else None,
             subset=DEMO_TASKS,
             max_frames=DEMO_FRAMES,
         )
@@ -101,40 +146,64 @@ def run_demo(
             backend = HFBackend(
                 model,
                 processor,
-                method=method,
+                method="craft" if is_trained else method,
                 ratio=r,
                 max_frames=DEMO_FRAMES,
+                method_kwargs={"checkpoint": trained} if is_trained else None,
                 merge_map_dir=run_dir,
                 merge_maps=1,
             )
             summary = run_benchmark(config, backend, run_dir, progress=False)
             assert summary is not None
-            prof = backend.profile(first, mvbench.prompt(first), repeats=5)
+            prof = backend.profile(first, mvbench.prompt(first), repeats=3)
         except Exception as error:  # one method failing must not hide the others' results
-            rows.append({"method": method, "error": f"{type(error).__name__}: {error}"})
+            rows.append({"method": method, "ratio": r, "error": f"{type(error).__name__}: {error}"})
             bar.update(n_items)
             continue
         bar.update(n_items)
-        rows.append({"method": method, "scores": summary["scores"], **prof})
+        rows.append({"method": method, "ratio": r, "scores": summary["scores"], **prof})
     bar.close()
 
+    _print_table(rows, model, n_items)
+    report = write_report(runs / tag, out / "report")
+    plot = plot_accuracy_and_retention(rows, out / "report" / "accuracy_retention_vs_ratio.png")
+    if model_path is None and backbone is None:
+        _line(
+            "\nAccuracy: micro over both tasks, +- its binomial standard error. craft = an "
+            "UNTRAINED module (G = 0.5); craft-trained = the shipped module trained by "
+            "craft-train (stage 1, stage 2) on the frozen world backbone."
+        )
+    elif backbone:
+        _line("\nAccuracy here is MEANINGLESS: a tiny model with random weights.")
+    _line("FLOPs reduction: analytical, language-model prefill, formula in the README.")
+    _line(f"plot:     {plot}")
+    _line(f"report:   {report['markdown']}")
+    for path in report["merge_maps"][:2]:
+        _line(f"merge map: {path}")
+    _line(f"records:  {runs / tag}  (JSONL per run; resumable)")
+    _line(f"done in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+def _print_table(rows: list[dict[str, Any]], model: Any, n_items: int) -> None:
+    from craft_eval.efficiency import prefill_flops
+
     text_config = model.config.get_text_config().to_dict()
-    base_len = next(
-        (x["prefill_len"] for x in rows if x["method"] == "none" and "scores" in x), None
-    )
-    _line(
-        f"\n[4/4] results ({n_items} questions; efficiency on the first one, {rows[0].get('timing', '')})\n"
-    )
+    base = next((x for x in rows if x["method"] == "none" and "scores" in x), None)
+    base_len = base["prefill_len"] if base else None
+    base_acc = base["scores"]["micro_accuracy"] if base else None
+    _line(f"\n[4/4] results ({n_items} questions; efficiency on the first one)\n")
     header = (
-        f"{'method':<16} {'video tokens':>13} {'ratio':>6} {'prefill ms':>10} "
-        f"{'compress ms':>11} {'KV MB':>7} {'FLOPs red.':>10} {'accuracy':>8}"
+        f"{'method':<16} {'ratio':>5} {'video tokens':>13} {'prefill ms':>10} "
+        f"{'compress ms':>11} {'KV MB':>7} {'FLOPs red.':>10} {'accuracy':>12} {'retention':>9}"
     )
     _line(header)
     _line("-" * len(header))
     for row in rows:
-        method = row["method"]
+        method, r = row["method"], row["ratio"]
+        rtext = "-" if r is None else f"{r:g}x"
         if "error" in row:
-            _line(f"{method:<16} failed: {row['error']}")
+            _line(f"{method:<16} {rtext:>5} failed: {row['error']}")
             continue
         s = row["scores"]
         seq = row["prefill_len"]
@@ -143,35 +212,55 @@ def run_demo(
             if seq and base_len
             else None
         )
+        acc = s["micro_accuracy"]
+        se = binomial_se(acc, int(s["n_scored"]))
+        acc_text = "-" if acc is None else f"{acc:.1f} +- {se:.1f}"
+        keep = None if acc is None or not base_acc else 100.0 * acc / base_acc
+        row["accuracy"], row["se"], row["retention"] = acc, se, keep
         tokens = f"{_f(s['tokens_before_mean'], 0)} -> {_f(s['tokens_after_mean'], 0)}"
         _line(
-            f"{method:<16} {tokens:>13} {_f(s['comp_ratio'], 1, 'x'):>6} "
-            f"{_f(row['prefill_ms'], 1):>10} {_f(row['compress_ms'], 1):>11} "
-            f"{_f(row['kv_mb'], 3):>7} {_f(None if flops is None else 100 * flops, 1, '%'):>10} "
-            f"{_f(s['accuracy'], 1):>8}"
+            f"{method:<16} {rtext:>5} {tokens:>13} {_f(row['prefill_ms'], 1):>10} "
+            f"{_f(row['compress_ms'], 1):>11} {_f(row['kv_mb'], 3):>7} "
+            f"{_f(None if flops is None else 100 * flops, 1, '%'):>10} {acc_text:>12} "
+            f"{_f(keep, 1, '%'):>9}"
         )
-    report = write_report(runs, out / "report")
-    _line(
-        "\nAccuracy here is MEANINGLESS: the model has random weights, its replies are random "
-        "tokens (see the records) that rarely parse as an option letter."
-        if not model_path
-        else "\nAccuracy is over only the demo's synthetic questions."
-    )
-    if not model_path:
-        _line(
-            "CRAFT runs a fresh, untrained module (G = 0.5); pass a checkpoint to "
-            "`craft-eval run --method craft --checkpoint DIR` for trained weights."
-        )
-    _line("FLOPs reduction: analytical, language-model prefill, formula in the README.")
-    _line(f"report:   {report['markdown']}")
-    _line(f"plot:     {report['plot']}")
-    for path in report["merge_maps"][:3]:
-        _line(f"merge map: {path}")
-    if len(report["merge_maps"]) > 3:
-        _line(f"(+{len(report['merge_maps']) - 3} more merge maps in {out / 'report'})")
-    _line(f"records:  {runs}  (JSONL per run; resumable)")
-    _line(f"done in {time.perf_counter() - start:.0f} s")
-    return 0
+
+
+def plot_accuracy_and_retention(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """Two panels, one line per method: accuracy (+- SE bars) and retention vs ratio."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (ax_acc, ax_ret) = plt.subplots(1, 2, figsize=(11, 4.5))
+    lines: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        if row.get("accuracy") is not None and row["ratio"] is not None:
+            lines.setdefault(row["method"], []).append(row)
+    for method, pts in sorted(lines.items()):
+        pts.sort(key=lambda p: p["ratio"])
+        x = [p["ratio"] for p in pts]
+        style = {"lw": 2.5, "color": "black"} if method == TRAINED else {"lw": 1, "alpha": 0.8}
+        ax_acc.errorbar(x, [p["accuracy"] for p in pts], yerr=[p["se"] for p in pts],
+                        marker="o", capsize=2, label=method, **style)  # fmt: skip
+        ax_ret.plot(x, [p["retention"] for p in pts], marker="o", label=method, **style)
+    base = next((r for r in rows if r["method"] == "none" and r.get("accuracy") is not None), None)
+    if base is not None:
+        ax_acc.axhline(base["accuracy"], ls="--", color="grey", label="uncompressed")
+        ax_ret.axhline(100.0, ls="--", color="grey")
+    for ax, label in ((ax_acc, "accuracy (%)"), (ax_ret, "retention (%)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("compression ratio")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    ax_acc.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def _f(value: float | None, digits: int, suffix: str = "") -> str:

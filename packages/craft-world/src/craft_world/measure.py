@@ -114,7 +114,9 @@ def kl_to(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     return (reference.exp() * (reference - other)).sum(-1)
 
 
-def paired(a: torch.Tensor | Sequence[float], b: torch.Tensor | Sequence[float]) -> tuple[float, float]:
+def paired(
+    a: torch.Tensor | Sequence[float], b: torch.Tensor | Sequence[float]
+) -> tuple[float, float]:
     """Mean of `a - b` over items and the standard error of that mean (`std / sqrt(n)`)."""
     d = torch.as_tensor(a, dtype=torch.float64) - torch.as_tensor(b, dtype=torch.float64)
     if d.ndim != 1 or d.numel() < 2:

@@ -150,9 +150,7 @@ def heldout_accuracy(model: Any, bank: ClipBank, cache: PromptCache, pad: int) -
             n = len(cache.prompt(prompt))
             batch.pop("labels")
             logits = model(**batch).logits[0, n - 1, letters[: len(q.candidates)]]
-            hits.setdefault(q.task, []).append(
-                int(logits.argmax()) == q.candidates.index(q.answer)
-            )
+            hits.setdefault(q.task, []).append(int(logits.argmax()) == q.candidates.index(q.answer))
     model.train()
     return {k: float(np.mean(v)) for k, v in hits.items()}
 
@@ -224,7 +222,9 @@ def train_backbone(
             row["heldout"] = heldout_accuracy(model, test, cache, pad)
         if step % save_every == 0 or step == steps:
             tmp = state_path.with_suffix(".tmp")
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp)
+            torch.save(
+                {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp
+            )
             tmp.replace(state_path)
         if step % 10 == 0 or "heldout" in row:
             row["s"] = round(time.perf_counter() - t0, 1)
@@ -257,7 +257,9 @@ def train_backbone(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m craft_world.train_backbone", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m craft_world.train_backbone", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--work", required=True, help="folder of clips, state.pt, log.jsonl")
     parser.add_argument("--out", required=True, help="folder the trained model is saved to")
     parser.add_argument("--seed", type=int, default=0)
