@@ -19,7 +19,7 @@ import time
 import torch
 
 from craft_core import CraftCompressor, CraftConfig, target_token_count
-from craft_core.selection import best_partners, similarity_embedding
+from craft_core.selection import full_partners, grid_projection, similarity_embedding
 
 
 def video_like(
@@ -81,9 +81,9 @@ def timed_pair(
 def irreducible(compressor: CraftCompressor, features: torch.Tensor, kept: int) -> None:
     """One full pairing pass + one gate MLP evaluation on N - N_c (target, source) pairs."""
     n = features.shape[0]
-    ids = torch.arange(n, device=features.device)
-    embed = similarity_embedding(features, compressor.projection)
-    best_partners(embed, ids, embed, ids, compressor.config.sim_block)
+    block = compressor.config.sim_block
+    embed = similarity_embedding(features, grid_projection(compressor.projection), block)
+    full_partners(embed, block)
     merged = n - kept
     pairs = torch.cat([features[:merged], features[kept : kept + merged]], dim=1)
     merge = compressor.merge

@@ -26,59 +26,81 @@ from craft_core.budget import Budget, check_tokens, resolve_budget
 from craft_core.config import CraftConfig
 from craft_core.merge import GatedMerge, group_edges
 from craft_core.result import CompressionResult
-from craft_core.selection import PairingState, make_projection, select_edges, similarity_embedding
+from craft_core.pairing import FullPairing, PairingState
+from craft_core.selection import (
+    exact_square_norms,
+    grid_projection,
+    make_projection,
+    select_edges,
+    similarity_embedding,
+)
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 
 
 class _RowStore:
-    """Current feature rows, written as rounds rewrite their targets.
+    """Current feature rows in float32, as rounds rewrite their targets.
 
-    Without autograd (inference) rewritten rows go in place into an overlay the size of
-    the input, allocated but never filled (untouched pages cost nothing), so the input is
-    neither copied nor modified. With autograd nothing may be written in place, and copying
-    `[N, D]` every round would cost O(N D) per round, so row i lives in
-    `pieces[piece[i]][row[i]]`: piece 0 is the input, piece m holds the targets rewritten
-    in round m, and gathers stitch the pieces together.
+    Rows are carried in float32 whatever the input dtype (a bf16 row rounded back every round
+    would select differently from its own float32 upcast) and cast once at the end. The input
+    is never copied or modified: row i reads the input until it is first rewritten.
+
+    Without autograd, rewritten rows live in a buffer that grows by doubling, one slot per
+    token ever rewritten (a target rewritten again reuses its slot), and gathers need no host
+    sync. With autograd nothing may be written in place, so row i lives in
+    `pieces[piece[i]][row[i]]`: piece 0 is the input, piece m the targets rewritten in round
+    m, and gathers stitch the pieces together.
     """
 
     def __init__(self, features: torch.Tensor, track_grad: bool) -> None:
-        n = features.shape[0]
-        self.overlay = None if track_grad else torch.empty_like(features)
+        n, device = features.shape[0], features.device
+        self.features = features
+        self.track_grad = track_grad
+        self.slot = torch.full((n,), -1, dtype=torch.long, device=device)
+        self.buffer = torch.empty(0, features.shape[1], device=device)
+        self.used = 0
         self.pieces = [features]
-        self.piece = torch.zeros(n, dtype=torch.long, device=features.device)
-        self.row = torch.arange(n, device=features.device)
+        self.piece = torch.zeros(n, dtype=torch.long, device=device)
+        self.row = torch.arange(n, device=device)
 
     def gather(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows `ids` (`[k]` original indices) -> `[k, D]`."""
+        """Rows `ids` (`[k]` original indices) -> `[k, D]` float32."""
+        if not self.track_grad:
+            slot = self.slot[ids]
+            if self.used == 0:
+                return self.features[ids].float()
+            rewritten = self.buffer[slot.clamp(min=0)]
+            return torch.where((slot >= 0).unsqueeze(1), rewritten, self.features[ids].float())
         piece = self.piece[ids]
         if len(self.pieces) == 1 or not bool(piece.any()):
-            return self.pieces[0][self.row[ids]]
-        if self.overlay is not None:
-            rows = self.pieces[0][ids]
-            rewritten = torch.nonzero(piece).squeeze(1)
-            rows[rewritten] = self.overlay[ids[rewritten]]
-            return rows
+            return self.features[ids].float()
         parts, positions = [], []
         for index in torch.unique(piece).tolist():
             where = torch.nonzero(piece == index).squeeze(1)
-            parts.append(self.pieces[index][self.row[ids[where]]])
+            parts.append(self.pieces[index][self.row[ids[where]]].float())
             positions.append(where)
         order = torch.argsort(torch.cat(positions))
         return torch.cat(parts)[order]
 
     def replace(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
-        """Rows `ids` (`[k]`) now read from `rows` (`[k, D]`)."""
-        if self.overlay is not None:
-            self.overlay[ids] = rows
-            self.piece[ids] = 1
-            if len(self.pieces) == 1:
-                self.pieces.append(self.overlay)
+        """Rows `ids` (`[k]`, distinct) now read from `rows` (`[k, D]` float32)."""
+        if self.track_grad:
+            self.piece[ids] = len(self.pieces)
+            self.row[ids] = torch.arange(ids.numel(), device=ids.device)
+            self.pieces.append(rows)
             return
-        self.piece[ids] = len(self.pieces)
-        self.row[ids] = torch.arange(ids.numel(), device=ids.device)
-        self.pieces.append(rows)
+        fresh = self.slot[ids] < 0
+        count = int(fresh.sum())  # host sync: how many new slots
+        if self.used + count > self.buffer.shape[0]:
+            grown = max(2 * self.buffer.shape[0], self.used + count)
+            buffer = torch.empty(grown, rows.shape[1], device=rows.device)
+            buffer[: self.used] = self.buffer[: self.used]
+            self.buffer = buffer
+        new_slots = self.used + torch.cumsum(fresh, 0) - 1
+        self.slot[ids] = torch.where(fresh, new_slots, self.slot[ids])
+        self.used += count
+        self.buffer[self.slot[ids]] = rows
 
 
 class CraftCompressor(nn.Module):
@@ -147,77 +169,73 @@ class CraftCompressor(nn.Module):
         self, features: torch.Tensor, coords: torch.Tensor, budget: Budget
     ) -> CompressionResult:
         started = time.perf_counter()
-        n = features.shape[0]
-        device = features.device
+        n, device = features.shape[0], features.device
         track_grad = torch.is_grad_enabled() and (
             features.requires_grad or any(p.requires_grad for p in self.merge.parameters())
         )
         store = _RowStore(features, track_grad)
-        parent = torch.arange(n, device=device)
+        owner = torch.arange(n, device=device)  # the token each input token now belongs to
+        active_ids = torch.arange(n, device=device)
         rounds = 0
         with torch.no_grad():
-            norms = features.detach().float().norm(dim=1)
-            state = (
-                PairingState(similarity_embedding(features, self.projection), self.config.sim_block)
-                if n > budget.floor
-                else None
-            )
-        while state is not None:
-            with torch.no_grad():
-                active_ids = state.active_ids()
-                if active_ids.numel() <= budget.floor:
-                    break
-                edges = select_edges(
-                    active_ids,
-                    state.partner[active_ids],
-                    state.partner_sim[active_ids],
-                    norms,
-                    budget.floor,
-                    budget.threshold,
+            weight = grid_projection(self.projection)
+            block = self.config.sim_block
+            square_norms = exact_square_norms(features)
+            pairing: FullPairing | PairingState | None = None
+            if n > budget.floor:
+                embed = similarity_embedding(features, weight, block)
+                use_full = self.config.pairing == "full" or (
+                    self.config.pairing == "auto" and device.type == "cuda"
                 )
-            if edges is None:
+                pairing = FullPairing(embed, block) if use_full else PairingState(embed, block)
+        while pairing is not None and active_ids.numel() > budget.floor:
+            with torch.no_grad():
+                partner, partner_sim = pairing.partners(active_ids)
+                plan = select_edges(
+                    active_ids, partner, partner_sim, square_norms, budget.floor, budget.threshold
+                )
+            if plan is None:
                 break
             rounds += 1
-            layout = group_edges(edges.targets)
-            targets, sources = layout.targets, edges.sources[layout.order]
+            targets, sources = plan.layout.targets, plan.sources
             new_rows = self.merge(
                 store.gather(targets),
                 store.gather(sources),
-                layout,
+                plan.layout,
                 coords[targets],
                 coords[sources],
-                edges.similarity[layout.order],
+                plan.similarity.float(),
                 rounds,
             )
             store.replace(targets, new_rows)
-            parent[edges.sources] = edges.targets
             with torch.no_grad():
-                norms[targets] = new_rows.detach().float().norm(dim=1)
-                state.update(
-                    targets, similarity_embedding(new_rows, self.projection), edges.sources
-                )
+                # Sources hand their tokens to their targets; targets are never sources.
+                redirect = torch.arange(n, device=device)
+                redirect[sources] = plan.targets
+                owner = redirect[owner]
+                square_norms[targets] = exact_square_norms(new_rows)
+                pairing.update(targets, similarity_embedding(new_rows, weight, block), sources)
+                # Drop the sources from the active list (stable sort: no data-dependent shape).
+                leaving = torch.zeros(n, dtype=torch.bool, device=device)
+                leaving[sources] = True
+                stay = torch.sort(leaving[active_ids].to(torch.uint8), stable=True).indices
+                active_ids = active_ids[stay[: active_ids.numel() - sources.numel()]]
 
-        kept = state.active_ids() if state is not None else torch.arange(n, device=device)
-        # Each source points at its round's target; follow the pointers to the final one.
-        while True:
-            hop = parent[parent]
-            if torch.equal(hop, parent):
-                break
-            parent = hop
-        assignment = torch.searchsorted(kept, parent)
+        kept = active_ids
         info: dict[str, object] = {
             "method": "craft",
             "mode": "ratio" if budget.threshold is None else "threshold",
             "floor": budget.floor,
             "seconds": time.perf_counter() - started,
         }
-        if state is not None:
-            info["pairing_passes"] = state.full_rows / n
+        if pairing is not None:
+            info["pairing_passes"] = pairing.full_rows / n
+            info["pairing"] = type(pairing).__name__
         return CompressionResult(
-            features=store.gather(kept),
+            features=store.gather(kept).to(features.dtype),
             coords=coords[kept],
             kept_index=kept,
-            assignment=assignment,
+            assignment=torch.searchsorted(kept, owner),
             rounds=rounds,
             info=info,
         )

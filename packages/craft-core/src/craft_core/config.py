@@ -26,13 +26,23 @@ class CraftConfig(BaseModel):
     sim_dim: int = Field(
         default=128,
         gt=0,
-        description="d_sim: width of the fixed random projection used for selection similarity.",
+        le=512,
+        description="d_sim: width of the fixed random projection used for selection similarity "
+        "(at most 512, so that similarities are computed exactly in float64).",
     )
     sim_block: int = Field(
         default=2048,
         gt=0,
         description="Rows per block of the blockwise similarity pass; bounds the extra memory "
-        "to about sim_block x N floats (the N x N matrix is never built).",
+        "to about sim_block x N float64 values (the N x N matrix is never built). A memory "
+        "knob only: the selected tokens are the same for every value.",
+    )
+    pairing: Literal["auto", "incremental", "full"] = Field(
+        default="auto",
+        description="How each round finds every token's best partner (same result either way): "
+        "'full' re-pairs the active set every round with fixed shapes and no host sync (the "
+        "GPU path); 'incremental' recomputes only what the round changed (fewer multiply-adds, "
+        "data-dependent shapes: the CPU path); 'auto' = 'full' on CUDA, else 'incremental'.",
     )
     rank: int = Field(
         default=128,

@@ -10,6 +10,7 @@ module gives `G = 0.5` everywhere. About 5M parameters at D = 2560.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -20,18 +21,21 @@ from torch import nn
 from craft_core.config import CraftConfig
 
 
-def round_embedding(round_index: int, dim: int, device: torch.device) -> torch.Tensor:
-    """phi(m): sine-cosine encoding of the merge round, as for diffusion timesteps. `[dim]`."""
+@functools.lru_cache(maxsize=1024)
+def _round_embedding_cpu(round_index: int, dim: int) -> torch.Tensor:
     half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, device=device) / half)
+    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float64) / half)
     args = float(round_index) * freqs
-    return torch.cat([torch.cos(args), torch.sin(args)])
+    return torch.cat([torch.cos(args), torch.sin(args)]).float()
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """`[.., r] -> [.., r]`: (x1, x2) -> (-x2, x1) on the two halves (non-interleaved RoPE)."""
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat([-second, first], dim=-1)
+def round_embedding(round_index: int, dim: int, device: torch.device) -> torch.Tensor:
+    """phi(m): sine-cosine encoding of the merge round, as for diffusion timesteps. `[dim]`.
+
+    Computed once per (m, dim) on the CPU and copied: one small transfer instead of seven
+    kernel launches every round.
+    """
+    return _round_embedding_cpu(round_index, dim).to(device)
 
 
 @dataclass
@@ -104,11 +108,13 @@ class GatedMerge(nn.Module):
             nn.init.zeros_(layer.bias)
 
     def rope3d(self, x: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
-        """3D rotary embedding. `x [n, r]` float32, `coords [n, 3]` -> `[n, r]`."""
+        """3D rotary embedding. `x [n, r]` float32, `coords [n, 3]` -> `[n, r]`.
+
+        Pair p = (x_p, x_{p + r/2}) turns by `coords[axis(p)] * inv_freq[p]` (rotate-half)."""
         angles = coords[:, self.rope_axis].float() * self.rope_inv_freq  # [n, r/2]
-        cos = torch.cat([angles.cos(), angles.cos()], dim=-1)
-        sin = torch.cat([angles.sin(), angles.sin()], dim=-1)
-        return x * cos + rotate_half(x) * sin
+        cos, sin = angles.cos(), angles.sin()
+        first, second = x.chunk(2, dim=-1)
+        return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
 
     def source_weights(
         self,
@@ -126,8 +132,9 @@ class GatedMerge(nn.Module):
         """
         num_targets = x_targets.shape[0]
         if self.config.weighting == "uniform":
-            counts = torch.bincount(group, minlength=num_targets)
-            return 1.0 / counts[group].float()
+            counts = torch.zeros(num_targets, device=group.device)  # no bincount: no host sync
+            counts.index_add_(0, group, torch.ones(group.shape, device=group.device))
+            return 1.0 / counts[group]
         dtype = self.w_q.weight.dtype
         query = F.normalize(self.w_q(x_sources.to(dtype)).float(), dim=-1)
         key = F.normalize(self.w_k(x_targets.to(dtype)).float(), dim=-1)

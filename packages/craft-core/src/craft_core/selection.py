@@ -1,14 +1,33 @@
 """Training-free selection of CRAFT: which tokens merge (steps 1-7 of algorithm.md).
 
-Pure functions on tensors, no learnable state. Everything here runs under `torch.no_grad()`
-and in float32, whatever the dtype of the features.
+Pure functions on tensors, no learnable state, run under `torch.no_grad()`:
 
-    E = l2_normalize(X @ W_rand)          # similarity space, [N, d_sim]
-    p(i) = argmax_{j in A, j != i} E_i.E_j  # pairing, blockwise: never an N x N matrix
+    E = l2_normalize(X @ W_rand)            # similarity space, [N, d_sim], on an exact grid
+    p(i) = argmax_{j in A, j != i} E_i.E_j   # pairing, blockwise: never an N x N matrix
+    edges = select_edges(...)               # budget, orientation, chains, one target per source
 
-`PairingState` keeps every active token's best partner up to date from one round to the next
-by recomputing only what a round changed (see its docstring): the result is the one a full
-recompute gives, at a fraction of its cost.
+**Exact similarities.** Exact duplicate tokens are common in video, so mathematically equal
+similarities are common, and a floating-point dot product rounds them differently on every
+path (matmul vs dot, block shape, AVX2 vs AVX-512, CPU vs CUDA). Here every quantity that
+selection compares is computed EXACTLY, so it is the same bits on every path:
+
+- a feature row is rounded to `X_BITS` significant bits of its largest entry, and W_rand to a
+  grid of `2^-W_BITS`; their product is then a sum of integers below 2^53, exact in float64
+  whatever the summation order;
+- that projection is rounded to `P_BITS` bits of its largest entry, so its squared norm is
+  exact too, and the normalisation is one correctly rounded `sqrt` and one division;
+- E is rounded to the grid `2^-E_BITS`, so `E_i . E_j` is a multiple of `2^-46` below 2^53
+  in magnitude: exact in float64 in any order (`torch.mm`, a dot product, cuBLAS).
+- the orientation's row norms are squared norms of the row rounded to `NORM_BITS` bits of its
+  largest entry: exact sums of integers.
+
+Only IEEE operations that are correctly rounded (scaling by powers of two, `round`, `sqrt`,
+division) or exact take part, so `kept_index`, `assignment` and `rounds` are a pure function
+of (rows, coords, config, budget). The grids are far finer than the rounding of float32 rows.
+
+The full pairing (`full_partners`) and the selection (`select_edges`) have fixed shapes and no
+host synchronisation: the only data-dependent sizes of a round (edges, targets, lone targets)
+reach the host in one transfer at the end of `select_edges`.
 """
 
 from __future__ import annotations
@@ -16,6 +35,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from craft_core.merge import GroupLayout
+
+X_BITS = 23
+"""Significant bits kept of each feature, relative to its row's largest entry."""
+W_BITS = 16
+"""W_rand is rounded to multiples of 2^-W_BITS (its entries lie in [-1, 1])."""
+P_BITS = 22
+"""Significant bits kept of each projected row before normalisation (d_sim <= 512)."""
+E_BITS = 23
+"""E is rounded to multiples of 2^-E_BITS: similarities are multiples of 2^-46."""
+NORM_BITS = 19
+"""Significant bits of each row kept for its exact squared norm (D <= 2^15)."""
 
 
 def make_projection(hidden_size: int, sim_dim: int, seed: int) -> torch.Tensor:
@@ -28,292 +60,204 @@ def make_projection(hidden_size: int, sim_dim: int, seed: int) -> torch.Tensor:
     return weight / weight.norm(dim=0, keepdim=True)
 
 
-def similarity_embedding(features: torch.Tensor, projection: torch.Tensor) -> torch.Tensor:
-    """E = l2_normalize(X @ W_rand) in float32: `[n, D] -> [n, d_sim]`."""
-    projected = features.detach().float() @ projection.float()
-    return torch.nn.functional.normalize(projected, dim=1)
+def grid_projection(projection: torch.Tensor) -> torch.Tensor:
+    """W_rand as integers `round(W * 2^W_BITS)` in float64, `[D, d_sim]` (exact, any device)."""
+    return torch.round(projection.double() * 2.0**W_BITS)
 
 
-def best_partners(
-    row_embed: torch.Tensor,
-    row_ids: torch.Tensor,
-    key_embed: torch.Tensor,
-    key_ids: torch.Tensor,
-    block: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """For each row, its most similar key other than itself, blockwise.
+def _pow2(exponent: torch.Tensor) -> torch.Tensor:
+    """`2^e` as float64, built from its bits (exact: no `pow` or `exp2` library call)."""
+    return torch.bitwise_left_shift(exponent + 1023, 52).view(torch.float64)
+
+
+def _row_scale(rows: torch.Tensor, bits: int) -> torch.Tensor:
+    """`[n, 1]` power of two that brings each row's largest |entry| into [2^(bits-1), 2^bits)."""
+    top = rows.abs().amax(dim=1, keepdim=True)
+    exponent = torch.bitwise_right_shift(top.view(torch.int64), 52) - 1023  # floor(log2 top)
+    # An all-zero row has no exponent; any scale keeps it zero.
+    return _pow2((bits - 1 - exponent).clamp(-1000, 1000))
+
+
+def similarity_embedding(
+    features: torch.Tensor, projection: torch.Tensor, block: int = 4096
+) -> torch.Tensor:
+    """E = l2_normalize(X @ W_rand), computed exactly and rounded to the grid 2^-E_BITS.
 
     Args:
-        row_embed: `[n, d]` unit rows whose partner is sought.
-        row_ids: `[n]` original index of each row.
-        key_embed: `[m, d]` unit candidate partners.
-        key_ids: `[m]` original index of each key, ASCENDING (so that `max`, which returns the
-            first maximal position, breaks ties toward the smallest index).
-        block: rows per block; extra memory is `block x m` floats.
+        features: `[n, D]` rows (any float dtype).
+        projection: `[D, d_sim]` W_rand (float32) or its `grid_projection` (float64).
+        block: rows per step (bounds the float64 copies to `block x D`).
 
     Returns:
-        `(similarity [n] float32, partner [n] long)`; a row with no key but itself gets
-        `-inf` and partner -1.
+        `[n, d_sim]` float64; an all-zero row gives a zero embedding.
     """
-    n = row_embed.shape[0]
-    best_sim = torch.empty(n, dtype=torch.float32, device=row_embed.device)
-    best_idx = torch.empty(n, dtype=torch.long, device=row_embed.device)
-    if key_ids.numel() == 0:
-        best_sim.fill_(float("-inf"))
-        best_idx.fill_(-1)
-        return best_sim, best_idx
+    weight = projection if projection.dtype == torch.float64 else grid_projection(projection)
+    out = []
+    for start in range(0, features.shape[0], block):
+        rows = features[start : start + block].detach().double()
+        rows = torch.round(rows * _row_scale(rows, X_BITS))
+        projected = rows @ weight  # integers below 2^53: exact in any order
+        projected = torch.round(projected * _row_scale(projected, P_BITS))
+        norm = (projected * projected).sum(dim=1, keepdim=True).sqrt()  # exact sum
+        unit = torch.where(norm > 0, projected / norm, torch.zeros_like(projected))
+        out.append(torch.round(unit * 2.0**E_BITS) * 2.0**-E_BITS)
+    if not out:
+        return torch.zeros(0, weight.shape[1], dtype=torch.float64, device=weight.device)
+    return torch.cat(out) if len(out) > 1 else out[0]
+
+
+def exact_square_norms(rows: torch.Tensor) -> torch.Tensor:
+    """`[n, D] -> [n]` float64: squared L2 norm of each row rounded to NORM_BITS bits of its
+    largest entry; exact (a sum of integers below 2^53), so ties compare equal on every path."""
+    rows = rows.detach().double()
+    scale = _row_scale(rows, NORM_BITS)
+    grid = torch.round(rows * scale)
+    return (grid * grid).sum(dim=1) / (scale.squeeze(1) * scale.squeeze(1))
+
+
+def full_partners(embed: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step 1 for every row of a compact active set: its most similar other row.
+
+    Args:
+        embed: `[n, d]` exact embeddings of the active tokens, in ascending original index.
+        block: rows per block; extra memory is `block x n` float64 values.
+
+    Returns:
+        `(similarity [n] float64, partner [n] long)`: `partner` is a POSITION in `embed`.
+        Ties go to the smallest position (`max` returns the first maximum), i.e. the
+        smallest original index. A lone row gets `-inf`.
+    """
+    n = embed.shape[0]
+    best_sim = torch.empty(n, dtype=torch.float64, device=embed.device)
+    best_pos = torch.empty(n, dtype=torch.long, device=embed.device)
     for start in range(0, n, block):
-        stop = min(start + block, n)
-        sims = row_embed[start:stop] @ key_embed.T
-        ids = row_ids[start:stop]
-        # A row's own column (if it is among the keys) must never win.
-        pos = torch.searchsorted(key_ids, ids).clamp_(max=key_ids.numel() - 1)
-        is_self = key_ids[pos] == ids
-        rows = torch.nonzero(is_self).squeeze(1)
-        sims[rows, pos[rows]] = float("-inf")
-        values, where = sims.max(dim=1)
-        best_sim[start:stop] = values
-        best_idx[start:stop] = torch.where(
-            torch.isneginf(values), torch.full_like(where, -1), key_ids[where]
-        )
-    return best_sim, best_idx
+        sims = embed[start : start + block] @ embed.T
+        sims.diagonal(offset=start).fill_(float("-inf"))  # a row's own column never wins
+        torch.max(sims, dim=1, out=(best_sim[start : start + block], best_pos[start : start + block]))
+    return best_sim, best_pos
 
 
 @dataclass
-class Edges:
-    """Surviving merge edges of one round, one per source.
+class RoundPlan:
+    """The surviving edges of one round, laid out for `GatedMerge` (lone targets first).
 
     Attributes:
-        targets: `[M]` original index of each edge's target (representative).
-        sources: `[M]` original index of each edge's source; every source appears once and
-            no source is a target.
-        similarity: `[M]` float32 selection similarity `s_ti` of each edge.
+        targets: `[E]` original index of each edge's target (representative).
+        sources: `[E]` original index of each edge's source; each once, never a target.
+        similarity: `[E]` float64 exact selection similarity `s_ti`.
+        layout: `GroupLayout` of the edges (their order is already the layout's).
     """
 
     targets: torch.Tensor
     sources: torch.Tensor
     similarity: torch.Tensor
+    layout: GroupLayout
 
 
 def select_edges(
     active_ids: torch.Tensor,
     partner: torch.Tensor,
     partner_sim: torch.Tensor,
-    norms: torch.Tensor,
+    square_norms: torch.Tensor,
     floor: int,
     threshold: float | None,
-) -> Edges | None:
-    """Steps 2-7 of one round: candidates, budget, truncation, orientation, chain prevention,
-    one target per source.
+) -> RoundPlan | None:
+    """Steps 2-7 of one round on fixed-shape masks, then ONE host transfer of the sizes.
 
     Args:
         active_ids: `[n]` ascending original indices of the active tokens.
         partner: `[n]` best partner (original index) of each active token.
-        partner_sim: `[n]` its similarity `s*_i`.
-        norms: `[N]` current L2 norm of every token's feature row (indexed by original index).
+        partner_sim: `[n]` float64 its exact similarity `s*_i`.
+        square_norms: `[N]` exact squared norm of every token's current row.
         floor: fewest tokens allowed to remain.
         threshold: `s_theta` in threshold mode, None in fixed-ratio mode.
 
     Returns:
-        The surviving edges, or None when the round must not run (no candidate, or k <= 0).
+        The round's edges, or None when no edge survives (no candidate, or k <= 0).
     """
-    n = active_ids.numel()
-    if threshold is None:
-        cand = torch.arange(n, device=active_ids.device)
-    else:
-        cand = torch.nonzero(partner_sim >= threshold).squeeze(1)
-    k = min(n - floor, n // 2, cand.numel())
-    if k <= 0:
+    n, size, device = active_ids.numel(), square_norms.numel(), active_ids.device
+    budget = min(n - floor, n // 2)
+    if budget <= 0:
         return None
-    # Highest s* first; the stable sort keeps ascending index order among equal similarities.
-    order = torch.sort(partner_sim[cand], descending=True, stable=True).indices[:k]
-    kept = cand[order]
-    first = active_ids[kept]
-    second = partner[kept]
-    sim = partner_sim[kept]
+    # 2-4. Candidates, k, truncation: the k best s*_i, ties to the smaller i (stable sort).
+    candidate = (
+        torch.ones(n, dtype=torch.bool, device=device)
+        if threshold is None
+        else partner_sim >= threshold
+    )
+    ranked = torch.where(candidate, partner_sim, float("-inf"))
+    order = torch.sort(ranked, descending=True, stable=True).indices
+    rank = torch.empty_like(order).scatter_(0, order, torch.arange(n, device=device))
+    chosen = candidate & (rank < torch.clamp(candidate.sum(), max=budget))
 
-    norm_first, norm_second = norms[first], norms[second]
+    # 5. Orientation: the larger current norm is the target; equal norms: the smaller index.
+    first, second = active_ids, partner
+    norm_first, norm_second = square_norms[first], square_norms[second]
     first_is_target = (norm_first > norm_second) | ((norm_first == norm_second) & (first < second))
     targets = torch.where(first_is_target, first, second)
     sources = torch.where(first_is_target, second, first)
+    # A mutual pair (i -> j and j -> i, equal exact similarity) is one edge: keep the copy
+    # that starts at its target.
+    at = torch.searchsorted(active_ids, second)
+    mutual = chosen[at] & (partner[at] == first)
+    keep = chosen & ~(mutual & ~first_is_target)
 
-    # i -> j and j -> i orient to the same (target, source): keep one, with the larger s.
-    size = norms.numel()
-    pair_key = targets * size + sources
-    unique_key, inverse = torch.unique(pair_key, return_inverse=True)
-    pair_sim = torch.full((unique_key.numel(),), float("-inf"), device=sim.device)
-    pair_sim = pair_sim.scatter_reduce(0, inverse, sim, reduce="amax")
-    targets, sources, sim = unique_key // size, unique_key % size, pair_sim
+    # 6. Chain prevention: a token that is any edge's target drops the edges where it is a source.
+    sink = torch.full_like(targets, size)  # masked edges write into a spare slot
+    is_target = torch.zeros(size + 1, dtype=torch.bool, device=device)
+    is_target.scatter_(0, torch.where(keep, targets, sink), True)
+    keep = keep & ~is_target[sources]
 
-    # Chain prevention: a token that is any edge's target drops the edges where it is a source.
-    is_target = torch.zeros(size, dtype=torch.bool, device=targets.device)
-    is_target[targets] = True
-    keep = ~is_target[sources]
-    targets, sources, sim = targets[keep], sources[keep], sim[keep]
-
-    # One target per source: highest similarity, then smallest target index.
-    if int(torch.bincount(sources, minlength=size).max()) <= 1:
-        return Edges(targets, sources, sim)
-    order = torch.argsort(targets, stable=True)
-    order = order[torch.sort(sim[order], descending=True, stable=True).indices]
-    order = order[torch.argsort(sources[order], stable=True)]
-    targets, sources, sim = targets[order], sources[order], sim[order]
-    first_of_source = torch.ones_like(sources, dtype=torch.bool)
-    first_of_source[1:] = sources[1:] != sources[:-1]
-    return Edges(targets[first_of_source], sources[first_of_source], sim[first_of_source])
+    # 7. One target per source: highest similarity, then smallest target index.
+    slot = torch.where(keep, sources, sink)
+    best = torch.full((size + 1,), float("-inf"), dtype=torch.float64, device=device)
+    best = best.scatter_reduce(0, slot, torch.where(keep, partner_sim, float("-inf")), "amax")
+    keep = keep & (partner_sim == best[sources])
+    slot = torch.where(keep, sources, sink)
+    lowest = torch.full((size + 1,), size, dtype=torch.long, device=device)
+    lowest = lowest.scatter_reduce(0, slot, torch.where(keep, targets, sink), "amin")
+    keep = keep & (targets == lowest[sources])
+    return _lay_out(keep, targets, sources, partner_sim, size)
 
 
-def _order_candidates(sim: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sort each row's candidates by similarity (descending), then index (ascending)."""
-    order = torch.argsort(idx, dim=1, stable=True)
-    sim, idx = sim.gather(1, order), idx.gather(1, order)
-    order = torch.argsort(sim, dim=1, descending=True, stable=True)
-    return sim.gather(1, order), idx.gather(1, order)
-
-
-class PairingState:
-    """Every active token's best partner, kept exact across rounds at a fraction of the cost.
-
-        A round removes its sources and changes the embedding of its targets; every other token
-        is untouched. So each active token `i` keeps a short list of its best candidates with
-        their current similarities, and a bound `b_i` such that every active token outside the
-        list is at most `b_i` similar to `i`. After a round, list entries that left are dropped,
-        changed targets are re-scored by one `|A| x |T|` product (the best of them enter the list,
-        the rest raise the bound), and the list's head is `i`'s exact best partner whenever it is
-        strictly above the bound. Only the changed targets and the tokens whose list ran out need
-        a full pass over the active set, and the changed targets' rows, read transposed, re-score
-    them for everyone else. Ties go to the smallest index everywhere, so the partners
-        are those of a full recompute.
-
-        Attributes:
-            embed: `[N, d_sim]` float32 similarity embedding (rows of inactive tokens are stale).
-            active: `[N]` bool.
-            partner: `[N]` long best partner of each active token (original index).
-            partner_sim: `[N]` float32 its similarity.
-            full_rows: pairing work so far, in rows of an N x N pass (the first pass is N);
-                `full_rows / N` is the work in multiples of one full pass.
-    """
-
-    def __init__(self, embed: torch.Tensor, block: int, keep: int = 4) -> None:
-        n = embed.shape[0]
-        device = embed.device
-        self.embed = embed
-        self.block = block
-        self.keep = keep
-        self.active = torch.ones(n, dtype=torch.bool, device=device)
-        self.partner = torch.full((n,), -1, dtype=torch.long, device=device)
-        self.partner_sim = torch.full((n,), float("-inf"), device=device)
-        self.list_idx = torch.full((n, keep), -1, dtype=torch.long, device=device)
-        self.list_sim = torch.full((n, keep), float("-inf"), device=device)
-        self.bound = torch.full((n,), float("-inf"), device=device)
-        self.full_rows = 0.0
-        ids = torch.arange(n, device=device)
-        self._recompute(ids, ids)
-
-    def active_ids(self) -> torch.Tensor:
-        """`[n]` ascending original indices of the active tokens."""
-        return torch.nonzero(self.active).squeeze(1)
-
-    def _top_candidates(
-        self, sims: torch.Tensor, keys: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """From scores `[b, m]` against `keys` (`[m]` ascending): the ordered top-`keep`
-        (sim, idx) `[b, keep]` and the best score left out of them `[b]`."""
-        count = min(self.keep + 1, keys.numel())
-        top_sim, top_pos = sims.topk(count, dim=1)
-        top_idx = torch.where(torch.isneginf(top_sim), -1, keys[top_pos])
-        left_out = torch.full((sims.shape[0],), float("-inf"), device=sims.device)
-        if count > self.keep:
-            left_out = top_sim[:, self.keep]
-            top_sim, top_idx = top_sim[:, : self.keep], top_idx[:, : self.keep]
-        # topk already orders by similarity; only exact ties need the index order fixed.
-        if bool((top_sim[:, 1:] == top_sim[:, :-1]).any()):
-            top_sim, top_idx = _order_candidates(top_sim, top_idx)
-        pad = self.keep - top_sim.shape[1]
-        if pad:
-            top_sim = torch.nn.functional.pad(top_sim, (0, pad), value=float("-inf"))
-            top_idx = torch.nn.functional.pad(top_idx, (0, pad), value=-1)
-        return top_sim, top_idx, left_out
-
-    def _scores(
-        self, ids: torch.Tensor, keys: torch.Tensor, key_embed: torch.Tensor
-    ) -> torch.Tensor:
-        """Similarities `[b, m]` of rows `ids` to `keys` (ascending; embeddings `key_embed`
-        `[m, d]`), with a row's own column at -inf."""
-        sims = self.embed[ids] @ key_embed.T
-        pos = torch.searchsorted(keys, ids).clamp_(max=keys.numel() - 1)
-        own = torch.nonzero(keys[pos] == ids).squeeze(1)
-        sims[own, pos[own]] = float("-inf")
-        return sims
-
-    def _recompute(self, rows: torch.Tensor, keys: torch.Tensor) -> None:
-        """Full pass: rows `[r]` against every active token `keys` (ascending)."""
-        key_embed = self.embed[keys]
-        for start in range(0, rows.numel(), self.block):
-            stop = min(start + self.block, rows.numel())
-            ids = rows[start:stop]
-            sims = self._scores(ids, keys, key_embed)
-            top_sim, top_idx, left_out = self._top_candidates(sims, keys)
-            self.list_sim[ids], self.list_idx[ids], self.bound[ids] = top_sim, top_idx, left_out
-            best_sim, best_idx = top_sim[:, 0], top_idx[:, 0]
-            # If the maximum is tied beyond the list, the smallest tied index may lie outside it.
-            unsure = torch.nonzero(best_sim == left_out).squeeze(1)
-            if unsure.numel():
-                value, where = sims[unsure].max(dim=1)
-                best_sim[unsure], best_idx[unsure] = value, keys[where]
-            self.partner_sim[ids], self.partner[ids] = best_sim, best_idx
-        self.full_rows += rows.numel() * keys.numel() / self.embed.shape[0]
-
-    def _rescore(self, rows: torch.Tensor, changed: torch.Tensor) -> None:
-        """Re-score `rows` against the changed targets and merge the result into their lists."""
-        changed_embed = self.embed[changed]
-        for start in range(0, rows.numel(), self.block):
-            ids = rows[start : start + self.block]
-            self._absorb(ids, self.embed[ids] @ changed_embed.T, changed)
-        self.full_rows += rows.numel() * changed.numel() / self.embed.shape[0]
-
-    def _absorb(self, rows: torch.Tensor, sims: torch.Tensor, keys: torch.Tensor) -> None:
-        """Merge fresh scores `[r, m]` of `rows` against `keys` into their candidate lists:
-        the best enter the list, the rest raise the bound."""
-        col_sim, col_idx, col_left = self._top_candidates(sims, keys)
-        merged_sim, merged_idx = _order_candidates(
-            torch.cat([self.list_sim[rows], col_sim], dim=1),
-            torch.cat([self.list_idx[rows], col_idx], dim=1),
-        )
-        self.list_sim[rows] = merged_sim[:, : self.keep]
-        self.list_idx[rows] = merged_idx[:, : self.keep]
-        spill = torch.maximum(col_left, merged_sim[:, self.keep])
-        self.bound[rows] = torch.maximum(self.bound[rows], spill)
-
-    def update(self, targets: torch.Tensor, new_embed: torch.Tensor, sources: torch.Tensor) -> None:
-        """Apply one round: `sources` leave, `targets` (`[T]`) take `new_embed` (`[T, d_sim]`)."""
-        self.active[sources] = False
-        changed_mask = (self.embed[targets] != new_embed).any(dim=1)
-        self.embed[targets[changed_mask]] = new_embed[changed_mask]
-        changed = torch.sort(targets[changed_mask]).values
-        active_ids = self.active_ids()
-        if active_ids.numel() < 2:
-            return
-        stale = ~self.active
-        stale[changed] = True
-        rows = active_ids[~stale[active_ids]]
-
-        # Entries that left or changed drop out; the changed targets' full rows re-score them.
-        list_idx = self.list_idx[rows]
-        dropped = (list_idx < 0) | stale[list_idx.clamp(min=0)]
-        self.list_sim[rows] = self.list_sim[rows].masked_fill(dropped, float("-inf"))
-        self.list_idx[rows] = list_idx.masked_fill(dropped, -1)
-        if changed.numel():
-            self._rescore(rows, changed)
-            self._recompute(changed, active_ids)
-        else:
-            self.list_sim[rows], self.list_idx[rows] = _order_candidates(
-                self.list_sim[rows], self.list_idx[rows]
-            )
-        list_sim, bound = self.list_sim[rows], self.bound[rows]
-        sure = list_sim[:, 0] > bound
-        self.partner_sim[rows[sure]] = list_sim[sure, 0]
-        self.partner[rows[sure]] = self.list_idx[rows[sure], 0]
-        redo = rows[~sure]
-        if redo.numel():
-            self._recompute(redo, active_ids)
+def _lay_out(
+    keep: torch.Tensor,
+    targets: torch.Tensor,
+    sources: torch.Tensor,
+    similarity: torch.Tensor,
+    size: int,
+) -> RoundPlan | None:
+    """Group the kept edges (`keep [n]` mask) by target, lone targets first, for GatedMerge."""
+    n, device = keep.numel(), keep.device
+    # Kept edges first, grouped by ascending target (stable: then by position).
+    key = torch.where(keep, targets, size)
+    order = torch.sort(key, stable=True).indices
+    sorted_key = key[order]
+    starts = torch.ones(n, dtype=torch.bool, device=device)
+    starts[1:] = sorted_key[1:] != sorted_key[:-1]
+    group = torch.cumsum(starts, 0) - 1  # group of each sorted edge (masked ones last)
+    count = torch.zeros(n, dtype=torch.long, device=device)
+    count.scatter_add_(0, group, torch.ones_like(group))
+    real = torch.arange(n, device=device) < (starts & (sorted_key < size)).sum()
+    lone_group = (count == 1) & real
+    sizes = torch.stack([keep.sum(), real.sum(), lone_group.sum()]).tolist()  # the one sync
+    num_edges, num_targets, num_lone = sizes
+    if num_edges == 0:
+        return None
+    # Rows: lone groups first, then shared ones, each in ascending target order.
+    row_order = torch.sort((~lone_group[:num_targets]).to(torch.uint8), stable=True).indices
+    row_of = torch.empty_like(row_order).scatter_(
+        0, row_order, torch.arange(num_targets, device=device)
+    )
+    edge_row = row_of[group[:num_edges]]
+    edge_order = torch.sort(edge_row, stable=True).indices
+    edges = order[:num_edges][edge_order]
+    group_target = torch.empty(num_targets, dtype=torch.long, device=device)
+    group_target.scatter_(0, group[:num_edges], sorted_key[:num_edges])
+    layout = GroupLayout(
+        order=torch.arange(num_edges, device=device),
+        targets=group_target[row_order],
+        group=edge_row[edge_order],
+        lone=num_lone,
+    )
+    return RoundPlan(targets[edges], sources[edges], similarity[edges], layout)

@@ -1,0 +1,180 @@
+"""Selection is a pure function of (features, coords, config, budget).
+
+The same kept tokens, assignment and rounds for every `sim_block`, both pairing strategies,
+low-precision input and its float32 upcast, and CPU instruction paths (a subprocess under
+`ATEN_CPU_CAPABILITY=default` / `MKL_CBWR=AVX2` must agree with this process). Inputs are
+video-like with static frames and duplicated tokens, where equal similarities are common.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from craft_core import CraftCompressor, CraftConfig
+from craft_core.opcount import OpCounter
+
+
+def static_video(seed: int, frames: int = 12, grid: int = 6, dim: int = 32):
+    """`[frames * grid^2, dim]` tokens: drifting scenes, a third of frames static copies."""
+    gen = torch.Generator().manual_seed(seed)
+    per_frame = grid * grid
+    rows = [torch.randn(per_frame, dim, generator=gen)]
+    for _ in range(1, frames):
+        r = float(torch.rand(1, generator=gen))
+        if r < 0.35:
+            rows.append(rows[-1].clone())  # static frame: exact duplicates
+        elif r < 0.45:
+            rows.append(torch.randn(per_frame, dim, generator=gen))  # scene cut
+        else:
+            rows.append(rows[-1] + 0.2 * torch.randn(per_frame, dim, generator=gen))
+    x = torch.cat(rows)
+    x[5] = x[17]  # duplicates inside one frame
+    t, h, w = torch.meshgrid(
+        torch.arange(frames), torch.arange(grid), torch.arange(grid), indexing="ij"
+    )
+    return x, torch.stack([t.flatten(), h.flatten(), w.flatten()], dim=1)
+
+
+def trained_looking(config: CraftConfig, seed: int = 0) -> CraftCompressor:
+    torch.manual_seed(seed)
+    compressor = CraftCompressor(config)
+    with torch.no_grad():
+        for layer in (compressor.merge.w_up, compressor.merge.w_mod):
+            layer.weight.normal_(0, 0.2)
+            layer.bias.normal_(0, 0.2)
+    return compressor
+
+
+def signature(out) -> tuple:
+    return out.kept_index.tolist(), out.assignment.tolist(), out.rounds
+
+
+BUDGETS = [{"ratio": 8.0}, {"ratio": 2.5}, {"threshold": 0.7}]
+
+
+@pytest.mark.parametrize("budget", BUDGETS)
+@pytest.mark.parametrize("seed", range(4))
+def test_selection_is_the_same_for_every_sim_block_and_pairing(seed: int, budget: dict) -> None:
+    x, coords = static_video(seed)
+    results = {}
+    for pairing in ("incremental", "full"):
+        for block in (1, 3, 16, 2048):
+            config = CraftConfig(hidden_size=32, sim_block=block, pairing=pairing)
+            with torch.no_grad():
+                out = trained_looking(config)(x, coords, **budget)
+            results[(pairing, block)] = (signature(out), out.features)
+    first_sig, first_rows = results[("incremental", 2048)]
+    assert first_sig[2] >= 2, "the case must take several rounds"
+    for key, (sig, rows) in results.items():
+        assert sig == first_sig, key
+        assert torch.equal(rows, first_rows), key  # fusion is the same arithmetic too
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_input_selects_like_its_float32_upcast(dtype: torch.dtype) -> None:
+    config = CraftConfig(hidden_size=32, sim_block=64)
+    compressor = trained_looking(config)
+    mismatched = []
+    for seed in range(30):
+        x, coords = static_video(seed, frames=8, grid=5)
+        low = x.to(dtype)
+        budget = BUDGETS[seed % len(BUDGETS)]
+        with torch.no_grad():
+            out_low = compressor(low, coords, **budget)
+            out_up = compressor(low.float(), coords, **budget)
+        assert out_low.features.dtype == dtype
+        if signature(out_low) != signature(out_up) or not torch.equal(
+            out_low.features, out_up.features.to(dtype)
+        ):
+            mismatched.append(seed)
+    assert mismatched == []
+
+
+def test_module_cast_to_bf16_keeps_the_projection_in_float32() -> None:
+    compressor = trained_looking(CraftConfig(hidden_size=32, sim_block=64)).to(torch.bfloat16)
+    assert compressor.projection.dtype == torch.float32
+    x, coords = static_video(3)
+    with torch.no_grad():
+        out = compressor(x.bfloat16(), coords, ratio=4.0)
+    assert out.num_kept == x.shape[0] // 4 and out.features.dtype == torch.bfloat16
+
+
+SCRIPT = textwrap.dedent(
+    """
+    import json, sys, torch
+    sys.path.insert(0, {tests!r})
+    from test_determinism import static_video, trained_looking, signature
+    from craft_core import CraftConfig
+    out = []
+    for seed in range(3):
+        x, coords = static_video(seed, frames=16, grid=8, dim=64)
+        for pairing in ("incremental", "full"):
+            config = CraftConfig(hidden_size=64, sim_block=100, pairing=pairing)
+            with torch.no_grad():
+                for budget in ({{"ratio": 6.0}}, {{"threshold": 0.8}}):
+                    out.append(signature(trained_looking(config)(x, coords, **budget)))
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"ATEN_CPU_CAPABILITY": "default"}, {"MKL_CBWR": "AVX2"}],
+    ids=["this-path", "aten-default", "mkl-avx2"],
+)
+def test_instruction_paths_agree(env: dict) -> None:
+    script = SCRIPT.format(tests=os.path.dirname(__file__))
+    baseline = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True,
+        env={k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")},
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True,
+        env={**os.environ, **env},
+    )
+    assert json.loads(other.stdout) == json.loads(baseline.stdout)
+
+
+def test_compress_batch_equals_independent_calls() -> None:
+    compressor = trained_looking(CraftConfig(hidden_size=32, sim_block=50))
+    videos = [static_video(seed, frames=4 + 2 * seed, grid=5) for seed in range(4)]
+    with torch.no_grad():
+        batch = compressor.compress_batch([v[0] for v in videos], [v[1] for v in videos], ratio=3.0)
+        for (x, coords), out in zip(videos, batch):
+            alone = compressor(x, coords, ratio=3.0)
+            assert signature(out) == signature(alone)
+            assert torch.equal(out.features, alone.features)
+
+
+@pytest.mark.parametrize("budget", [{"ratio": 8.0}, {"threshold": 0.9}])
+def test_full_pairing_round_needs_at_most_two_host_syncs(budget: dict) -> None:
+    # N = 4,096 (16 frames of 16 x 16), the GPU path counted on the CPU.
+    x, coords = static_video(0, frames=16, grid=16, dim=64)
+    compressor = CraftCompressor(CraftConfig(hidden_size=64, pairing="full"))
+    with torch.no_grad(), OpCounter() as count:
+        out = compressor(x, coords, **budget)
+    assert out.rounds >= 5
+    # One transfer of the round's sizes, one for the row store's new slots; +1 at the end.
+    assert count.syncs <= 2 * out.rounds + 1, dict(count.sync_ops)
+    assert set(count.sync_ops) <= {"tolist", "_local_scalar_dense"}, dict(count.sync_ops)
+
+
+def test_op_counter_sees_syncs_and_views() -> None:
+    with OpCounter() as count:
+        t = torch.arange(10)
+        torch.nonzero(t > 4)
+        t[t > 2]
+        int(t.sum())
+        t.tolist()
+        t.view(2, 5)
+    assert count.sync_ops == {"nonzero": 1, "index(bool mask)": 1, "_local_scalar_dense": 1,
+                              "tolist": 1}
+    assert count.all_ops > count.ops
