@@ -1,4 +1,7 @@
-"""Table-driven tests of every benchmark's answer parser, with realistic replies."""
+"""Table-driven tests of every benchmark's answer parser, with realistic replies.
+
+The lmms-eval rows were checked against lmms-eval 0.7.3's own functions; test_lmms_parity.py
+pins the parsers to them on a much larger corpus."""
 
 from __future__ import annotations
 
@@ -13,13 +16,14 @@ from craft_eval.tasks.parsing import (
     mvbench_extract,
     mvbench_original_extract,
     random_fallback,
+    strip_reasoning,
     tempcompass_extract,
 )
 
 # Video-MME / MLVU: lmms-eval's multiple-choice extractor, choices A-D.
 MC_CASES = [
     ("C", "C"),
-    ("b", "B"),
+    ("b", ""),  # lmms-eval's extractor is case-sensitive: only capitals count
     ("B.", "B"),
     ("(B)", "B"),
     ("The answer is (B).", "B"),
@@ -83,7 +87,8 @@ MVBENCH_CASES = [
     ("Best option: (B) Tidied up the blanket.", "B"),
     ("Put down the cup/glass/bottle.", ""),
     ("", ""),
-    ("a", ""),  # lower case is not an option letter for MVBench's parser
+    ("a", "A"),  # lmms-eval's MVBench scorer is case-insensitive
+    ("there is a cat", "A"),  # ... even for the article "a"
     ("I would say D, because the person reaches for the box.", "D"),
 ]
 
@@ -121,8 +126,9 @@ EGOSCHEMA_CASES = [
     ("B", "B"),
     ("B.", "B"),
     ("The answer is (D).", "D"),
-    # MMMU quirk: "C " (the camera wearer, "C") is checked before "D." and wins
-    ("D. C is reading a book.", "C"),
+    # candidates accumulate over the forms: "C " (the camera wearer) at 4 and "D." at 1;
+    # the earliest last occurrence wins
+    ("D. C is reading a book.", "D"),
     ("D.", "D"),
     ("Option A is the best.", "A"),
     ("(A) or (C)? I think (C)", "A"),  # last occurrences: (A) at 0, (C) later -> earliest wins
@@ -147,17 +153,18 @@ def test_egoschema_matches_option_text_in_long_replies() -> None:
 TEMPCOMPASS_CASES = [
     ("A. dunking a basketball", "A"),
     ("A", "A"),
-    ("b", "B"),
+    ("b", None),  # lmms-eval: not A-D -> LLM judge (None here; scored wrong offline)
     ("B. dribbling a basketball", "B"),
     ("C) passing a basketball", "C"),
-    ("The man is dunking a basketball.", ""),
-    ("The answer is A.", ""),  # official rules: only exact / letter / 'X.' forms count offline
-    ("", ""),
+    ("E. something else", None),
+    ("The man is dunking a basketball.", None),
+    ("The answer is A.", None),
+    ("", None),
 ]
 
 
 @pytest.mark.parametrize(("reply", "expected"), TEMPCOMPASS_CASES)
-def test_tempcompass_extract(reply: str, expected: str) -> None:
+def test_tempcompass_extract(reply: str, expected: str | None) -> None:
     assert tempcompass_extract(reply, "A. dunking a basketball") == expected
 
 
@@ -212,3 +219,19 @@ def test_protocol_description_names_fallback() -> None:
         get_benchmark("videomme").describe_protocol("lmms-eval", "random")
     with pytest.raises(ValueError, match="protocol"):
         get_benchmark("tempcompass").describe_protocol("original")
+
+
+REASONING_CASES = [
+    ("<think>A or C?</think> C", "C"),
+    ("<think>\nhmm\n</think>\n\n(B)", "(B)"),
+    ("</think>D", "D"),  # the template opened the block: keep what follows the close
+    ("<think>unclosed A", "<think>unclosed A"),
+    ("<analysis>x</analysis>B ", "B"),
+    ("  B  ", "B"),
+    (None, ""),
+]
+
+
+@pytest.mark.parametrize(("reply", "expected"), REASONING_CASES)
+def test_strip_reasoning(reply: str | None, expected: str) -> None:
+    assert strip_reasoning(reply) == expected

@@ -8,6 +8,7 @@ from statistics import mean
 from typing import Any
 
 from craft_eval.tasks import Benchmark
+from craft_eval.tasks.parsing import strip_reasoning
 
 
 def summarize(records: list[dict[str, Any]], benchmark: Benchmark) -> dict[str, Any]:
@@ -19,12 +20,21 @@ def summarize(records: list[dict[str, Any]], benchmark: Benchmark) -> dict[str, 
     - `breakdowns`: {field: {value: {"accuracy", "n"}}}.
     - `comp_ratio`: the paper's "Comp.": N_f / N_c per VIDEO, averaged over the videos.
     - errors (undecodable videos ...) count as wrong and are listed in `errors`.
+    - lmms-eval's aggregation rules: MVBench leaves empty replies out of the denominators
+      (`skip_empty_replies`); MLVU's headline divides by its 7 task types (`macro_groups`).
     """
     ok = [r for r in records if r.get("status") == "ok"]
     errors = [r for r in records if r.get("status") != "ok"]
 
+    def counted(r: dict[str, Any]) -> bool:
+        if not r.get("gold"):
+            return False
+        if benchmark.skip_empty_replies and r.get("status") == "ok":
+            return strip_reasoning(r.get("reply")) != ""
+        return True
+
     def acc(rows: list[dict[str, Any]]) -> float | None:
-        rows = [r for r in rows if r.get("gold")]
+        rows = [r for r in rows if counted(r)]
         if not rows:
             return None
         return 100.0 * sum(bool(r.get("correct")) for r in rows) / len(rows)
@@ -38,7 +48,12 @@ def summarize(records: list[dict[str, Any]], benchmark: Benchmark) -> dict[str, 
             g: {"accuracy": acc(rows), "n": len(rows)} for g, rows in sorted(groups.items())
         }
     micro = acc(records)
-    if benchmark.macro_over and breakdowns.get(benchmark.macro_over):
+    headline: float | None
+    if benchmark.macro_over and benchmark.macro_groups:
+        per_group = breakdowns.get(benchmark.macro_over, {})
+        fixed = [(per_group.get(g) or {}).get("accuracy") or 0.0 for g in benchmark.macro_groups]
+        headline = mean(fixed)
+    elif benchmark.macro_over and breakdowns.get(benchmark.macro_over):
         values = [v["accuracy"] for v in breakdowns[benchmark.macro_over].values()]
         values = [v for v in values if v is not None]
         headline = mean(values) if values else None
@@ -66,7 +81,7 @@ def summarize(records: list[dict[str, Any]], benchmark: Benchmark) -> dict[str, 
         "micro_accuracy": micro,
         "headline": f"mean over {benchmark.macro_over}" if benchmark.macro_over else "accuracy",
         "n_items": len(records),
-        "n_scored": sum(1 for r in records if r.get("gold")),
+        "n_scored": sum(1 for r in records if counted(r)),
         "n_errors": len(errors),
         "errors": [{"id": r.get("id"), "error": r.get("error")} for r in errors],
         "breakdowns": breakdowns,

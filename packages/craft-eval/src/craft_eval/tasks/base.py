@@ -70,6 +70,12 @@ class Benchmark:
     macro_over: ClassVar[str | None] = None
     """Category whose per-group accuracies are averaged for the headline number (MVBench's
     tasks, MLVU's M-Avg); None: plain accuracy over all items."""
+    macro_groups: ClassVar[tuple[str, ...]] = ()
+    """When set, the headline divides by exactly these groups (absent ones count 0), as
+    lmms-eval's MLVU aggregation does."""
+    skip_empty_replies: ClassVar[bool] = False
+    """lmms-eval's MVBench aggregation leaves items with an empty reply (after reasoning
+    tags are stripped) out of the denominator."""
 
     def load(self, root: str | Path, *, subset: str | None = None) -> list[Item]:
         raise NotImplementedError

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from craft_eval.tasks.base import LETTERS, Benchmark, Item, Prompt, find_annotation, read_records
-from craft_eval.tasks.parsing import lvb_extract, random_fallback
+from craft_eval.tasks.parsing import lvb_extract, random_fallback, strip_reasoning
 
-POST_PROMPT = "Answer with the option's letter from the given choices directly."
+POST_PROMPT = "Answer with the option's letter from the given choices directly.\n"  # sic
 
 
 class LongVideoBench(Benchmark):
@@ -56,7 +56,7 @@ class LongVideoBench(Benchmark):
     def parse(
         self, reply: str, item: Item, protocol: str = "lmms-eval", fallback: str | None = None
     ) -> str:
-        letter = lvb_extract(reply, item.letters)
+        letter = lvb_extract(strip_reasoning(reply))
         if letter is not None:
             return letter
         if (fallback or "random") == "random":

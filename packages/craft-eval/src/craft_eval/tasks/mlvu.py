@@ -12,7 +12,7 @@ from craft_eval.tasks.base import (
     first_existing,
     read_records,
 )
-from craft_eval.tasks.parsing import mc_extract
+from craft_eval.tasks.parsing import mc_extract, strip_reasoning
 
 
 class MLVU(Benchmark):
@@ -20,6 +20,8 @@ class MLVU(Benchmark):
     title = "MLVU"
     breakdowns = ("task_type",)
     macro_over = "task_type"
+    # lmms-eval 0.7.3 tasks/mlvu/utils.py:mlvu_aggregate_results_dev divides by these 7
+    macro_groups = ("anomaly_reco", "count", "ego", "needle", "order", "plotQA", "topic_reasoning")
 
     def load(self, root: str | Path, *, subset: str | None = None) -> list[Item]:
         root = Path(root)
@@ -54,7 +56,7 @@ class MLVU(Benchmark):
     def parse(
         self, reply: str, item: Item, protocol: str = "lmms-eval", fallback: str | None = None
     ) -> str:
-        return mc_extract(reply, "ABCD")
+        return mc_extract(strip_reasoning(reply), "ABCD")
 
     def rules(self, protocol: str) -> str:
         return 'lmms-eval prompt ending "Best option: ("; multiple-choice extractor A-D'

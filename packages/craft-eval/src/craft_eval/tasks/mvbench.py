@@ -6,7 +6,7 @@ import warnings
 from pathlib import Path
 
 from craft_eval.tasks.base import LETTERS, Benchmark, Item, Prompt, first_existing, read_records
-from craft_eval.tasks.parsing import mvbench_extract, mvbench_original_extract
+from craft_eval.tasks.parsing import mvbench_extract, mvbench_original_extract, strip_reasoning
 
 VIDEO_FOLDERS = {
     "object_interaction": "star/Charades_segment",
@@ -45,6 +45,7 @@ class MVBench(Benchmark):
     protocols = ("lmms-eval", "original")
     breakdowns = ("task",)
     macro_over = "task"
+    skip_empty_replies = True  # lmms-eval 0.7.3 tasks/mvbench/utils.py:mvbench_aggregate_results
 
     def load(self, root: str | Path, *, subset: str | None = None) -> list[Item]:
         """`subset`: comma-separated task names (default: all 19 present under json/)."""
@@ -110,11 +111,11 @@ class MVBench(Benchmark):
     ) -> str:
         if protocol == "original":
             return mvbench_original_extract(reply, item.letters)
-        return mvbench_extract(reply, item.letters)
+        return mvbench_extract(strip_reasoning(reply))
 
     def rules(self, protocol: str) -> str:
         if protocol == "original":
             return (
                 'system prompt + reply forced to start "Best option:("; first word names the option'
             )
-        return 'lmms-eval prompt; "A. text" form, else first standalone A-E'
+        return 'lmms-eval prompt; "A. text" form, else first standalone a-e word (any case)'

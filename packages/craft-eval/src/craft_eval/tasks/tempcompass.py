@@ -7,7 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 from craft_eval.tasks.base import Benchmark, Item, Prompt, find_annotation, read_records
-from craft_eval.tasks.parsing import tempcompass_extract
+from craft_eval.tasks.parsing import strip_reasoning, tempcompass_extract
 
 
 class TempCompass(Benchmark):
@@ -51,16 +51,19 @@ class TempCompass(Benchmark):
         self.check_protocol(protocol, None)
         return Prompt(
             str(item.record["question"]) + "\nPlease directly give the best option:",
-            max_new_tokens=16,
+            # lmms-eval's TempCompass sets no generation_kwargs: the model class's default
+            # (128 for lmms-eval's Qwen2.5-VL and Qwen3-VL classes) applies
+            max_new_tokens=128,
         )
 
     def parse(
         self, reply: str, item: Item, protocol: str = "lmms-eval", fallback: str | None = None
     ) -> str:
-        return tempcompass_extract(reply, str(item.record["answer"]))
+        letter = tempcompass_extract(strip_reasoning(reply), str(item.record["answer"]))
+        return letter or ""  # lmms-eval asks an LLM judge here; offline: scored wrong
 
     def rules(self, protocol: str) -> str:
         return (
-            "reply == answer, or a single letter, or starts with 'X.'/'X)'; "
-            "otherwise 0 (the official --disable_llm rule; no LLM judge)"
+            "lmms-eval rules: reply == answer, or one of A-D, or starts with 'X.'/'X)' (X in "
+            "A-D); otherwise 0 where lmms-eval would ask an LLM judge (offline)"
         )
