@@ -21,7 +21,7 @@ nox.options.sessions = ["lint", "typecheck", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 ROOT = Path(__file__).parent
-PACKAGES = ["craft-core", "craft-adapters", "craft-eval", "craft-train"]
+PACKAGES = ["craft-core", "craft-adapters", "craft-eval", "craft-train", "craft-world"]
 SOURCES = [f"packages/{p}/src" for p in PACKAGES]
 
 
