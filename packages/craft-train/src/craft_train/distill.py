@@ -211,8 +211,7 @@ def shared_vision(adapters: Sequence[Any], batch: dict[str, Any]) -> Iterator[in
         encoded = adapters[0].encode_videos(batch)
 
     def replay(inputs: dict[str, Any]) -> tuple[Any, list[torch.Tensor]]:
-        got = inputs.get("pixel_values_videos")
-        if not isinstance(got, torch.Tensor) or got.shape != pixels.shape:
+        if not _same_shapes(inputs.get("pixel_values_videos"), pixels):
             raise RuntimeError("shared_vision: a call with other pixels than the shared batch")
         return encoded
 
@@ -223,6 +222,15 @@ def shared_vision(adapters: Sequence[Any], batch: dict[str, Any]) -> Iterator[in
     finally:
         for adapter in adapters:
             del adapter.encode_videos
+
+
+def _same_shapes(a: Any, b: Any) -> bool:
+    """Same tensor shapes (or lists of them: LLaVA-OV's videos of different lengths)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_shapes(x, y) for x, y in zip(a, b))
+    return False
 
 
 def left_align(batch: dict[str, Any], pad_token_id: int) -> dict[str, Any]:
