@@ -107,7 +107,8 @@ def _main(args: argparse.Namespace) -> int:
         for name in shipped_configs():
             print(name)
         return 0
-    stage = {"stage1": 1, "stage2": 2, "distill": "distill"}.get(args.command)
+    stages: dict[str, int | str] = {"stage1": 1, "stage2": 2, "distill": "distill"}
+    stage = stages.get(args.command)
     try:
         cfg = _load(args, stage)
         if args.command == "show-config":
