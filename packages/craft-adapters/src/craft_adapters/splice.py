@@ -71,6 +71,10 @@ def _accepts(fn: Callable[..., Any], name: str) -> bool:
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
+class NonFiniteOutput(ValueError):
+    """The compressor returned NaN or inf features (a diverged merge module)."""
+
+
 def _check_result(result: Any, n: int, d: int) -> None:
     # The result indexes into the sequence below: a bad one would silently drop or
     # duplicate tokens instead of failing, so any compressor's output is checked here.
@@ -100,7 +104,7 @@ def _check_result(result: Any, n: int, d: int) -> None:
     # NaN / inf rows would reach the language model and silently poison every reply
     if result.features.is_floating_point() and not bool(torch.isfinite(result.features).all()):
         bad = int((~torch.isfinite(result.features)).any(dim=-1).sum())
-        raise ValueError(
+        raise NonFiniteOutput(
             f"compressor returned non-finite features ({bad} of {k} rows hold NaN or inf); "
             "refusing to pass them to the language model"
         )

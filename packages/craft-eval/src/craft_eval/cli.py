@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -415,8 +416,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         args, tag, args.method, args.ratio, args.threshold, method_kwargs, args.min_tokens
     )
     _check_method(args.method, method_kwargs, args.allow_untrained)
-    model, processor, _ = _load_model(args)
-    _evaluate(args, model, processor, configs)
+    model, processor, tag = _load_model(args)
+    _evaluate(args, model, processor, [replace(c, model=tag) for c in configs])
     return 0
 
 
@@ -432,8 +433,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         _check_method(method, kwargs, args.allow_untrained)
         for ratio in args.ratios:
             plan += _configs(args, tag, method, ratio, None, kwargs)
-    model, processor, _ = _load_model(args)
-    _evaluate(args, model, processor, plan)
+    model, processor, tag = _load_model(args)
+    _evaluate(args, model, processor, [replace(c, model=tag) for c in plan])
     if int(os.environ.get("RANK", "0")) == 0:
         from craft_eval.report import write_report
 

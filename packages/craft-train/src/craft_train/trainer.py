@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from craft_adapters.splice import NonFiniteOutput
 from craft_core import CraftCompressor
 from craft_train.budget import sample_budget
 from craft_train.checkpoint import (
@@ -420,10 +421,16 @@ def train(
             skipped += len(batch.pop("skipped_videos"))
             batch = _to_device(batch, accelerator.device)
             with accelerator.accumulate(model):
-                if distiller is not None:  # KL to the uncompressed teacher on its response
-                    main_loss = distiller.loss(model, batch)
-                else:
-                    main_loss = model(**batch).loss
+                try:
+                    if distiller is not None:  # KL to the uncompressed teacher on its response
+                        main_loss = distiller.loss(model, batch)
+                    else:
+                        main_loss = model(**batch).loss
+                except NonFiniteOutput as error:  # the merge module's weights diverged
+                    raise TrainingDiverged(
+                        f"step {step + 1}: {error}; training stopped and nothing of this step "
+                        "was saved. Lower optim.lr or set optim.max_grad_norm"
+                    ) from None
                 # Every trainable parameter joins the graph (with a zero gradient when, e.g.,
                 # a threshold merged nothing), so DDP / ZeRO always see the same parameters.
                 anchor = sum(p.reshape(-1)[0] * 0.0 for p in trainable)
