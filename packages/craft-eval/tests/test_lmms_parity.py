@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from craft_eval.fixtures import write_fixture
 from craft_eval.scoring import summarize
@@ -256,3 +257,42 @@ def test_aggregates_equal_lmms_eval(items: dict[str, list[Item]], utils: dict[st
         else:
             expected = mod.mlvu_aggregate_results_dev(lmms_rows)
         assert ours == pytest.approx(expected), bench.name
+
+
+@pytest.mark.parametrize(
+    "shape,bounds",
+    [
+        ((8, 240, 320), "qwen3_vl"),
+        ((64, 720, 1280), "qwen3_vl"),
+        ((32, 360, 640), "qwen3_5"),
+        ((6, 64, 96), {"min_pixels": 3136, "max_pixels": 6272}),
+        ((4, 256, 384), "qwen3_vl"),  # up-scaled to min_pixels: pixels compared
+        ((4, 640, 1024), "qwen3_5"),  # down-scaled: pixels compared
+    ],
+)
+def test_qwen3_frames_resized_as_lmms_eval(
+    shape: tuple[int, int, int], bounds: Any, tmp_path: Path
+) -> None:
+    """craft-adapters' per-frame sizes and pixels equal qwen-vl-utils' `fetch_video` (what
+    lmms-eval's Qwen3-VL / Qwen3.5 classes call, with their default bounds)."""
+    import numpy as np
+    from qwen_vl_utils.vision_process import fetch_video
+
+    from craft_adapters.inputs import LMMS_VIDEO_PIXELS, _resize_frames, frame_size
+    from craft_adapters.tiny import build_tiny_processor
+    from craft_eval.fixtures import synthetic_frames, write_video
+
+    kw = dict(LMMS_VIDEO_PIXELS[bounds]) if isinstance(bounds, str) else dict(bounds)
+    kw = {k: v for k, v in kw.items() if v is not None}
+    f, h, w = shape
+    path = write_video(tmp_path / "v.mp4", synthetic_frames(f, size=(h, w)), fps=4)
+    ref = fetch_video({"video": str(path), "nframes": f, **kw}, image_patch_size=16)
+    assert tuple(ref.shape[2:]) == frame_size(h, w, f, factor=32, **kw)
+    # same pixels: resize the decoded frames (read at their own size) the craft-adapters way
+    side = {"resized_height": (h // 32) * 32, "resized_width": (w // 32) * 32}
+    raw = fetch_video({"video": str(path), "nframes": f, **side}, image_patch_size=16)
+    if tuple(raw.shape[2:]) != (h, w):
+        return  # sides not multiples of 32: the decoded frames cannot be read back unresized
+    frames = raw.round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    (ours,) = _resize_frames(build_tiny_processor("qwen3_vl"), [frames], kw) or [frames]
+    assert np.array_equal(ours, ref.to(torch.uint8).permute(0, 2, 3, 1).numpy())

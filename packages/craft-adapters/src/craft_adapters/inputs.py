@@ -6,8 +6,19 @@
 
 The prompt goes through the processor's chat template as one user turn holding the video
 then the text, with the assistant prompt appended. The frames are given to the processor
-as they are (no re-sampling): Qwen3-VL / Qwen3.5 get `video_metadata` (timestamps
-`k / fps`), Qwen2.5-VL gets `fps` (hence `second_per_grid_ts`).
+without re-sampling: Qwen3-VL / Qwen3.5 get `video_metadata` (timestamps `k / fps`),
+Qwen2.5-VL gets `fps` (hence `second_per_grid_ts`).
+
+Frame resolution. transformers' Qwen3-VL video processor reads its `size` as a pixel budget
+for the WHOLE video (frames x height x width), so 64 frames come out at ~110 px. lmms-eval's
+model classes instead resize every frame on its own with qwen-vl-utils' rule (`frame_size`
+below) and call the processor with `do_resize=False`; `build_inputs` does the same for the
+Qwen3 family, with lmms-eval 0.7.3's per-frame bounds (`LMMS_VIDEO_PIXELS`) unless
+`min_pixels` / `max_pixels` / `total_pixels` are given. By default frames are not UP-scaled
+(lmms-eval's `min_pixels` would turn a 64 px test clip into 448 px); pass
+`min_pixels=LMMS_VIDEO_PIXELS[...]["min_pixels"]` for lmms-eval's exact sizes on low-res
+clips. For Qwen2.5-VL the rule applies when a bound is given; LLaVA-OneVision has a fixed
+input size and takes none.
 """
 
 from __future__ import annotations
@@ -19,7 +30,28 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["build_inputs", "build_session_inputs", "render_prompt"]
+__all__ = [
+    "LMMS_VIDEO_PIXELS",
+    "build_inputs",
+    "build_session_inputs",
+    "frame_size",
+    "render_prompt",
+]
+
+# lmms-eval 0.7.3 defaults per frame: models/simple/qwen3_vl.py (Qwen3_VL.__init__) and
+# models/simple/qwen3_5.py (Qwen3_5.__init__)
+LMMS_VIDEO_PIXELS: dict[str, dict[str, int | None]] = {
+    "qwen3_vl": {"min_pixels": 256 * 28 * 28, "max_pixels": 1605632, "total_pixels": None},
+    "qwen3_5": {
+        "min_pixels": 64 * 32 * 32,
+        "max_pixels": 128 * 32 * 32,
+        "total_pixels": 224 * 1024 * 32 * 32,
+    },
+}
+# qwen-vl-utils 0.0.14 vision_process.py constants
+_VIDEO_MAX_TOKENS = 768
+_SEQ_LEN = 128000
+_FRAME_FACTOR = 2
 
 _SENTINEL = "\u2063CRAFT-QUESTION\u2063"
 
@@ -67,6 +99,88 @@ def _as_frames(frames: Any) -> np.ndarray:
     return arr
 
 
+def frame_size(
+    height: int,
+    width: int,
+    num_frames: int,
+    *,
+    factor: int,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+    total_pixels: int | None = None,
+) -> tuple[int, int]:
+    """(height, width) every frame is resized to, as qwen-vl-utils 0.0.14 `fetch_video` +
+    `smart_resize` compute them (what lmms-eval's Qwen model classes use).
+
+    The frame bound is `min(max_pixels, max(min(768 * factor^2, total_pixels / F * 2),
+    1.05 * min_pixels))`, `total_pixels` defaulting to `128000 * factor^2 * 0.9`; sides are
+    rounded to multiples of `factor` (patch size x merge size), then scaled down (floor) to
+    fit the bound or up (ceil) to reach `min_pixels`, keeping the aspect ratio.
+    """
+    if min(height, width) < 1 or num_frames < 1:
+        raise ValueError(
+            f"frame_size: need frames of positive size, got {num_frames}x{height}x{width}"
+        )
+    low = factor * factor if min_pixels is None else min_pixels
+    total = _SEQ_LEN * factor * factor * 0.9 if total_pixels is None else total_pixels
+    bound = max(
+        min(_VIDEO_MAX_TOKENS * factor * factor, total / num_frames * _FRAME_FACTOR),
+        int(low * 1.05),
+    )
+    if max_pixels is not None:
+        bound = min(max_pixels, bound)
+    if bound < low:
+        raise ValueError(f"max_pixels {max_pixels} is below min_pixels {low}")
+    h = max(factor, round(height / factor) * factor)
+    w = max(factor, round(width / factor) * factor)
+    if h * w > bound:
+        beta = math.sqrt(height * width / bound)
+        h = math.floor(height / beta / factor) * factor
+        w = math.floor(width / beta / factor) * factor
+    elif h * w < low:
+        beta = math.sqrt(low / (height * width))
+        h = math.ceil(height * beta / factor) * factor
+        w = math.ceil(width * beta / factor) * factor
+    return h, w
+
+
+def _resize_frames(
+    processor: Any, videos: list[np.ndarray], pixels: dict[str, int | None]
+) -> list[np.ndarray] | None:
+    """Frames resized per frame (bicubic, antialiased, as qwen-vl-utils), or None when the
+    processor resizes them itself (Qwen2.5-VL without bounds)."""
+    kind = _kind(processor)
+    given: dict[str, int | None] = {k: v for k, v in pixels.items() if v is not None}
+    if kind in ("llava_onevision", "other"):
+        if given:
+            raise ValueError(
+                f"{', '.join(given)}: frame pixel bounds apply to the Qwen backbones; "
+                f"{type(processor).__name__} resizes frames to its fixed input size"
+            )
+        return None
+    if kind == "qwen2" and not given:
+        return None
+    if kind == "qwen3" and not given:
+        name = "qwen3_5" if "Qwen3_5" in type(processor).__name__ else "qwen3_vl"
+        given = {**LMMS_VIDEO_PIXELS[name], "min_pixels": None}  # no up-scaling by default
+    vp = processor.video_processor
+    factor = int(vp.patch_size) * int(vp.merge_size)
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms.functional import resize
+
+    out = []
+    for video in videos:
+        f, h0, w0 = (int(x) for x in video.shape[:3])
+        h, w = frame_size(h0, w0, f, factor=factor, **given)
+        if (h, w) == (h0, w0):
+            out.append(video)
+            continue
+        t = torch.from_numpy(np.ascontiguousarray(video)).permute(0, 3, 1, 2)
+        t = resize(t, [h, w], interpolation=InterpolationMode.BICUBIC, antialias=True)
+        out.append(t.permute(0, 2, 3, 1).contiguous().numpy())
+    return out
+
+
 def _video_kwargs(processor: Any, videos: list[np.ndarray], fps: list[float]) -> dict[str, Any]:
     kind = _kind(processor)
     if kind in ("qwen3", "qwen2"):
@@ -87,8 +201,19 @@ def _video_kwargs(processor: Any, videos: list[np.ndarray], fps: list[float]) ->
     return {"do_sample_frames": False}
 
 
-def _process(processor: Any, texts: list[str], videos: list[np.ndarray], fps: list[float]) -> Any:
+def _process(
+    processor: Any,
+    texts: list[str],
+    videos: list[np.ndarray],
+    fps: list[float],
+    pixels: dict[str, int | None] | None = None,
+) -> Any:
+    resized = _resize_frames(processor, videos, pixels or {})
+    if resized is not None:
+        videos = resized
     kwargs = _video_kwargs(processor, videos, fps)
+    if resized is not None:
+        kwargs["do_resize"] = False
     common: dict[str, Any] = {"return_tensors": "pt"}
     if len(texts) > 1:
         common.update(padding=True, padding_side="left")
@@ -126,6 +251,9 @@ def build_inputs(
     *,
     add_generation_prompt: bool = True,
     system: str | None = None,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+    total_pixels: int | None = None,
 ) -> Any:
     """Processor outputs (a `BatchFeature` of torch tensors) for video(s) + prompt(s).
 
@@ -137,6 +265,8 @@ def build_inputs(
         prompt: the user's text (one per video in a batch).
         add_generation_prompt: append the assistant prompt of the chat template.
         system: an optional system turn (None: the chat template's default).
+        min_pixels, max_pixels, total_pixels: per-frame pixel bounds of the Qwen backbones
+            (qwen-vl-utils semantics, see `frame_size` and the module docstring).
     """
     batched = isinstance(frames, (list, tuple))
     videos = [_as_frames(f) for f in frames] if batched else [_as_frames(frames)]
@@ -147,7 +277,8 @@ def build_inputs(
     if len(fps_list) != len(videos):
         raise ValueError(f"{len(videos)} video(s) but {len(fps_list)} fps value(s)")
     texts = [render_prompt(processor, p, add_generation_prompt, system) for p in prompts]
-    return _process(processor, texts, videos, fps_list)
+    pixels = {"min_pixels": min_pixels, "max_pixels": max_pixels, "total_pixels": total_pixels}
+    return _process(processor, texts, videos, fps_list, pixels)
 
 
 def build_session_inputs(
@@ -157,6 +288,9 @@ def build_session_inputs(
     questions: Sequence[str],
     *,
     system: str | None = None,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+    total_pixels: int | None = None,
 ) -> tuple[Any, list[torch.Tensor]]:
     """Inputs for `model.encode_video(**video_inputs)` and one `session.ask(q)` per question.
 
@@ -172,7 +306,8 @@ def build_session_inputs(
     template = render_prompt(processor, _SENTINEL, system=system)
     cut = template.index(_SENTINEL)
     prefix, suffix = template[:cut], template[cut + len(_SENTINEL) :]
-    video_inputs = _process(processor, [prefix], [video], [float(fps)])
+    pixels = {"min_pixels": min_pixels, "max_pixels": max_pixels, "total_pixels": total_pixels}
+    video_inputs = _process(processor, [prefix], [video], [float(fps)], pixels)
     tokenizer = processor.tokenizer
     q_ids = [
         tokenizer(q + suffix, add_special_tokens=False, return_tensors="pt")["input_ids"]

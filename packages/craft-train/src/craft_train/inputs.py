@@ -56,6 +56,7 @@ class ExampleEncoder:
         self.tokenizer = getattr(processor, "tokenizer", processor)
         self.fps = cfg.data.fps
         self.max_frames = cfg.data.max_frames
+        self.max_pixels = cfg.data.max_pixels  # per frame (craft_adapters.build_inputs)
         self.max_seq_len = cfg.data.max_seq_len
 
     def read(self, path: str) -> tuple[np.ndarray, float]:
@@ -80,7 +81,11 @@ class ExampleEncoder:
             return_tensors="pt",
         )["input_ids"]
         for _ in range(4):
-            inputs = dict(build_inputs(self.processor, frames, fps, example.prompt))
+            inputs = dict(
+                build_inputs(
+                    self.processor, frames, fps, example.prompt, max_pixels=self.max_pixels
+                )
+            )
             length = int(inputs["input_ids"].shape[-1]) + int(answer.shape[-1])
             if length <= self.max_seq_len or frames.shape[0] <= 2:
                 break
