@@ -65,7 +65,7 @@ def fastvid_published(
 ):
     """FastVID as in github.com/LunarShen/FastVID,
     `fastvid_llavaonevision/LLaVA-NeXT/llava/model/language_model/modeling_qwen2.py`
-    lines 912-1040 (DySeg, STPrune, anchor distribution, density score, DTM), with the
+    lines 912-1061 (DySeg, STPrune, anchor distribution, density score, DTM), with the
     frame feature = the frame's mean token (the Qwen2.5-VL variant's, same repository,
     `fastvid_qwen25vl/.../modeling_qwen2_5_vl.py` line 1836) and without the `rand * 1e-6`
     density tie-breaker. `x [T, n, D]`, `attn [T, n]`. Returns `{flat index: row}`, or None
@@ -191,7 +191,7 @@ def dtd_published(
     x: torch.Tensor, threshold: float | None = None, drops: list[int] | None = None
 ) -> list[int]:
     """`token_drop(method="feature")` of github.com/yaolinli/TimeChat-Online,
-    `eval/qwen2_5_vl/modeling_qwen2_5_vl_DTD.py` lines 1318-1348: absolute
+    `eval/qwen2_5_vl/modeling_qwen2_5_vl_DTD.py` lines 1313-1350: absolute
     (`sim > threshold` dropped) or relative (`topk(sim, k)` dropped, `drops[t]` per later
     frame; published `k = int(n * fraction)` in every frame). Kept flat indices."""
     t_count, n, _ = x.shape
@@ -264,7 +264,7 @@ def test_dtd_threshold_has_no_silent_floor() -> None:
 
 def scissor_published(x: torch.Tensor, tau: float) -> list[torch.Tensor]:
     """LLaVA-Scissor's token merge, github.com/HumanMLLM/LLaVA-Scissor,
-    `llava/model/llava_arch_zip.py` (`approximate_components` lines 73-127 with every node
+    `llava/model/llava_arch_zip.py` (`approximate_components` lines 73-129 with every node
     sampled, as below about 3,300 nodes, but EXACT components; the merge that follows it in
     the same file): per frame components of `cosine > tau` averaged, the same over all
     frames' averages, then each token to its most similar representative and each

@@ -2,7 +2,7 @@
 
 Yao et al., "TimeChat-Online: 80% Visual Tokens are Naturally Redundant in Streaming Videos",
 2025. Re-stated from github.com/yaolinli/TimeChat-Online,
-`eval/qwen2_5_vl/modeling_qwen2_5_vl_DTD.py`, `token_drop`, lines 1318-1348 (commit 25a1578):
+`eval/qwen2_5_vl/modeling_qwen2_5_vl_DTD.py`, `token_drop`, lines 1313-1350 (commit 25a1578):
 frame by frame, each token's cosine with the token at the same place in the PREVIOUS frame
 (the previous frame's own tokens, dropped or not) is computed; the first frame stays whole.
 

@@ -3,22 +3,22 @@
 Shen et al., "FastVID: Dynamic Density Pruning for Fast Video Large Language Models", 2025.
 Re-stated from the published LLaVA-OneVision code, github.com/LunarShen/FastVID,
 `fastvid_llavaonevision/LLaVA-NeXT/llava/model/language_model/modeling_qwen2.py`, lines
-912-1040 (commit a40a109):
+912-1061 (commit a40a109):
 
 1. DySeg (912-922): cut the video after the `c - 1` lowest adjacent-frame cosines of the
    frame features (here: the frame's mean token, as the published Qwen2.5-VL variant does)
    and wherever the cosine is below `tau`.
-2. STPrune (931-961): each frame keeps `k_f` tokens, `k_f - int(k_f * d)` of them salient
+2. STPrune (924-962): each frame keeps `k_f` tokens, `k_f - int(k_f * d)` of them salient
    (top attention received); the other `int(k_f * d)` are its "context" share.
-3. Anchor distribution (939-950): in a segment of `L` frames the anchor frames are those
+3. Anchor distribution (940-950): in a segment of `L` frames the anchor frames are those
    with `(L - 1 - j) % p == 0` (counted from the END, so the last frame always is one); the
    segment's context total is split equally among them (`ctx * L // ceil(L / p)` each).
-4. Density peaks (963-986), per anchor frame over its non-salient tokens:
+4. Density peaks (964-989), per anchor frame over its non-salient tokens:
    `dist = cdist(x, x) / sqrt(D)` on the raw features, density
    `exp(-mean(top4 smallest dist ** 2))` with the zero self-distance INCLUDED, `delta` the
    distance to the nearest denser token (the frame's largest distance for the densest);
    the `count` highest `delta * density` are the anchors.
-5. DTM (988-1040): in a multi-frame segment EVERY non-salient token of the segment merges,
+5. DTM (991-1061): in a multi-frame segment EVERY non-salient token of the segment merges,
    for each anchor frame, into its most similar (cosine) anchor of that frame, the anchor
    itself included; single-frame segments (and `p = 1`) merge within the frame. An anchor
    becomes `w * anchor + (1 - w) * mean(assigned)`, `w = max(1 / (n + 1), beta)`, where the

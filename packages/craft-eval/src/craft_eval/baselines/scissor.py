@@ -48,7 +48,7 @@ def connected_components(sims: torch.Tensor, tau: float) -> torch.Tensor:
     jumping.
 
     The published `approximate_components` (github.com/HumanMLLM/LLaVA-Scissor,
-    `llava/model/llava_arch_zip.py`, lines 73-127) differs in two ways: it unions only the
+    `llava/model/llava_arch_zip.py`, lines 73-129, commit b63354c) differs in two ways: it unions only the
     edges of about log(n)/eps^2 sampled nodes (every node below about 3,300 nodes at
     eps = 0.05), and it collects a component as `np.where(uf.parent == root)`, the nodes
     whose parent IS the root, so a node two or more links below its root (union by rank
