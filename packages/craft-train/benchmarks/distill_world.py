@@ -6,8 +6,9 @@ The world (`craft_world`) is a tiny Qwen2.5-VL trained on synthetic clips, with 
 MVBench-format questions. Three merge modules on the same frozen backbone:
 
 - untrained: the seeded initial module (what `build_model` starts from);
-- stage 1+2: the shipped `craft_world.craft_path()` (craft-train stage 1 on captions, then
-  stage 2 on QA; 300 + 150 steps x 4 examples, with labels);
+- stage 1+2: craft-train stage 1 on the clips' captions, then stage 2 on their QA (the
+  labels), with `craft_world.recipe.STAGE1` / `STAGE2` (300 + 150 steps x 4 examples): the
+  shipped `craft_world.craft_path()`, or trained here with `--train-stage12`;
 - distill: `craft-train distill` on the same "craft"-split clips WITHOUT their captions or
   answers: each clip with the describe prompt and its two questions' prompts, the frozen
   model's own answers as teacher; 450 steps x 4 examples (the same number of examples).
@@ -56,6 +57,21 @@ def untrained(hidden_size: int, seed: int) -> Any:
         return CraftCompressor(CraftConfig(hidden_size=hidden_size, **WORLD_CRAFT))
 
 
+def train_stage12(work: Path, root: Path) -> Path:
+    """craft-train stage 1 (captions) then stage 2 (QA) with the world's recipe; -> craft/."""
+    from craft_train.config import load_config
+    from craft_train.trainer import train
+    from craft_world.recipe import STAGE1, STAGE2, craft_train_config
+
+    s1, s2 = work / "stage1", work / "stage2"
+    started = time.perf_counter()
+    train(load_config(data=craft_train_config(root / "captions.jsonl", s1, stage=1, **STAGE1)))
+    data = craft_train_config(root / "qa.jsonl", s2, stage=2, init_from=s1, **STAGE2)
+    train(load_config(data=data))
+    print(f"stage 1+2: {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    return s2 / "craft"
+
+
 def evaluate(modules: dict[str, Any], test_root: Path, ratios: list[float]) -> dict[str, Any]:
     """Accuracy and KL to the uncompressed model per module and ratio (paired SEs)."""
     import craft_world
@@ -95,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test", type=int, default=300, help="held-out clips (split test)")
     parser.add_argument("--steps", type=int, default=450, help="distillation steps (x 4)")
     parser.add_argument("--lr", type=float, default=4e-3)
+    parser.add_argument(
+        "--train-stage12",
+        action="store_true",
+        help="train stage 1+2 here instead of loading the shipped craft_world.craft_path()",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
@@ -120,10 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - started
     print(f"distillation: {args.steps} steps in {seconds:.0f} s", file=sys.stderr)
 
+    stage12 = craft_world.craft_path() if not args.train_stage12 else train_stage12(work, root)
     distilled = CraftCompressor.from_pretrained(out / "craft")
     modules = {
         "untrained": untrained(distilled.config.hidden_size, seed=0),
-        "stage 1+2": CraftCompressor.from_pretrained(craft_world.craft_path()),
+        "stage 1+2": CraftCompressor.from_pretrained(stage12),
         "distill": distilled,
     }
     results = evaluate(modules, test_root, [8.0, 16.0])
