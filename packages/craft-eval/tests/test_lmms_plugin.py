@@ -227,7 +227,12 @@ def test_lmms_eval_command_batch_of_two(lmms_env: dict[str, Any], tiny_models: A
     plugin, model_type, extra = BACKBONES[0]
     out = lmms_env["root"] / "out-command"
     argv = _argv(
-        plugin, tiny_models(model_type), extra, "method=craft,ratio=4", lmms_env["task"], out
+        plugin,
+        tiny_models(model_type),
+        extra,
+        "method=craft,allow_untrained=true,ratio=4",
+        lmms_env["task"],
+        out,
     )
     script = Path(sys.executable).with_name("lmms-eval")
     env = {**os.environ, **lmms_env["env"]}
@@ -273,4 +278,6 @@ def test_budget_and_method_parsing() -> None:
         build_compressor("nope", None, None)
     with pytest.raises(ValueError, match="checkpoint= needs a method"):
         build_compressor("none", "/ckpt", None)
+    with pytest.raises(ValueError, match="method=craft needs checkpoint=PATH"):
+        build_compressor("craft", None, None)
     assert math.isfinite(parse_budget("craft", 1, None, None)[0] or 0.0)

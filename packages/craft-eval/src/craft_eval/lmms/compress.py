@@ -19,11 +19,10 @@ import inspect
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
-
-_OWN_ARGS = ("method", "checkpoint", "ratio", "threshold", "min_tokens")
 
 
 def parse_budget(
@@ -76,24 +75,44 @@ class TimedCompressor:
         return result
 
 
-def build_compressor(method: str, checkpoint: str | None, model: Any) -> TimedCompressor | None:
-    """The registered `method` (None for "none"), sized to the model's language model."""
+def check_method(method: str, checkpoint: str | None, allow_untrained: bool = False) -> Any:
+    """The registry entry of `method` (None for "none"); errors name the model_arg.
+
+    A method that needs a trained checkpoint (craft, scissor-merge) without `checkpoint=` is
+    refused unless `allow_untrained` (plumbing checks with a fresh random module)."""
     if method == "none":
         if checkpoint:
             raise ValueError("model_args checkpoint= needs a method (method=craft)")
         return None
-    from craft_eval.methods import get_method, get_method_info, list_methods
+    from craft_eval.methods import get_method_info, list_methods
 
     try:
         info = get_method_info(method)
     except KeyError:
         names = ", ".join(m.name for m in list_methods())
         raise ValueError(f"model_args method={method!r} is unknown; known: none, {names}") from None
-    kwargs: dict[str, Any] = {}
-    if checkpoint:
-        if "checkpoint" not in inspect.signature(info.factory).parameters:
-            raise ValueError(f"model_args checkpoint= is not used by method={method}")
-        kwargs["checkpoint"] = str(checkpoint)
+    if "checkpoint" in info.needs and not checkpoint and not allow_untrained:
+        raise ValueError(
+            f"model_args method={method} needs checkpoint=PATH (a trained merge module); "
+            "allow_untrained=true runs a fresh random one"
+        )
+    if checkpoint and "checkpoint" not in inspect.signature(info.factory).parameters:
+        raise ValueError(f"model_args checkpoint= is not used by method={method}")
+    if checkpoint and not Path(str(checkpoint)).exists():
+        raise ValueError(f"model_args checkpoint={checkpoint}: no such file or folder")
+    return info
+
+
+def build_compressor(
+    method: str, checkpoint: str | None, model: Any, allow_untrained: bool = False
+) -> TimedCompressor | None:
+    """The registered `method` (None for "none"), sized to the model's language model."""
+    info = check_method(method, checkpoint, allow_untrained)
+    if info is None:
+        return None
+    from craft_eval.methods import get_method
+
+    kwargs: dict[str, Any] = {"checkpoint": str(checkpoint)} if checkpoint else {}
     params = inspect.signature(info.factory).parameters
     if "hidden_size" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
         kwargs.setdefault("hidden_size", int(model.config.get_text_config().hidden_size))
@@ -206,14 +225,17 @@ class CraftLMMixin:
         ratio: Any = None,
         threshold: Any = None,
         min_tokens: Any = None,
+        allow_untrained: bool = False,
         **kwargs: Any,
     ) -> None:
         method = str(method).lower()
         r, t, m = parse_budget(method, ratio, threshold, min_tokens)
+        check_method(method, checkpoint, allow_untrained is True)  # before the model loads
         super().__init__(**kwargs)
-        compressor = build_compressor(method, checkpoint, self._model)
+        hf_model = getattr(self, "model", self._model)  # unwrapped from accelerate's wrappers
+        compressor = build_compressor(method, checkpoint, hf_model, allow_untrained is True)
         budget = {"ratio": r, "threshold": t, "min_tokens": m} if compressor is not None else {}
-        self._model = CompressedGenerate(self._model, compressor, budget)
+        self._model = CompressedGenerate(hf_model, compressor, budget)
         self.craft_method = method
         self.craft_budget = {k: v for k, v in budget.items() if v is not None}
 
