@@ -17,7 +17,7 @@ from pathlib import Path
 import nox
 
 nox.options.default_venv_backend = "uv"
-nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.sessions = ["lint", "typecheck", "tests", "core_paths"]
 nox.options.reuse_existing_virtualenvs = True
 
 ROOT = Path(__file__).parent
@@ -66,6 +66,27 @@ def tests(session: nox.Session, package: str) -> None:
         "-p",
         "no:cacheprovider",
         *session.posargs,
+    )
+
+
+@nox.session
+@nox.parametrize("path", ["ATEN_CPU_CAPABILITY=default", "MKL_CBWR=AVX2"])
+def core_paths(session: nox.Session, path: str) -> None:
+    """craft-core's suite again on another CPU instruction path (generic ATen kernels, MKL's
+    AVX2 code path): a selection that depends on how a kernel rounds fails here, not on a
+    user's machine."""
+    _sync(session, "--package", "craft-core", "--group", "test")
+    name, value = path.split("=")
+    session.run(
+        "pytest",
+        "packages/craft-core/tests",
+        "-m",
+        "not gpu and not slow",  # slow: the memory probe, and the path test that spawns these
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        *session.posargs,
+        env={name: value},
     )
 
 

@@ -19,6 +19,7 @@ import time
 import torch
 
 from craft_core import CraftCompressor, CraftConfig, target_token_count
+from craft_core.opcount import OpCounter
 from craft_core.selection import full_partners, grid_projection, similarity_embedding
 
 
@@ -162,6 +163,60 @@ def main() -> None:
     print(
         "ratio = median over interleaved repeats of (whole / irreducible); target <= 1.5 at N = 16,384"
     )
+    if not args.quick:
+        features, coords = video_like(32, 16, 16, 1024)
+        small = CraftCompressor(CraftConfig(hidden_size=1024)).to(device).eval()
+        r = run_case(small, features.to(device), coords.to(device), repeats, ratio=8.0)
+        print(f"N = {r['n']:,}, D = 1,024, ratio 8: whole / irreducible = {r['ratio']:.2f}")
+    exactness_cost(device, dim, repeats)
+    count_ops(device)
+
+
+def exactness_cost(device: torch.device, dim: int, repeats: int) -> None:
+    """Time of one exact pairing pass (the rule) against a plain float32 one, N = 16,384."""
+    features, _ = video_like(64, 16, 16, dim)
+    features = features.to(device)
+    compressor = CraftCompressor(CraftConfig(hidden_size=dim)).to(device)
+    block = compressor.config.sim_block
+
+    def exact() -> None:
+        embed = similarity_embedding(features, grid_projection(compressor.projection), block)
+        full_partners(embed, block)
+
+    def plain() -> None:
+        embed = torch.nn.functional.normalize(features @ compressor.projection, dim=1)
+        for start in range(0, embed.shape[0], block):
+            sims = embed[start : start + block] @ embed.T
+            sims.diagonal(offset=start).fill_(float("-inf"))
+            sims.max(dim=1)
+
+    with torch.no_grad():
+        a, b = timed_pair(exact, plain, repeats, device)
+    print(
+        f"exact pairing pass (float64 on exact grids) / plain float32 pass, N = 16,384: "
+        f"{statistics.median(x / y for x, y in zip(a, b)):.2f}"
+    )
+
+
+def count_ops(device: torch.device) -> None:
+    """ATen ops (views excluded) and host syncs per round, both pairing strategies."""
+    print(f"{'pairing':<13}{'budget':<15}{'N':>7}{'rounds':>7}{'ops/round':>11}{'syncs/round':>13}")
+    for frames in (16, 64):
+        features, coords = video_like(frames, 16, 16, 256)
+        features, coords = features.to(device), coords.to(device)
+        for pairing in ("full", "incremental"):
+            compressor = CraftCompressor(CraftConfig(hidden_size=256, pairing=pairing)).to(device)
+            for name, budget in (
+                ("ratio 8", {"ratio": 8.0}),
+                ("threshold 0.9", {"threshold": 0.9}),
+            ):
+                with torch.no_grad(), OpCounter() as count:
+                    out = compressor(features, coords, **budget)  # type: ignore[arg-type]
+                print(
+                    f"{pairing:<13}{name:<15}{features.shape[0]:>7}{out.rounds:>7}"
+                    f"{count.ops / out.rounds:>11.1f}{count.syncs / out.rounds:>13.2f}"
+                )
+    print("full = the GPU path (fixed shapes); incremental = the CPU path (fewer multiply-adds)")
 
 
 if __name__ == "__main__":

@@ -21,19 +21,27 @@ from craft_core import CraftCompressor, CraftConfig
 from craft_core.opcount import OpCounter
 
 
+def noise(*shape: int, generator: torch.Generator) -> torch.Tensor:
+    """Zero-mean noise of unit scale that is the same bits on every CPU path.
+
+    (`torch.randn` is not: its vectorised Box-Muller rounds differently with AVX2/AVX-512.)
+    """
+    return (torch.rand(4, *shape, generator=generator) - 0.5).sum(0) * 1.7
+
+
 def static_video(seed: int, frames: int = 12, grid: int = 6, dim: int = 32):
     """`[frames * grid^2, dim]` tokens: drifting scenes, a third of frames static copies."""
     gen = torch.Generator().manual_seed(seed)
     per_frame = grid * grid
-    rows = [torch.randn(per_frame, dim, generator=gen)]
+    rows = [noise(per_frame, dim, generator=gen)]
     for _ in range(1, frames):
         r = float(torch.rand(1, generator=gen))
         if r < 0.35:
             rows.append(rows[-1].clone())  # static frame: exact duplicates
         elif r < 0.45:
-            rows.append(torch.randn(per_frame, dim, generator=gen))  # scene cut
+            rows.append(noise(per_frame, dim, generator=gen))  # scene cut
         else:
-            rows.append(rows[-1] + 0.2 * torch.randn(per_frame, dim, generator=gen))
+            rows.append(rows[-1] + 0.2 * noise(per_frame, dim, generator=gen))
     x = torch.cat(rows)
     x[5] = x[17]  # duplicates inside one frame
     t, h, w = torch.meshgrid(
@@ -46,9 +54,9 @@ def trained_looking(config: CraftConfig, seed: int = 0) -> CraftCompressor:
     torch.manual_seed(seed)
     compressor = CraftCompressor(config)
     with torch.no_grad():
-        for layer in (compressor.merge.w_up, compressor.merge.w_mod):
-            layer.weight.normal_(0, 0.2)
-            layer.bias.normal_(0, 0.2)
+        gen = torch.Generator().manual_seed(seed)
+        for param in compressor.merge.parameters():  # path-independent weights, live gate
+            param.copy_(0.2 * noise(*param.shape, generator=gen))
     return compressor
 
 
@@ -60,7 +68,7 @@ BUDGETS = [{"ratio": 8.0}, {"ratio": 2.5}, {"threshold": 0.7}]
 
 
 @pytest.mark.parametrize("budget", BUDGETS)
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(3))
 def test_selection_is_the_same_for_every_sim_block_and_pairing(seed: int, budget: dict) -> None:
     x, coords = static_video(seed)
     results = {}
@@ -125,6 +133,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "env",
     [{}, {"ATEN_CPU_CAPABILITY": "default"}, {"MKL_CBWR": "AVX2"}],
@@ -133,11 +142,17 @@ SCRIPT = textwrap.dedent(
 def test_instruction_paths_agree(env: dict) -> None:
     script = SCRIPT.format(tests=os.path.dirname(__file__))
     baseline = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True,
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
         env={k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR")},
     )
     other = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, check=True,
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        check=True,
         env={**os.environ, **env},
     )
     assert json.loads(other.stdout) == json.loads(baseline.stdout)
@@ -162,8 +177,10 @@ def test_full_pairing_round_needs_at_most_two_host_syncs(budget: dict) -> None:
     with torch.no_grad(), OpCounter() as count:
         out = compressor(x, coords, **budget)
     assert out.rounds >= 5
-    # One transfer of the round's sizes, one for the row store's new slots; +1 at the end.
-    assert count.syncs <= 2 * out.rounds + 1, dict(count.sync_ops)
+    # Per round: one transfer of the round's sizes, one for the row store's new slots.
+    # Once per call: the input check's max |x|, and the last plan that finds no edge.
+    assert count.syncs <= 2 * out.rounds + 2, dict(count.sync_ops)
+    assert count.ops <= 150 * out.rounds, count.ops / out.rounds
     assert set(count.sync_ops) <= {"tolist", "_local_scalar_dense"}, dict(count.sync_ops)
 
 
@@ -175,6 +192,10 @@ def test_op_counter_sees_syncs_and_views() -> None:
         int(t.sum())
         t.tolist()
         t.view(2, 5)
-    assert count.sync_ops == {"nonzero": 1, "index(bool mask)": 1, "_local_scalar_dense": 1,
-                              "tolist": 1}
+    assert count.sync_ops == {
+        "nonzero": 1,
+        "index(bool mask)": 1,
+        "_local_scalar_dense": 1,
+        "tolist": 1,
+    }
     assert count.all_ops > count.ops

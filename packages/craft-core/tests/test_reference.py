@@ -77,12 +77,20 @@ def ref_fuse(module, config, rows, coords, t, sources, sims, round_index) -> tor
         w = [1.0 / len(sources)] * len(sources)
     else:
         merge = module.merge
-        k = ref_rope(F.normalize(merge.w_k.weight @ x_t, dim=0), coords[t], config.rope_theta,
-                     config.rope_sections)
+        k = ref_rope(
+            F.normalize(merge.w_k.weight @ x_t, dim=0),
+            coords[t],
+            config.rope_theta,
+            config.rope_sections,
+        )
         logits = []
         for s, sim in zip(sources, sims):
-            q = ref_rope(F.normalize(merge.w_q.weight @ rows[s], dim=0), coords[s],
-                         config.rope_theta, config.rope_sections)
+            q = ref_rope(
+                F.normalize(merge.w_q.weight @ rows[s], dim=0),
+                coords[s],
+                config.rope_theta,
+                config.rope_sections,
+            )
             logits.append((float(q @ k) + sim) / config.temperature)
         w = torch.softmax(torch.tensor(logits), dim=0).tolist()
     if config.reduce == "mean":
@@ -90,8 +98,9 @@ def ref_fuse(module, config, rows, coords, t, sources, sims, round_index) -> tor
     merge = module.merge
     half = config.round_embed_dim // 2
     freqs = [math.exp(-math.log(10000.0) * i / half) for i in range(half)]
-    phi = torch.tensor([math.cos(round_index * f) for f in freqs] +
-                       [math.sin(round_index * f) for f in freqs])
+    phi = torch.tensor(
+        [math.cos(round_index * f) for f in freqs] + [math.sin(round_index * f) for f in freqs]
+    )
     gamma, beta = (merge.w_mod.weight @ phi + merge.w_mod.bias).chunk(2)
     out = x_t.clone()
     for wi, s in zip(w, sources):
@@ -190,9 +199,7 @@ def check_against_reference(config: CraftConfig, seed: int, n: int, budget: dict
     x, coords = make_tokens(seed, n, config.hidden_size)
     with torch.set_grad_enabled(grad):
         out = compressor(x, coords, **budget)
-    floor = (
-        max(1, math.floor(n / budget["ratio"])) if "ratio" in budget else max(1, n // 128)
-    )
+    floor = max(1, math.floor(n / budget["ratio"])) if "ratio" in budget else max(1, n // 128)
     kept, owner, rows, rounds = reference_compress(
         compressor, x, coords, floor, budget.get("threshold")
     )
@@ -211,7 +218,11 @@ def check_against_reference(config: CraftConfig, seed: int, n: int, budget: dict
 def test_uniform_weighting_equals_reference(n: int, reduce: str, budget: dict, pairing: str):
     # sim_block 16 forces several blocks even at these sizes.
     config = CraftConfig(
-        hidden_size=24, sim_dim=16, sim_block=16, weighting="uniform", reduce=reduce,
+        hidden_size=24,
+        sim_dim=16,
+        sim_block=16,
+        weighting="uniform",
+        reduce=reduce,
         pairing=pairing,
     )
     seed = 100 * n + len(str(budget))
@@ -224,8 +235,14 @@ def test_uniform_weighting_equals_reference(n: int, reduce: str, budget: dict, p
 @pytest.mark.parametrize("pairing", ["incremental", "full"])
 def test_position_weights_and_gate_equal_reference(n: int, budget: dict, pairing: str):
     config = CraftConfig(
-        hidden_size=24, sim_dim=16, sim_block=16, rank=8, rope_sections=(2, 1, 1),
-        gate_hidden=16, round_embed_dim=8, pairing=pairing,
+        hidden_size=24,
+        sim_dim=16,
+        sim_block=16,
+        rank=8,
+        rope_sections=(2, 1, 1),
+        gate_hidden=16,
+        round_embed_dim=8,
+        pairing=pairing,
     )
     check_against_reference(config, 7 * n, n, budget, grad=(n % 2 == 1))
 

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+MAX_FEATURE_MAGNITUDE = 1e15
+"""Largest |feature| accepted: float32 squares of larger values overflow inside the gate."""
+
 
 @dataclass(frozen=True)
 class Budget:
@@ -94,7 +97,8 @@ def check_tokens(
 
     Raises:
         TypeError: a non-tensor, non-floating `features` or non-integer `coords`.
-        ValueError: wrong rank or shape, N = 0, NaN/inf features, devices that differ.
+        ValueError: wrong rank or shape, N = 0, NaN/inf or huge (> 1e15) features, devices
+            that differ.
     """
     if not isinstance(features, torch.Tensor):
         raise TypeError(f"features must be a torch.Tensor, got {type(features).__name__}")
@@ -120,9 +124,13 @@ def check_tokens(
         )
     if coords.device != features.device:
         raise ValueError(f"coords is on {coords.device} but features on {features.device}")
-    # A finite sum proves every entry finite in one pass without a [N, D] mask; only an
-    # overflowing (or truly non-finite) sum pays for the exact check.
-    if not bool(torch.isfinite(features.sum(dtype=torch.float32))) and not bool(
-        torch.isfinite(features).all()
-    ):
+    # One pass: the largest magnitude is NaN or inf exactly when an entry is.
+    top = float(features.detach().abs().amax())
+    if not math.isfinite(top):
         raise ValueError("features contains NaN or inf values")
+    if top > MAX_FEATURE_MAGNITUDE:
+        raise ValueError(
+            f"features has an entry of magnitude {top:.3g}; CRAFT fuses rows in float32 and "
+            f"needs every |entry| <= {MAX_FEATURE_MAGNITUDE:.0e} (squares inside the gate's "
+            "LayerNorm would overflow); rescale the features"
+        )

@@ -25,15 +25,9 @@ from torch import nn
 from craft_core.budget import Budget, check_tokens, resolve_budget
 from craft_core.config import CraftConfig
 from craft_core.merge import GatedMerge, group_edges
-from craft_core.result import CompressionResult
 from craft_core.pairing import FullPairing, PairingState
-from craft_core.selection import (
-    exact_square_norms,
-    grid_projection,
-    make_projection,
-    select_edges,
-    similarity_embedding,
-)
+from craft_core.result import CompressionResult
+from craft_core.selection import grid_projection, make_projection, row_keys, select_edges
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -180,10 +174,9 @@ class CraftCompressor(nn.Module):
         with torch.no_grad():
             weight = grid_projection(self.projection)
             block = self.config.sim_block
-            square_norms = exact_square_norms(features)
             pairing: FullPairing | PairingState | None = None
             if n > budget.floor:
-                embed = similarity_embedding(features, weight, block)
+                embed, square_norms = row_keys(features, weight, block)
                 use_full = self.config.pairing == "full" or (
                     self.config.pairing == "auto" and device.type == "cuda"
                 )
@@ -213,8 +206,8 @@ class CraftCompressor(nn.Module):
                 redirect = torch.arange(n, device=device)
                 redirect[sources] = plan.targets
                 owner = redirect[owner]
-                square_norms[targets] = exact_square_norms(new_rows)
-                pairing.update(targets, similarity_embedding(new_rows, weight, block), sources)
+                new_embed, square_norms[targets] = row_keys(new_rows, weight, block)
+                pairing.update(targets, new_embed, sources)
                 # Drop the sources from the active list (stable sort: no data-dependent shape).
                 leaving = torch.zeros(n, dtype=torch.bool, device=device)
                 leaving[sources] = True
@@ -348,14 +341,22 @@ class CraftCompressor(nn.Module):
             raise FileNotFoundError(
                 f"{folder} is not a CRAFT checkpoint: it needs {CONFIG_NAME} and {WEIGHTS_NAME}"
             )
-        config = CraftConfig.model_validate(json.loads(config_file.read_text()))
+        try:
+            config = CraftConfig.model_validate(json.loads(config_file.read_text()))
+        except (ValueError, UnicodeDecodeError) as error:  # JSON or a field out of range
+            raise ValueError(f"{config_file} is not a valid CRAFT config: {error}") from None
+        try:
+            state = load_file(str(weights_file))
+        except Exception as error:  # safetensors raises its own error types
+            raise ValueError(
+                f"{weights_file} is not a readable safetensors file: {error}"
+            ) from None
         if hidden_size is not None and config.hidden_size != hidden_size:
             raise ValueError(
                 f"checkpoint {folder} has hidden_size {config.hidden_size}, but hidden_size "
                 f"{hidden_size} was asked for"
             )
         module = cls(config)
-        state = load_file(str(weights_file))
         expected = module.state_dict()
         missing = sorted(set(expected) - set(state))
         unexpected = sorted(set(state) - set(expected))
@@ -365,5 +366,8 @@ class CraftCompressor(nn.Module):
                 f"checkpoint {folder} does not match its config: missing {missing}, "
                 f"unexpected {unexpected}, wrong shapes {wrong}"
             )
+        bad = sorted(k for k, v in state.items() if not bool(torch.isfinite(v).all()))
+        if bad:
+            raise ValueError(f"checkpoint {weights_file} holds NaN or inf values in {bad}")
         module.load_state_dict(state)
         return module.to(device)

@@ -203,12 +203,14 @@ class GatedMerge(nn.Module):
         gate = None
         if reduce == "gate":
             gate = self.gate(x_targets, x_sources, group, round_index).float()
-        # x_t - sum_i w_i G_i (x_t - x_i): a lone source has w = 1, so x_t + G (x_i - x_t).
-        lone_rows = torch.lerp(
-            x_targets[:lone].float(),
-            x_sources[:lone].float(),
-            gate[:lone] if gate is not None else torch.ones((), device=x_targets.device),
-        )
+        # x_t - sum_i w_i G_i (x_t - x_i): a lone source has w = 1, so x_t + G (x_i - x_t);
+        # with G = 1 that is x_i itself. Separate mul and add (no lerp, whose FMA use differs
+        # between CPU instruction paths) keep every row the same bits on every path.
+        if gate is None:
+            lone_rows = x_sources[:lone].float()
+        else:
+            base = x_targets[:lone].float()
+            lone_rows = base + gate[:lone] * (x_sources[:lone].float() - base)
         if lone == x_targets.shape[0]:
             return lone_rows.to(x_targets.dtype)
         shared_group = group[lone:] - lone

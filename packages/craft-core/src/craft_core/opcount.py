@@ -67,7 +67,7 @@ class OpCounter(TorchDispatchMode):
             self._count_sync("tolist")
             return original(tensor)
 
-        torch.Tensor.tolist = counted_tolist  # type: ignore[method-assign]
+        torch.Tensor.tolist = counted_tolist  # type: ignore[method-assign,assignment]
         return super().__enter__()
 
     def __exit__(self, *exc: object) -> None:

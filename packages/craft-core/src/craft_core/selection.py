@@ -51,13 +51,19 @@ NORM_BITS = 19
 
 
 def make_projection(hidden_size: int, sim_dim: int, seed: int) -> torch.Tensor:
-    """W_rand `[D, d_sim]`: standard normal from a seeded CPU generator, unit-norm columns.
+    """W_rand `[D, d_sim]`: seeded random entries with unit-norm columns, float32.
 
-    The CPU generator makes the matrix identical on every machine and device.
+    Each entry is a sum of four uniform integers in [-4096, 4096) (Irwin-Hall: close to a
+    normal, zero mean), drawn with a seeded CPU generator, and each column is divided by its
+    norm computed exactly (a sum of integers below 2^53, one correctly rounded sqrt). No
+    transcendental function is involved (`torch.randn` uses vectorised log/cos whose last bit
+    depends on the CPU's instruction set), so the matrix is the same bits on every machine.
     """
     generator = torch.Generator(device="cpu").manual_seed(seed)
-    weight = torch.randn(hidden_size, sim_dim, generator=generator, dtype=torch.float32)
-    return weight / weight.norm(dim=0, keepdim=True)
+    draws = torch.randint(-4096, 4096, (4, hidden_size, sim_dim), generator=generator)
+    weight = draws.sum(dim=0).double()
+    norms = (weight * weight).sum(dim=0, keepdim=True).sqrt()
+    return (weight / norms).float()
 
 
 def grid_projection(projection: torch.Tensor) -> torch.Tensor:
@@ -65,45 +71,62 @@ def grid_projection(projection: torch.Tensor) -> torch.Tensor:
     return torch.round(projection.double() * 2.0**W_BITS)
 
 
-def _pow2(exponent: torch.Tensor) -> torch.Tensor:
-    """`2^e` as float64, built from its bits (exact: no `pow` or `exp2` library call)."""
-    return torch.bitwise_left_shift(exponent + 1023, 52).view(torch.float64)
-
-
 def _row_scale(rows: torch.Tensor, bits: int) -> torch.Tensor:
-    """`[n, 1]` power of two that brings each row's largest |entry| into [2^(bits-1), 2^bits)."""
-    top = rows.abs().amax(dim=1, keepdim=True)
-    exponent = torch.bitwise_right_shift(top.view(torch.int64), 52) - 1023  # floor(log2 top)
-    # An all-zero row has no exponent; any scale keeps it zero.
-    return _pow2((bits - 1 - exponent).clamp(-1000, 1000))
+    """`[n, 1]` float64 power of two that brings each row's largest |entry| into
+    [2^(bits-1), 2^bits), built from the exponent bits (exact; no `pow` or `exp2` call)."""
+    top = rows.abs().amax(dim=1, keepdim=True).view(torch.int64)
+    # top = m * 2^e has exponent field f = e + 1023; 2^(bits - 1 - e) has field
+    # bits + 2045 - f. The clamp keeps an all-zero row's scale finite (it stays zero).
+    field = torch.clamp(torch.bitwise_right_shift(top, 52), min=bits)
+    return torch.bitwise_left_shift(bits + 2045 - field, 52).view(torch.float64)
+
+
+def row_keys(
+    features: torch.Tensor, weight: torch.Tensor, block: int = 4096
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Everything selection reads of some rows, computed exactly (see the module docstring).
+
+    Args:
+        features: `[n, D]` rows (any float dtype).
+        weight: `[D, d_sim]` `grid_projection(W_rand)`.
+        block: rows per step (bounds the float64 copies to `block x D`).
+
+    Returns:
+        `(E [n, d_sim] float64 on the grid 2^-E_BITS, squared norms [n] float64)`; an
+        all-zero row gives a zero embedding.
+    """
+    embeds, norms = [], []
+    for start in range(0, features.shape[0], block):
+        rows = features[start : start + block].detach().double()
+        scale = _row_scale(rows, X_BITS)
+        grid = torch.round(rows * (scale * 2.0 ** (NORM_BITS - X_BITS)))
+        norms.append(
+            (grid * grid).sum(dim=1)
+            * 2.0 ** (2 * (X_BITS - NORM_BITS))
+            / (scale * scale).squeeze(1)
+        )
+        projected = torch.round(rows * scale) @ weight  # integers below 2^53: exact
+        projected = torch.round(projected * _row_scale(projected, P_BITS))
+        norm = (projected * projected).sum(dim=1, keepdim=True).sqrt()  # exact sum
+        # A nonzero integer vector has norm >= 1, so the clamp only spares zero rows 0/0.
+        embeds.append(torch.round(projected / norm.clamp(min=1.0) * 2.0**E_BITS) * 2.0**-E_BITS)
+    if len(embeds) == 1:
+        return embeds[0], norms[0]
+    if not embeds:
+        empty = torch.zeros(0, dtype=torch.float64, device=weight.device)
+        return empty.reshape(0, weight.shape[1]), empty
+    return torch.cat(embeds), torch.cat(norms)
 
 
 def similarity_embedding(
     features: torch.Tensor, projection: torch.Tensor, block: int = 4096
 ) -> torch.Tensor:
-    """E = l2_normalize(X @ W_rand), computed exactly and rounded to the grid 2^-E_BITS.
+    """E = l2_normalize(X @ W_rand), exact, on the grid 2^-E_BITS: `[n, D] -> [n, d_sim]`.
 
-    Args:
-        features: `[n, D]` rows (any float dtype).
-        projection: `[D, d_sim]` W_rand (float32) or its `grid_projection` (float64).
-        block: rows per step (bounds the float64 copies to `block x D`).
-
-    Returns:
-        `[n, d_sim]` float64; an all-zero row gives a zero embedding.
+    `projection` is W_rand (float32) or its `grid_projection` (float64).
     """
     weight = projection if projection.dtype == torch.float64 else grid_projection(projection)
-    out = []
-    for start in range(0, features.shape[0], block):
-        rows = features[start : start + block].detach().double()
-        rows = torch.round(rows * _row_scale(rows, X_BITS))
-        projected = rows @ weight  # integers below 2^53: exact in any order
-        projected = torch.round(projected * _row_scale(projected, P_BITS))
-        norm = (projected * projected).sum(dim=1, keepdim=True).sqrt()  # exact sum
-        unit = torch.where(norm > 0, projected / norm, torch.zeros_like(projected))
-        out.append(torch.round(unit * 2.0**E_BITS) * 2.0**-E_BITS)
-    if not out:
-        return torch.zeros(0, weight.shape[1], dtype=torch.float64, device=weight.device)
-    return torch.cat(out) if len(out) > 1 else out[0]
+    return row_keys(features, weight, block)[0]
 
 
 def exact_square_norms(rows: torch.Tensor) -> torch.Tensor:
@@ -112,7 +135,7 @@ def exact_square_norms(rows: torch.Tensor) -> torch.Tensor:
     rows = rows.detach().double()
     scale = _row_scale(rows, NORM_BITS)
     grid = torch.round(rows * scale)
-    return (grid * grid).sum(dim=1) / (scale.squeeze(1) * scale.squeeze(1))
+    return (grid * grid).sum(dim=1) / (scale * scale).squeeze(1)
 
 
 def full_partners(embed: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -133,7 +156,9 @@ def full_partners(embed: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.
     for start in range(0, n, block):
         sims = embed[start : start + block] @ embed.T
         sims.diagonal(offset=start).fill_(float("-inf"))  # a row's own column never wins
-        torch.max(sims, dim=1, out=(best_sim[start : start + block], best_pos[start : start + block]))
+        torch.max(
+            sims, dim=1, out=(best_sim[start : start + block], best_pos[start : start + block])
+        )
     return best_sim, best_pos
 
 
@@ -179,19 +204,17 @@ def select_edges(
     budget = min(n - floor, n // 2)
     if budget <= 0:
         return None
-    # 2-4. Candidates, k, truncation: the k best s*_i, ties to the smaller i (stable sort).
-    candidate = (
-        torch.ones(n, dtype=torch.bool, device=device)
-        if threshold is None
-        else partner_sim >= threshold
-    )
-    ranked = torch.where(candidate, partner_sim, float("-inf"))
-    order = torch.sort(ranked, descending=True, stable=True).indices
-    rank = torch.empty_like(order).scatter_(0, order, torch.arange(n, device=device))
-    chosen = candidate & (rank < torch.clamp(candidate.sum(), max=budget))
+    # 2-4. Candidates, k, truncation: the best s*_i first, ties to the smaller i (stable
+    # sort); the first `budget` of them, less any that are no candidate (threshold mode).
+    ranked = partner_sim
+    if threshold is not None:
+        ranked = partner_sim.masked_fill(partner_sim < threshold, float("-inf"))
+    pos = torch.sort(ranked, descending=True, stable=True).indices[:budget]
+    first, second, sim = active_ids[pos], partner[pos], partner_sim[pos]
+    keep = torch.ones_like(pos, dtype=torch.bool) if threshold is None else ranked[pos] > -1e9
+    chosen = torch.zeros(n, dtype=torch.bool, device=device).index_put_((pos,), keep)
 
     # 5. Orientation: the larger current norm is the target; equal norms: the smaller index.
-    first, second = active_ids, partner
     norm_first, norm_second = square_norms[first], square_norms[second]
     first_is_target = (norm_first > norm_second) | ((norm_first == norm_second) & (first < second))
     targets = torch.where(first_is_target, first, second)
@@ -200,24 +223,23 @@ def select_edges(
     # that starts at its target.
     at = torch.searchsorted(active_ids, second)
     mutual = chosen[at] & (partner[at] == first)
-    keep = chosen & ~(mutual & ~first_is_target)
+    keep = keep & ~(mutual & ~first_is_target)
 
-    # 6. Chain prevention: a token that is any edge's target drops the edges where it is a source.
-    sink = torch.full_like(targets, size)  # masked edges write into a spare slot
+    # 6. Chain prevention: a token that is any edge's target drops the edges where it is a
+    # source. Masked edges write into the spare slot `size`.
+    spare = torch.full_like(targets, size)
     is_target = torch.zeros(size + 1, dtype=torch.bool, device=device)
-    is_target.scatter_(0, torch.where(keep, targets, sink), True)
+    is_target.index_put_((torch.where(keep, targets, spare),), keep)
     keep = keep & ~is_target[sources]
 
     # 7. One target per source: highest similarity, then smallest target index.
-    slot = torch.where(keep, sources, sink)
-    best = torch.full((size + 1,), float("-inf"), dtype=torch.float64, device=device)
-    best = best.scatter_reduce(0, slot, torch.where(keep, partner_sim, float("-inf")), "amax")
-    keep = keep & (partner_sim == best[sources])
-    slot = torch.where(keep, sources, sink)
+    slot = torch.where(keep, sources, spare)
+    best = torch.full((size + 1,), float("-inf"), dtype=sim.dtype, device=device)
+    keep = keep & (sim == best.scatter_reduce_(0, slot, sim, "amax")[sources])
+    slot = torch.where(keep, sources, spare)
     lowest = torch.full((size + 1,), size, dtype=torch.long, device=device)
-    lowest = lowest.scatter_reduce(0, slot, torch.where(keep, targets, sink), "amin")
-    keep = keep & (targets == lowest[sources])
-    return _lay_out(keep, targets, sources, partner_sim, size)
+    keep = keep & (targets == lowest.scatter_reduce_(0, slot, targets, "amin")[sources])
+    return _lay_out(keep, targets, sources, sim, size)
 
 
 def _lay_out(
@@ -227,21 +249,20 @@ def _lay_out(
     similarity: torch.Tensor,
     size: int,
 ) -> RoundPlan | None:
-    """Group the kept edges (`keep [n]` mask) by target, lone targets first, for GatedMerge."""
-    n, device = keep.numel(), keep.device
-    # Kept edges first, grouped by ascending target (stable: then by position).
+    """Group the kept edges (`keep [m]` mask) by target, lone targets first, for GatedMerge."""
+    m, device = keep.numel(), keep.device
+    # Kept edges first, grouped by ascending target (stable: then by rank).
     key = torch.where(keep, targets, size)
     order = torch.sort(key, stable=True).indices
     sorted_key = key[order]
-    starts = torch.ones(n, dtype=torch.bool, device=device)
+    starts = torch.ones(m, dtype=torch.long, device=device)
     starts[1:] = sorted_key[1:] != sorted_key[:-1]
-    group = torch.cumsum(starts, 0) - 1  # group of each sorted edge (masked ones last)
-    count = torch.zeros(n, dtype=torch.long, device=device)
-    count.scatter_add_(0, group, torch.ones_like(group))
-    real = torch.arange(n, device=device) < (starts & (sorted_key < size)).sum()
-    lone_group = (count == 1) & real
-    sizes = torch.stack([keep.sum(), real.sum(), lone_group.sum()]).tolist()  # the one sync
-    num_edges, num_targets, num_lone = sizes
+    group = torch.cumsum(starts, 0) - 1  # masked edges form the last group
+    count = torch.zeros(m, dtype=torch.long, device=device)
+    count.scatter_add_(0, group, keep[order].long())  # ... which counts 0
+    lone_group = count == 1
+    sizes = torch.stack([keep.sum(), (count > 0).sum(), lone_group.sum()])
+    num_edges, num_targets, num_lone = sizes.tolist()  # the one host sync of selection
     if num_edges == 0:
         return None
     # Rows: lone groups first, then shared ones, each in ascending target order.
@@ -251,12 +272,11 @@ def _lay_out(
     )
     edge_row = row_of[group[:num_edges]]
     edge_order = torch.sort(edge_row, stable=True).indices
-    edges = order[:num_edges][edge_order]
-    group_target = torch.empty(num_targets, dtype=torch.long, device=device)
-    group_target.scatter_(0, group[:num_edges], sorted_key[:num_edges])
+    edges = order[edge_order]  # edge_order indexes the kept prefix of `order`
+    row_target = torch.empty_like(row_order).scatter_(0, edge_row, sorted_key[:num_edges])
     layout = GroupLayout(
         order=torch.arange(num_edges, device=device),
-        targets=group_target[row_order],
+        targets=row_target,
         group=edge_row[edge_order],
         lone=num_lone,
     )
