@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             with torch.no_grad():
                 for batch in batches:
                     per_item.append(judge.item_kl(bundle.model, batch))
-                    p = judge._passes(bundle.model, batch)
+                    p = judge.response_logits(bundle.model, batch)
                     hits += int((p.student.argmax(-1) == p.teacher.argmax(-1)).sum())
                     total += int(p.targets.numel())
             kls[name], agree[name] = torch.cat(per_item), hits / total

@@ -43,6 +43,7 @@ __all__ = [
     "DEFAULT_PROMPTS",
     "DistillEncoder",
     "Distiller",
+    "ResponseLogits",
     "Uncompressed",
     "left_align",
     "load_distill_examples",
@@ -259,7 +260,9 @@ def left_align(batch: dict[str, Any], pad_token_id: int) -> dict[str, Any]:
 
 
 @dataclass
-class _Pass:
+class ResponseLogits:
+    """The logits of one micro-batch at its response tokens (T of them, all rows together)."""
+
     teacher: torch.Tensor  # [T, V] logits at the response tokens
     student: torch.Tensor  # [T, V]
     targets: torch.Tensor  # [T] the teacher's tokens
@@ -426,8 +429,9 @@ class Distiller:
         with peft_model.disable_adapter():
             yield
 
-    def _passes(self, model: Any, batch: dict[str, Any]) -> _Pass:
-        """Teacher (no grad, uncompressed) and student (compressed) logits at the response."""
+    def response_logits(self, model: Any, batch: dict[str, Any]) -> ResponseLogits:
+        """Teacher (no grad, uncompressed) and student (compressed) logits at the response
+        tokens of `batch` (collated `[B, L]` inputs with `labels` on the response)."""
         batch = left_align(batch, self.bundle.pad_token_id)
         labels = batch["labels"]
         inputs = {k: v for k, v in batch.items() if k != "labels"}
@@ -443,7 +447,7 @@ class Distiller:
                 teacher = self.teacher(**inputs, logits_to_keep=keep).logits[:, :-1]
             student = model(**inputs, logits_to_keep=keep).logits[:, :-1]
         rows = torch.arange(labels.shape[0], device=labels.device)[:, None].expand_as(tail)
-        return _Pass(teacher[mask], student[mask], tail[mask], rows[mask])
+        return ResponseLogits(teacher[mask], student[mask], tail[mask], rows[mask])
 
     def loss(self, model: Any, batch: dict[str, Any]) -> torch.Tensor:
         """The distillation loss of one micro-batch (mean over its response tokens).
@@ -451,7 +455,7 @@ class Distiller:
         `model` is the student as the trainer calls it (DDP / DeepSpeed engine around
         `bundle.model`); `batch` the collated inputs with `labels` on the response.
         """
-        p = self._passes(model, batch)
+        p = self.response_logits(model, batch)
         t = self.temperature
         kl = _kl_per_token(p.teacher, p.student, t).mean() * (t * t)
         loss = kl
@@ -466,7 +470,7 @@ class Distiller:
     def item_kl(self, model: Any, batch: dict[str, Any]) -> torch.Tensor:
         """`[B]`: per row, the mean KL (temperature 1) of the student to the teacher over its
         response tokens (an evaluation measure: no grad)."""
-        p = self._passes(model, batch)
+        p = self.response_logits(model, batch)
         per_token = _kl_per_token(p.teacher, p.student, 1.0)
         size = int(batch["input_ids"].shape[0])
         total = torch.zeros(size, device=per_token.device).index_add(0, p.rows, per_token)
