@@ -6,7 +6,9 @@
 
 Stage 1 trains on captions (lr 4e-3, merge module from scratch), stage 2 on video QA
 (lr 6e-6, from stage 1). Only the merge module trains (CRAFT); `model.lora.enabled` adds
-LoRA on the language model's attention (CRAFT+). The command line is `craft-train`.
+LoRA on the language model's attention (CRAFT+). `stage: distill` trains on unlabeled
+videos to match the uncompressed model (`craft_train.distill`). The command line is
+`craft-train`.
 """
 
 from craft_train.budget import StepBudget, sample_budget

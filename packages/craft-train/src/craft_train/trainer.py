@@ -7,6 +7,9 @@ Per optimizer step: draw the budget from `(seed, step)`, set it on the model, ru
 labels with the compressed sequence), step AdamW and the schedule, log, and every
 `save_steps` write a checkpoint. A killed run started again with the same config continues
 from its newest checkpoint with the same schedule, data order and budgets.
+
+With `stage: distill` a `craft_train.distill.Distiller` first caches the teacher's responses,
+then supplies the examples' encoder and the loss (KL to the uncompressed model).
 """
 
 from __future__ import annotations
