@@ -1,0 +1,91 @@
+"""On CUDA: the same tokens as on the CPU, and the time and memory of real sizes.
+
+Run with `nox -s gpu_tests` on a machine with a GPU; every test skips without CUDA. The
+timings are printed (pytest -s) for the README, not asserted: tests check behaviour.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+import torch
+
+from craft_core import CraftCompressor, CraftConfig
+from craft_core.selection import full_partners, grid_projection, row_keys
+
+pytestmark = pytest.mark.gpu
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def video(frames: int, grid: int, dim: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scenes of drifting patches with static frames (exact duplicates), bits fixed by seed."""
+    gen = torch.Generator().manual_seed(seed)
+    per_frame = grid * grid
+    base = (torch.rand(per_frame, dim, generator=gen) - 0.5) * 3
+    rows = []
+    for t in range(frames):
+        if t % 8 == 0:
+            base = (torch.rand(per_frame, dim, generator=gen) - 0.5) * 3
+        elif t % 3:
+            base = base + 0.2 * (torch.rand(per_frame, dim, generator=gen) - 0.5)
+        rows.append(base)  # every third frame repeats the last one exactly
+    t, h, w = torch.meshgrid(
+        torch.arange(frames), torch.arange(grid), torch.arange(grid), indexing="ij"
+    )
+    return torch.cat(rows), torch.stack([t.flatten(), h.flatten(), w.flatten()], dim=1)
+
+
+@needs_cuda
+@pytest.mark.parametrize("pairing", ["full", "incremental"])
+@pytest.mark.parametrize("budget", [{"ratio": 8.0}, {"threshold": 0.9}])
+def test_cuda_selects_exactly_the_cpu_tokens(pairing: str, budget: dict) -> None:
+    x, coords = video(16, 16, 256)
+    torch.manual_seed(0)
+    compressor = CraftCompressor(CraftConfig(hidden_size=256, pairing=pairing))
+    with torch.no_grad():
+        cpu = compressor(x, coords, **budget)
+        gpu = compressor.to("cuda")(x.cuda(), coords.cuda(), **budget)
+    assert gpu.kept_index.cpu().tolist() == cpu.kept_index.tolist()
+    assert gpu.assignment.cpu().tolist() == cpu.assignment.tolist()
+    assert gpu.rounds == cpu.rounds
+    torch.testing.assert_close(gpu.features.cpu(), cpu.features, rtol=1e-4, atol=1e-4)
+
+
+def _median_ms(fn, repeats: int = 5) -> float:  # type: ignore[no-untyped-def]
+    fn()
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+@needs_cuda
+@pytest.mark.parametrize("dim", [2560, 3584])
+@pytest.mark.parametrize("frames", [16, 64, 256])  # N = 4,096 / 16,384 / 65,536
+def test_real_size_bf16_timing_and_memory(frames: int, dim: int) -> None:
+    x, coords = video(frames, 16, dim)
+    x, coords = x.to("cuda", torch.bfloat16), coords.cuda()
+    compressor = CraftCompressor(CraftConfig(hidden_size=dim)).to("cuda", torch.bfloat16)
+    weight = grid_projection(compressor.projection)
+    with torch.no_grad():
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        out = compressor(x, coords, ratio=8.0)
+        peak_mb = (torch.cuda.max_memory_allocated() - before) / 2**20
+        whole = _median_ms(lambda: compressor(x, coords, ratio=8.0), 3 if frames >= 256 else 5)
+        exact_pass = _median_ms(lambda: full_partners(row_keys(x, weight, 2048)[0], 2048))
+        embed = torch.nn.functional.normalize(x.float() @ compressor.projection, dim=1).bfloat16()
+        cublas = _median_ms(lambda: [embed[s : s + 2048] @ embed.T for s in range(0, len(x), 2048)])
+    assert out.num_kept == x.shape[0] // 8
+    print(
+        f"\nN={x.shape[0]} D={dim} bf16: compression {whole:.2f} ms, rounds {out.rounds}, "
+        f"one exact pairing pass {exact_pass:.2f} ms, one bf16 cuBLAS pass {cublas:.2f} ms, "
+        f"ratio to cuBLAS {whole / cublas:.1f}, peak extra memory {peak_mb:.0f} MiB"
+    )
