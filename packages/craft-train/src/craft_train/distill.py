@@ -69,7 +69,8 @@ def read_distill_manifest(
     """Read one JSONL manifest of `{"video": ..., "prompt": ...?, "source": ...?}` rows.
 
     A row without a prompt becomes `prompts_per_video` examples with distinct prompts drawn
-    from `prompts` (seeded by `seed` and the video path: the same on every rank and resume).
+    from `prompts` (seeded by `seed` and the video path as the row writes it: the same on
+    every rank, resume and machine).
     The source defaults to `"distill"`. Examples have an empty target: the teacher writes it.
 
     Raises:
@@ -103,7 +104,7 @@ def read_distill_manifest(
             if row.get("prompt"):
                 chosen = [row["prompt"].strip()]
             else:
-                rng = random.Random(f"craft-distill/{seed}/{video}")
+                rng = random.Random(f"craft-distill/{seed}/{row['video']}")  # as written
                 chosen = rng.sample(list(prompts), prompts_per_video)
             examples.extend(Example(str(video), p, "", source) for p in chosen)
     if not examples:
