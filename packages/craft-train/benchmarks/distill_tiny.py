@@ -5,11 +5,12 @@
 The backbone is the test suite's tiny random model (LM head x20, projector x10, so that its
 answers depend on the video); the clips are the suite's synthetic ones, whose caption names
 their dominant colour. Same 32 training clips and the same number of examples for every
-run (80 steps x 2); held out: 16 unseen clips x 3 generic prompts, with the uncompressed
-model's own greedy responses. Reported at ratios 8 and 16: the KL to the uncompressed model
-over the response tokens (mean per item, SE of the paired difference to the untrained
-module) and the token agreement (the compressed model's most likely next token equals the
-uncompressed model's, teacher-forced). A random model has no accuracy to report.
+run (80 steps x 2; distill sees 3 generic prompts per clip); held out: 16 unseen clips x 6
+generic prompts, with the uncompressed model's own greedy responses. Reported at ratios 8
+and 16: the KL to the uncompressed model over the response tokens (mean per item, SE of the
+paired difference to the untrained module) and the token agreement (the compressed model's
+most likely next token equals the uncompressed model's, teacher-forced). A random model
+has no accuracy to report.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from craft_core import CraftCompressor
     from craft_train.config import load_config
     from craft_train.data import collate
-    from craft_train.distill import Distiller, load_distill_examples
+    from craft_train.distill import DEFAULT_PROMPTS, Distiller, load_distill_examples
     from craft_train.model import build_model
     from craft_train.trainer import train
     from craft_world.measure import paired
@@ -51,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
             video = work / f"c{i}.mp4"
             if not video.is_file():
                 write_clip(video, names[i % 4], seed=1000 + i)
-            rows[split].append({"video": str(video)})
+            for k in range(3 if split == "train" else 6):  # explicit, path-independent
+                prompt = DEFAULT_PROMPTS[(i + k) % len(DEFAULT_PROMPTS)]
+                rows[split].append({"video": str(video), "prompt": prompt})
             if split == "train":
                 colour = names[i % 4]
                 rows["captions"].append(
@@ -97,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         "stage 1+2": CraftCompressor.from_pretrained(work / "stage2" / "craft"),
     }
 
-    cfg = config("distill", work / "eval", manifests["test"], 1, distill={"prompts_per_video": 3})
+    cfg = config("distill", work / "eval", manifests["test"], 1)
     bundle = build_model(cfg)
     bundle.model.eval()
     judge = Distiller(cfg, bundle)
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     states = {"untrained": {k: v.clone() for k, v in bundle.compressor.state_dict().items()}}
     states.update({name: m.state_dict() for name, m in modules.items()})
 
-    print(f"held out: {len(batches)} items (16 unseen clips x 3 prompts)")
+    print(f"held out: {len(batches)} items (16 unseen clips x 6 prompts)")
     print(
         "| merge module | ratio | KL to uncompressed | KL drop vs untrained (SE) | token agreement |"
     )
