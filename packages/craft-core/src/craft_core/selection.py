@@ -74,7 +74,8 @@ def grid_projection(projection: torch.Tensor) -> torch.Tensor:
 def _row_scale(rows: torch.Tensor, bits: int) -> torch.Tensor:
     """`[n, 1]` float64 power of two that brings each row's largest |entry| into
     [2^(bits-1), 2^bits), built from the exponent bits (exact; no `pow` or `exp2` call)."""
-    top = rows.abs().amax(dim=1, keepdim=True).view(torch.int64)
+    low, high = torch.aminmax(rows, dim=1, keepdim=True)  # one read, no |rows| temporary
+    top = torch.maximum(high, -low).view(torch.int64)
     # top = m * 2^e has exponent field f = e + 1023; 2^(bits - 1 - e) has field
     # bits + 2045 - f. The clamp keeps an all-zero row's scale finite (it stays zero).
     field = torch.clamp(torch.bitwise_right_shift(top, 52), min=bits)
@@ -99,13 +100,11 @@ def row_keys(
     for start in range(0, features.shape[0], block):
         rows = features[start : start + block].detach().double()
         scale = _row_scale(rows, X_BITS)
-        grid = torch.round(rows * (scale * 2.0 ** (NORM_BITS - X_BITS)))
-        norms.append(
-            (grid * grid).sum(dim=1)
-            * 2.0 ** (2 * (X_BITS - NORM_BITS))
-            / (scale * scale).squeeze(1)
-        )
-        projected = torch.round(rows * scale) @ weight  # integers below 2^53: exact
+        grid = torch.mul(rows, scale * 2.0 ** (NORM_BITS - X_BITS)).round_()
+        # Row-wise dot products of integers below 2^53: exact in any order.
+        square = torch.einsum("nd,nd->n", grid, grid)
+        norms.append(square * 2.0 ** (2 * (X_BITS - NORM_BITS)) / (scale * scale).squeeze(1))
+        projected = torch.mul(rows, scale).round_() @ weight  # integers below 2^53: exact
         projected = torch.round(projected * _row_scale(projected, P_BITS))
         norm = (projected * projected).sum(dim=1, keepdim=True).sqrt()  # exact sum
         # A nonzero integer vector has norm >= 1, so the clamp only spares zero rows 0/0.
