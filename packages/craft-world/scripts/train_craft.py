@@ -57,9 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"stage 1 + 2 done in {time.perf_counter() - t0:.0f} s", flush=True)
     if args.ship:
         ship = Path(args.ship)
-        if ship.exists():
-            shutil.rmtree(ship)
-        shutil.copytree(s2 / "craft", ship)
+        shutil.copytree(s2 / "craft", ship, dirs_exist_ok=True)
         print(f"shipped {ship}")
     return 0
 

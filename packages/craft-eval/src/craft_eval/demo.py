@@ -58,7 +58,11 @@ def _load(model_path: str | None, backbone: str | None, out: Path, dev: Any) -> 
         return model.to(dev).eval(), processor, f"tiny-{backbone}", None, "a tiny RANDOM model"
     import craft_world
 
-    model, processor = craft_world.load_backbone()
+    try:
+        model, processor = craft_world.load_backbone()
+    except FileNotFoundError as missing:  # a checkout whose world checkpoint is not built yet
+        _line(f"craft-world's backbone is missing ({missing}); falling back to a tiny RANDOM model")
+        return _load(None, "qwen2_5_vl", out, dev)
     try:
         trained: str | None = str(craft_world.craft_path())
     except FileNotFoundError:
@@ -167,13 +171,13 @@ def run_demo(
     _print_table(rows, model, n_items)
     report = write_report(runs / tag, out / "report")
     plot = plot_accuracy_and_retention(rows, out / "report" / "accuracy_retention_vs_ratio.png")
-    if model_path is None and backbone is None:
+    if tag == "world":
         _line(
             "\nAccuracy: micro over both tasks, +- its binomial standard error. craft = an "
             "UNTRAINED module (G = 0.5); craft-trained = the shipped module trained by "
             "craft-train (stage 1, stage 2) on the frozen world backbone."
         )
-    elif backbone:
+    if tag.startswith("tiny-"):
         _line("\nAccuracy here is MEANINGLESS: a tiny model with random weights.")
     _line("FLOPs reduction: analytical, language-model prefill, formula in the README.")
     _line(f"plot:     {plot}")

@@ -16,16 +16,16 @@ from typing import Any
 __all__ = ["STAGE1", "STAGE2", "craft_train_config"]
 
 STAGE1: dict[str, Any] = {
-    "optim": {"lr": 4e-3, "max_steps": 300, "grad_accum": 4},
+    "optim": {"lr": 4e-3, "max_steps": 150, "grad_accum": 4},
     "budget": {},  # the paper's: threshold mode half the time, ratios 2-32
 }
-"""Stage 1 (captions): the paper's learning rate and budget sampling, 300 steps x 4 clips."""
+"""Stage 1 (captions): the paper's learning rate and budget sampling, 150 steps x 4 clips."""
 
 STAGE2: dict[str, Any] = {
-    "optim": {"lr": 1e-4, "max_steps": 150, "grad_accum": 4},
+    "optim": {"lr": 1e-4, "max_steps": 75, "grad_accum": 4},
     "budget": {},
 }
-"""Stage 2 (QA): from stage 1; 150 steps x 4 questions (lr 1e-4: the paper's 6e-6 is for
+"""Stage 2 (QA): from stage 1; 75 steps x 4 questions (lr 1e-4: the paper's 6e-6 is for
 millions of examples and leaves the module where stage 1 put it in this budget)."""
 
 
