@@ -287,9 +287,13 @@ def train_backbone(
             row["heldout"] = heldout_accuracy(model, test, cache, pad)
         if step % save_every == 0 or step == steps:
             tmp = state_path.with_suffix(".tmp")
-            torch.save(
-                {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp
-            )
+            state = {
+                "model": model.state_dict(),
+                "probe": probe.state_dict(),
+                "optimizer": opt.state_dict(),
+                "step": step,
+            }
+            torch.save(state, tmp)
             tmp.replace(state_path)
         if step % 10 == 0 or "heldout" in row:
             row["s"] = round(time.perf_counter() - t0, 1)
