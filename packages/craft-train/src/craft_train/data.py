@@ -57,6 +57,28 @@ class Example:
     source: str
 
 
+def json_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The JSON-object rows of a JSONL file, each with its `file:line` for error messages.
+
+    Raises:
+        ConfigError: a line that is not valid JSON or not an object (file:line named).
+    """
+    rows = []
+    with path.open() as handle:
+        for lineno, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ConfigError(f"{where}: not valid JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise ConfigError(f"{where}: a row must be a JSON object")
+            rows.append((where, row))
+    return rows
+
+
 def read_manifest(
     path: str | Path, stage: int, *, caption_prompt: str, video_root: str | None = None
 ) -> list[Example]:
@@ -78,29 +100,19 @@ def read_manifest(
         ("video", "caption", "source") if stage == 1 else ("video", "question", "answer", "source")
     )
     examples = []
-    with path.open() as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ConfigError(f"{where}: not valid JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise ConfigError(f"{where}: a row must be a JSON object")
-            for field in needed:
-                value = row.get(field)
-                if not isinstance(value, str) or not value.strip():
-                    raise ConfigError(f"{where}: field {field!r} must be a non-empty string")
-            video = Path(row["video"]).expanduser()
-            video = video if video.is_absolute() else root / video
-            if stage == 1:
-                prompt = row.get("prompt") or caption_prompt
-                target = row["caption"]
-            else:
-                prompt, target = row["question"], row["answer"]
-            examples.append(Example(str(video), prompt.strip(), target.strip(), row["source"]))
+    for where, row in json_rows(path):
+        for field in needed:
+            value = row.get(field)
+            if not isinstance(value, str) or not value.strip():
+                raise ConfigError(f"{where}: field {field!r} must be a non-empty string")
+        video = Path(row["video"]).expanduser()
+        video = video if video.is_absolute() else root / video
+        if stage == 1:
+            prompt = row.get("prompt") or caption_prompt
+            target = row["caption"]
+        else:
+            prompt, target = row["question"], row["answer"]
+        examples.append(Example(str(video), prompt.strip(), target.strip(), row["source"]))
     if not examples:
         raise ConfigError(f"{path}: the manifest holds no examples")
     return examples

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from craft_core.result import CompressionResult
 from craft_train.config import DEFAULT_DISTILL_PROMPTS, ConfigError, TrainingConfig
-from craft_train.data import SEQUENCE_KEYS, DecodeError, Example, build_mixture
+from craft_train.data import SEQUENCE_KEYS, DecodeError, Example, build_mixture, json_rows
 from craft_train.inputs import ExampleEncoder, _append_target, _thin
 from craft_train.model import ModelBundle
 from craft_train.teacher_cache import TeacherCache, example_key, fill_cache
@@ -76,37 +76,25 @@ def read_distill_manifest(
     Raises:
         ConfigError: a row that is not a JSON object or has no video (file:line named).
     """
-    import json
-
     path = Path(path)
     root = Path(video_root) if video_root is not None else path.parent
     examples: list[Example] = []
-    with path.open() as handle:
-        for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ConfigError(f"{where}: not valid JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise ConfigError(f"{where}: a row must be a JSON object")
-            for field, required in (("video", True), ("prompt", False), ("source", False)):
-                value = row.get(field)
-                if (required or value is not None) and (
-                    not isinstance(value, str) or not value.strip()
-                ):
-                    raise ConfigError(f"{where}: field {field!r} must be a non-empty string")
-            video = Path(row["video"]).expanduser()
-            video = video if video.is_absolute() else root / video
-            source = row.get("source") or "distill"
-            if row.get("prompt"):
-                chosen = [row["prompt"].strip()]
-            else:
-                rng = random.Random(f"craft-distill/{seed}/{row['video']}")  # as written
-                chosen = rng.sample(list(prompts), prompts_per_video)
-            examples.extend(Example(str(video), p, "", source) for p in chosen)
+    for where, row in json_rows(path):
+        for field, required in (("video", True), ("prompt", False), ("source", False)):
+            value = row.get(field)
+            if (required or value is not None) and (
+                not isinstance(value, str) or not value.strip()
+            ):
+                raise ConfigError(f"{where}: field {field!r} must be a non-empty string")
+        video = Path(row["video"]).expanduser()
+        video = video if video.is_absolute() else root / video
+        source = row.get("source") or "distill"
+        if row.get("prompt"):
+            chosen = [row["prompt"].strip()]
+        else:
+            rng = random.Random(f"craft-distill/{seed}/{row['video']}")  # as written
+            chosen = rng.sample(list(prompts), prompts_per_video)
+        examples.extend(Example(str(video), p, "", source) for p in chosen)
     if not examples:
         raise ConfigError(f"{path}: the manifest holds no examples")
     return examples
