@@ -7,16 +7,18 @@ MVBench-format questions. Three merge modules on the same frozen backbone:
 
 - untrained: the seeded initial module (what `build_model` starts from);
 - stage 1+2: craft-train stage 1 on the clips' captions, then stage 2 on their QA (the
-  labels), with `craft_world.recipe.STAGE1` / `STAGE2` (300 + 150 steps x 4 examples): the
+  labels), with `craft_world.recipe.STAGE1` / `STAGE2` (150 + 75 steps x 4 examples): the
   shipped `craft_world.craft_path()`, or trained here with `--train-stage12`;
 - distill: `craft-train distill` on the same "craft"-split clips WITHOUT their captions or
   answers: each clip with the describe prompt and its two questions' prompts, the frozen
-  model's own answers as teacher; 450 steps x 4 examples (the same number of examples).
+  model's own answers as teacher; 225 steps x 4 examples by default (the same number of
+  examples as stage 1+2).
 
 For each, at ratios 8 and 16, on held-out clips (split "test", both tasks): accuracy (the most
 likely option letter) and the KL of the first answer token's distribution to the
-uncompressed model's, with the standard error of the paired difference to the untrained
-module. Results go to `<work>/results.json` and a markdown table on stdout. Every run writes
+uncompressed model's, with the binomial standard error of the accuracy, the standard error
+of the mean KL, and the standard errors of the paired differences to the untrained module
+and (distill) to stage 1+2. Results go to `<work>/results.json` and a markdown table on stdout. Every run writes
 as it goes and resumes.
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -80,9 +83,13 @@ def evaluate(modules: dict[str, Any], test_root: Path, ratios: list[float]) -> d
     model, processor = craft_world.load_backbone()
     items = load_items(test_root, task=None)
     ref = answer_logprobs(model, processor, items)
+    ref_acc = float(accuracy(ref, items, processor).mean())
     out: dict[str, Any] = {
         "items": len(items),
-        "uncompressed": {"accuracy": float(accuracy(ref, items, processor).mean())},
+        "uncompressed": {
+            "accuracy": ref_acc,
+            "accuracy_se": math.sqrt(ref_acc * (1 - ref_acc) / len(items)),
+        },
     }
     for ratio in ratios:
         kls, accs = {}, {}
@@ -93,14 +100,27 @@ def evaluate(modules: dict[str, Any], test_root: Path, ratios: list[float]) -> d
         for name in modules:
             diff, se = paired(kls["untrained"], kls[name])
             acc_diff, acc_se = paired(accs[name], accs["untrained"])
-            out.setdefault(name, {})[f"{ratio:g}x"] = {
-                "accuracy": float(accs[name].mean()),
+            acc = float(accs[name].mean())
+            row = {
+                "accuracy": acc,
+                "accuracy_se": math.sqrt(acc * (1 - acc) / len(items)),
                 "kl": float(kls[name].mean()),
+                "kl_se": float(kls[name].double().std() / math.sqrt(len(items))),
                 "kl_drop_vs_untrained": diff,
                 "kl_drop_se": se,
                 "accuracy_gain_vs_untrained": acc_diff,
                 "accuracy_gain_se": acc_se,
             }
+            if name == "distill" and "stage 1+2" in modules:
+                d, d_se = paired(kls["stage 1+2"], kls[name])
+                a, a_se = paired(accs[name], accs["stage 1+2"])
+                row |= {
+                    "kl_drop_vs_stage12": d,
+                    "kl_drop_vs_stage12_se": d_se,
+                    "accuracy_gain_vs_stage12": a,
+                    "accuracy_gain_vs_stage12_se": a_se,
+                }
+            out.setdefault(name, {})[f"{ratio:g}x"] = row
     return out
 
 
@@ -109,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", required=True, help="folder of clips, runs and results")
     parser.add_argument("--clips", type=int, default=600, help="training clips (split craft)")
     parser.add_argument("--test", type=int, default=300, help="held-out clips (split test)")
-    parser.add_argument("--steps", type=int, default=450, help="distillation steps (x 4)")
+    parser.add_argument("--steps", type=int, default=225, help="distillation steps (x 4)")
     parser.add_argument("--lr", type=float, default=4e-3)
     parser.add_argument(
         "--train-stage12",
@@ -152,17 +172,33 @@ def main(argv: list[str] | None = None) -> int:
     results["distill_seconds"] = seconds
     results["args"] = vars(args)
     (work / "results.json").write_text(json.dumps(results, indent=1))
+    unc = results["uncompressed"]
     print(
         f"held-out: {results['items']} questions; uncompressed accuracy "
-        f"{results['uncompressed']['accuracy']:.3f}"
+        f"{unc['accuracy']:.3f} +- {unc['accuracy_se']:.3f}"
     )
-    print("| merge module | ratio | accuracy | KL to uncompressed | KL drop vs untrained (SE) |")
-    print("| --- | --- | --- | --- | --- |")
-    for name in modules:
-        for ratio, row in results[name].items():
+    print(
+        "| merge module | ratio | accuracy (SE) | KL to uncompressed (SE) "
+        "| KL drop vs untrained (paired SE) | accuracy gain vs untrained (paired SE) |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    for ratio in ("8x", "16x"):
+        for name in modules:
+            row = results[name][ratio]
             print(
-                f"| {name} | {ratio} | {row['accuracy']:.3f} | {row['kl']:.4f} | "
-                f"{row['kl_drop_vs_untrained']:.4f} ({row['kl_drop_se']:.4f}) |"
+                f"| {name} | {ratio} | {row['accuracy']:.3f} ({row['accuracy_se']:.3f}) | "
+                f"{row['kl']:.4f} ({row['kl_se']:.4f}) | "
+                f"{row['kl_drop_vs_untrained']:.4f} ({row['kl_drop_se']:.4f}) | "
+                f"{row['accuracy_gain_vs_untrained']:+.3f} ({row['accuracy_gain_se']:.3f}) |"
+            )
+    for ratio in ("8x", "16x"):
+        row = results["distill"][ratio]
+        if "kl_drop_vs_stage12" in row:
+            print(
+                f"distill vs stage 1+2 at {ratio}: KL drop "
+                f"{row['kl_drop_vs_stage12']:.4f} ({row['kl_drop_vs_stage12_se']:.4f}), "
+                f"accuracy gain {row['accuracy_gain_vs_stage12']:+.3f} "
+                f"({row['accuracy_gain_vs_stage12_se']:.3f})"
             )
     return 0
 
