@@ -33,42 +33,65 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 
 
-class _RowStore:
-    """Current feature rows in float32, as rounds rewrite their targets.
+class _SlotRows:
+    """Current feature rows in float32, without autograd: rewritten rows in place.
 
     Rows are carried in float32 whatever the input dtype (a bf16 row rounded back every round
     would select differently from its own float32 upcast) and cast once at the end. The input
-    is never copied or modified: row i reads the input until it is first rewritten.
-
-    Without autograd, rewritten rows live in a buffer that grows by doubling, one slot per
-    token ever rewritten (a target rewritten again reuses its slot), and gathers need no host
-    sync. With autograd nothing may be written in place, so row i lives in
-    `pieces[piece[i]][row[i]]`: piece 0 is the input, piece m the targets rewritten in round
-    m, and gathers stitch the pieces together.
+    is never copied or modified: row i reads the input until it is first rewritten, then its
+    slot in a buffer that grows by doubling (a target rewritten again reuses its slot).
+    Gathers need no host sync.
     """
 
-    def __init__(self, features: torch.Tensor, track_grad: bool) -> None:
-        n, device = features.shape[0], features.device
+    def __init__(self, features: torch.Tensor) -> None:
         self.features = features
-        self.track_grad = track_grad
-        self.slot = torch.full((n,), -1, dtype=torch.long, device=device)
-        self.buffer = torch.empty(0, features.shape[1], device=device)
+        self.slot = torch.full((features.shape[0],), -1, dtype=torch.long, device=features.device)
+        self.buffer = torch.empty(0, features.shape[1], device=features.device)
         self.used = 0
-        self.pieces = [features]
-        self.piece = torch.zeros(n, dtype=torch.long, device=device)
-        self.row = torch.arange(n, device=device)
 
     def gather(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` (`[k]` original indices) -> `[k, D]` float32."""
-        if not self.track_grad:
-            slot = self.slot[ids]
-            if self.used == 0:
-                return self.features[ids].float()
-            rewritten = self.buffer[slot.clamp(min=0)]
-            return torch.where((slot >= 0).unsqueeze(1), rewritten, self.features[ids].float())
+        if self.used == 0:
+            return self.features[ids].float()
+        slot = self.slot[ids]
+        rewritten = self.buffer[slot.clamp(min=0)]
+        return torch.where((slot >= 0).unsqueeze(1), rewritten, self.features[ids].float())
+
+    def replace(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Rows `ids` (`[k]`, distinct) now read from `rows` (`[k, D]` float32)."""
+        slot = self.slot[ids]
+        fresh = slot < 0
+        count = int(fresh.sum())  # host sync: how many new slots
+        if self.used + count > self.buffer.shape[0]:
+            grown = max(2 * self.buffer.shape[0], self.used + count)
+            buffer = torch.empty(grown, rows.shape[1], device=rows.device)
+            buffer[: self.used] = self.buffer[: self.used]
+            self.buffer = buffer
+        slot = torch.where(fresh, self.used + torch.cumsum(fresh, 0) - 1, slot)
+        self.slot[ids] = slot
+        self.used += count
+        self.buffer[slot] = rows
+
+
+class _PieceRows:
+    """Current feature rows in float32, with autograd: nothing is written in place.
+
+    Row i lives in `pieces[piece[i]][row[i]]`: piece 0 is the input, piece m the targets
+    rewritten in round m, and gathers stitch the pieces together (copying `[N, D]` every
+    round instead would cost O(N D) per round).
+    """
+
+    def __init__(self, features: torch.Tensor) -> None:
+        n = features.shape[0]
+        self.pieces = [features]
+        self.piece = torch.zeros(n, dtype=torch.long, device=features.device)
+        self.row = torch.arange(n, device=features.device)
+
+    def gather(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` (`[k]` original indices) -> `[k, D]` float32."""
         piece = self.piece[ids]
         if len(self.pieces) == 1 or not bool(piece.any()):
-            return self.features[ids].float()
+            return self.pieces[0][ids].float()
         parts, positions = [], []
         for index in torch.unique(piece).tolist():
             where = torch.nonzero(piece == index).squeeze(1)
@@ -79,22 +102,9 @@ class _RowStore:
 
     def replace(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
         """Rows `ids` (`[k]`, distinct) now read from `rows` (`[k, D]` float32)."""
-        if self.track_grad:
-            self.piece[ids] = len(self.pieces)
-            self.row[ids] = torch.arange(ids.numel(), device=ids.device)
-            self.pieces.append(rows)
-            return
-        fresh = self.slot[ids] < 0
-        count = int(fresh.sum())  # host sync: how many new slots
-        if self.used + count > self.buffer.shape[0]:
-            grown = max(2 * self.buffer.shape[0], self.used + count)
-            buffer = torch.empty(grown, rows.shape[1], device=rows.device)
-            buffer[: self.used] = self.buffer[: self.used]
-            self.buffer = buffer
-        new_slots = self.used + torch.cumsum(fresh, 0) - 1
-        self.slot[ids] = torch.where(fresh, new_slots, self.slot[ids])
-        self.used += count
-        self.buffer[self.slot[ids]] = rows
+        self.piece[ids] = len(self.pieces)
+        self.row[ids] = torch.arange(ids.numel(), device=ids.device)
+        self.pieces.append(rows)
 
 
 class CraftCompressor(nn.Module):
@@ -167,7 +177,7 @@ class CraftCompressor(nn.Module):
         track_grad = torch.is_grad_enabled() and (
             features.requires_grad or any(p.requires_grad for p in self.merge.parameters())
         )
-        store = _RowStore(features, track_grad)
+        store = _PieceRows(features) if track_grad else _SlotRows(features)
         owner = torch.arange(n, device=device)  # the token each input token now belongs to
         active_ids = torch.arange(n, device=device)
         rounds = 0
@@ -206,13 +216,13 @@ class CraftCompressor(nn.Module):
                 redirect = torch.arange(n, device=device)
                 redirect[sources] = plan.targets
                 owner = redirect[owner]
-                new_embed, square_norms[targets] = row_keys(new_rows, weight, block)
-                pairing.update(targets, new_embed, sources)
                 # Drop the sources from the active list (stable sort: no data-dependent shape).
                 leaving = torch.zeros(n, dtype=torch.bool, device=device)
                 leaving[sources] = True
                 stay = torch.sort(leaving[active_ids].to(torch.uint8), stable=True).indices
                 active_ids = active_ids[stay[: active_ids.numel() - sources.numel()]]
+                new_embed, square_norms[targets] = row_keys(new_rows, weight, block)
+                pairing.update(targets, new_embed, active_ids)
 
         kept = active_ids
         info: dict[str, object] = {

@@ -36,9 +36,11 @@ class FullPairing:
         self.full_rows += active_ids.numel() ** 2 / self.embed.shape[0]
         return active_ids[pos], sim
 
-    def update(self, targets: torch.Tensor, new_embed: torch.Tensor, sources: torch.Tensor) -> None:
+    def update(
+        self, targets: torch.Tensor, new_embed: torch.Tensor, active_ids: torch.Tensor
+    ) -> None:
         """Apply one round: `targets` (`[T]`) take `new_embed` (`[T, d_sim]`)."""
-        del sources
+        del active_ids  # every round re-pairs whatever is active
         self.embed[targets] = new_embed
 
 
@@ -53,24 +55,22 @@ def _order_candidates(sim: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tenso
 class PairingState:
     """Every active token's best partner, kept exact across rounds at a fraction of the cost.
 
-        A round removes its sources and changes the embedding of its targets; every other token
-        is untouched. So each active token `i` keeps a short list of its best candidates with
-        their current similarities, and a bound `b_i` such that every active token outside the
-        list is at most `b_i` similar to `i`. After a round, list entries that left are dropped,
-        changed targets are re-scored by one `|A| x |T|` product (the best of them enter the list,
-        the rest raise the bound), and the list's head is `i`'s exact best partner whenever it is
-        strictly above the bound. Only the changed targets and the tokens whose list ran out need
-        a full pass over the active set, and the changed targets' rows, read transposed, re-score
-    them for everyone else. Ties go to the smallest index everywhere, so the partners
-        are those of a full recompute.
+    A round removes its sources and changes the embedding of its targets; every other token is
+    untouched. So each active token `i` keeps a short list of its best candidates with their
+    current similarities, and a bound `b_i` such that every active token outside the list is
+    at most `b_i` similar to `i`. After a round, list entries that left are dropped, changed
+    targets are re-scored by one `|A| x |T|` product (the best of them enter the list, the rest
+    raise the bound), and the list's head is `i`'s exact best partner whenever it is strictly
+    above the bound. Only the changed targets and the tokens whose list ran out need a full
+    pass over the active set. Ties go to the smallest index everywhere, so the partners are
+    those of a full recompute.
 
-        Attributes:
-            embed: `[N, d_sim]` float64 exact embedding (rows of inactive tokens are stale).
-            active: `[N]` bool.
-            partner: `[N]` long best partner of each active token (original index).
-            partner_sim: `[N]` float64 its exact similarity.
-            full_rows: pairing work so far, in rows of an N x N pass (the first pass is N);
-                `full_rows / N` is the work in multiples of one full pass.
+    Attributes:
+        embed: `[N, d_sim]` float64 exact embedding (rows of inactive tokens are stale).
+        partner: `[N]` long best partner of each active token (original index).
+        partner_sim: `[N]` float64 its exact similarity.
+        full_rows: pairing work so far, in rows of an N x N pass (the first pass is N);
+            `full_rows / N` is the work in multiples of one full pass.
     """
 
     def __init__(self, embed: torch.Tensor, block: int, keep: int = 4) -> None:
@@ -79,7 +79,6 @@ class PairingState:
         self.embed = embed
         self.block = block
         self.keep = keep
-        self.active = torch.ones(n, dtype=torch.bool, device=device)
         self.partner = torch.full((n,), -1, dtype=torch.long, device=device)
         f64 = torch.float64
         self.partner_sim = torch.full((n,), float("-inf"), dtype=f64, device=device)
@@ -89,10 +88,6 @@ class PairingState:
         self.full_rows = 0.0
         ids = torch.arange(n, device=device)
         self._recompute(ids, ids)
-
-    def active_ids(self) -> torch.Tensor:
-        """`[n]` ascending original indices of the active tokens."""
-        return torch.nonzero(self.active).squeeze(1)
 
     def partners(self, active_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`(partner [n] original index, similarity [n] float64)` of each active token."""
@@ -169,16 +164,18 @@ class PairingState:
         spill = torch.maximum(col_left, merged_sim[:, self.keep])
         self.bound[rows] = torch.maximum(self.bound[rows], spill)
 
-    def update(self, targets: torch.Tensor, new_embed: torch.Tensor, sources: torch.Tensor) -> None:
-        """Apply one round: `sources` leave, `targets` (`[T]`) take `new_embed` (`[T, d_sim]`)."""
-        self.active[sources] = False
+    def update(
+        self, targets: torch.Tensor, new_embed: torch.Tensor, active_ids: torch.Tensor
+    ) -> None:
+        """Apply one round: `targets` (`[T]`) take `new_embed` (`[T, d_sim]`); `active_ids`
+        (`[n]`, ascending) are the tokens still active after it (its sources have left)."""
         changed_mask = (self.embed[targets] != new_embed).any(dim=1)
         self.embed[targets[changed_mask]] = new_embed[changed_mask]
         changed = torch.sort(targets[changed_mask]).values
-        active_ids = self.active_ids()
         if active_ids.numel() < 2:
             return
-        stale = ~self.active
+        stale = torch.ones(self.embed.shape[0], dtype=torch.bool, device=active_ids.device)
+        stale[active_ids] = False
         stale[changed] = True
         rows = active_ids[~stale[active_ids]]
 

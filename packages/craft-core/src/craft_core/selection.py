@@ -128,15 +128,6 @@ def similarity_embedding(
     return row_keys(features, weight, block)[0]
 
 
-def exact_square_norms(rows: torch.Tensor) -> torch.Tensor:
-    """`[n, D] -> [n]` float64: squared L2 norm of each row rounded to NORM_BITS bits of its
-    largest entry; exact (a sum of integers below 2^53), so ties compare equal on every path."""
-    rows = rows.detach().double()
-    scale = _row_scale(rows, NORM_BITS)
-    grid = torch.round(rows * scale)
-    return (grid * grid).sum(dim=1) / (scale * scale).squeeze(1)
-
-
 def full_partners(embed: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Step 1 for every row of a compact active set: its most similar other row.
 
