@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from craft_core.result import CompressionResult
 from craft_train.config import DEFAULT_DISTILL_PROMPTS, ConfigError, TrainingConfig
 from craft_train.data import SEQUENCE_KEYS, DecodeError, Example, build_mixture, json_rows
-from craft_train.inputs import ExampleEncoder, _append_target, _thin
+from craft_train.inputs import ExampleEncoder, _append_target
 from craft_train.model import ModelBundle
 from craft_train.teacher_cache import TeacherCache, example_key, fill_cache
 
@@ -139,23 +139,11 @@ class DistillEncoder(ExampleEncoder):
         self.max_new_tokens = cfg.distill.max_new_tokens
         self.responses = responses if responses is not None else {}
 
-    def prompt_inputs(self, example: Example) -> dict[str, Any]:
-        """Processor outputs of the video + prompt + assistant prompt (`[1, L]` tensors)."""
-        from craft_adapters import build_inputs
-
-        frames, fps = self.read(example.video)
-        for _ in range(4):
-            inputs = dict(build_inputs(self.processor, frames, fps, example.prompt))
-            length = int(inputs["input_ids"].shape[-1]) + self.max_new_tokens
-            if length <= self.max_seq_len or frames.shape[0] <= 2:
-                break
-            frames, fps = _thin(frames, fps, length, self.max_seq_len)
-        if length > self.max_seq_len:
-            raise DecodeError(
-                f"{length} tokens (prompt + distill.max_new_tokens) with {frames.shape[0]} "
-                f"frames, over data.max_seq_len {self.max_seq_len}"
-            )
-        return inputs
+    def prompt_inputs(self, example: Example, target_tokens: int | None = None) -> dict[str, Any]:
+        """Processor outputs of the video + prompt + assistant prompt (`[1, L]` tensors), with
+        room left for `distill.max_new_tokens` response tokens."""
+        room = self.max_new_tokens if target_tokens is None else target_tokens
+        return super().prompt_inputs(example, room)
 
     def __call__(self, example: Example) -> dict[str, Any]:
         entry = self.responses.get(example_key(example))

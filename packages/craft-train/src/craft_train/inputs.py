@@ -72,30 +72,35 @@ class ExampleEncoder:
         return frames, fps
 
     def __call__(self, example: Example) -> dict[str, Any]:
-        from craft_adapters import build_inputs
-
-        frames, fps = self.read(example.video)
         answer = self.tokenizer(
             target_text(self.processor, example.prompt, example.target),
             add_special_tokens=False,
             return_tensors="pt",
         )["input_ids"]
+        return _append_target(self.prompt_inputs(example, int(answer.shape[-1])), answer)
+
+    def prompt_inputs(self, example: Example, target_tokens: int) -> dict[str, Any]:
+        """Processor outputs of the video + prompt + assistant prompt (`[1, L]` tensors), with
+        frames thinned until `L + target_tokens` fits `data.max_seq_len`."""
+        from craft_adapters import build_inputs
+
+        frames, fps = self.read(example.video)
         for _ in range(4):
             inputs = dict(
                 build_inputs(
                     self.processor, frames, fps, example.prompt, max_pixels=self.max_pixels
                 )
             )
-            length = int(inputs["input_ids"].shape[-1]) + int(answer.shape[-1])
+            length = int(inputs["input_ids"].shape[-1]) + target_tokens
             if length <= self.max_seq_len or frames.shape[0] <= 2:
                 break
             frames, fps = _thin(frames, fps, length, self.max_seq_len)
         if length > self.max_seq_len:
             raise DecodeError(
-                f"{length} tokens with {frames.shape[0]} frames, over data.max_seq_len "
-                f"{self.max_seq_len}"
+                f"{length} tokens (prompt + {target_tokens} target) with {frames.shape[0]} "
+                f"frames, over data.max_seq_len {self.max_seq_len}"
             )
-        return _append_target(inputs, answer)
+        return inputs
 
 
 def _thin(frames: np.ndarray, fps: float, length: int, limit: int) -> tuple[np.ndarray, float]:
