@@ -109,6 +109,7 @@ def gpu_tests(session: nox.Session) -> None:
         *[f"packages/{p}/tests" for p in PACKAGES],
         "-m",
         "gpu",
+        *session.posargs,  # e.g. `-- -s` to see the printed timings
         env=env,
     )
 
