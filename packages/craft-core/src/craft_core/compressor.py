@@ -190,10 +190,17 @@ class CraftCompressor(nn.Module):
                 use_full = self.config.pairing == "full" or (
                     self.config.pairing == "auto" and device.type == "cuda"
                 )
-                pairing = FullPairing(embed, block) if use_full else PairingState(embed, block)
+                check = self.config.selection
+                pairing = (
+                    FullPairing(embed, block, check=check)
+                    if use_full
+                    else PairingState(embed, block, check=check)
+                )
+        counts: list[tuple[int, int]] = []
         while pairing is not None and active_ids.numel() > budget.floor:
             with torch.no_grad():
                 partner, partner_sim = pairing.partners(active_ids)
+                counts.append(pairing.counts)
                 plan = select_edges(
                     active_ids, partner, partner_sim, square_norms, budget.floor, budget.threshold
                 )
@@ -234,6 +241,9 @@ class CraftCompressor(nn.Module):
         if pairing is not None:
             info["pairing_passes"] = pairing.full_rows / n
             info["pairing"] = type(pairing).__name__
+            # Per round: rows whose partner the float32 pass decided, and rows rechecked exactly.
+            info["rows_fast"] = [fast for fast, _ in counts]
+            info["rows_rechecked"] = [rechecked for _, rechecked in counts]
         return CompressionResult(
             features=store.gather(kept).to(features.dtype),
             coords=coords[kept],

@@ -44,6 +44,14 @@ class CraftConfig(BaseModel):
         "GPU path); 'incremental' recomputes only what the round changed (fewer multiply-adds, "
         "data-dependent shapes: the CPU path); 'auto' = 'full' on CUDA, else 'incremental'.",
     )
+    selection: Literal["certified", "exact", "recheck"] = Field(
+        default="certified",
+        description="How the similarities that selection compares are computed (the same tokens "
+        "and rows either way): 'certified' = float32 products with a rigorous error bound, the "
+        "rows in doubt recomputed exactly (fast); 'exact' = float64 products everywhere (the "
+        "0.2 arithmetic, kept as the reference); 'recheck' = certified with every row "
+        "recomputed exactly (a test of the fallback).",
+    )
     rank: int = Field(
         default=128,
         gt=0,

@@ -1,19 +1,25 @@
 """How each round finds every active token's best partner: two strategies, one answer.
 
-`FullPairing` is the plain algorithm: every round, one blockwise pass over the active set
-(`|A|^2 d_sim` multiply-adds), fixed shapes, no host synchronisation: the GPU path.
+Both compute similarities in float32 and decide exactly (`certify.py`): a row whose best
+candidate beats the bound on every other column is decided fast, a row in doubt is
+recomputed with the exact float64 rule on the columns within the bound. Both therefore give
+the exact partners of `selection.full_partners` (ties to the smallest index), which stays
+as the plain, slow statement of the rule (`CraftConfig(selection="exact")` runs it).
+
+`FullPairing` is the plain loop: every round, one blockwise pass over the active set
+(`|A|^2 d_sim` multiply-adds), fixed shapes, one host sync: the GPU path.
 
 `PairingState` recomputes only what a round changed (a round removes its sources and changes
 its targets, nothing else): on video-like input it does about 1.6 full passes in all where
 the plain loop does about 2.6, at the price of data-dependent shapes, which cost nothing on a
-CPU: the CPU path. Both give the exact partners of `selection.full_partners` (similarities are
-exact, ties go to the smallest index), which the tests check.
+CPU: the CPU path.
 """
 
 from __future__ import annotations
 
 import torch
 
+from craft_core.certify import certified_partners, exact_best, listed_exact, similarity_bound
 from craft_core.selection import full_partners
 
 
@@ -22,18 +28,31 @@ class FullPairing:
 
     Attributes:
         embed: `[N, d_sim]` float64 exact embeddings (rows of inactive tokens are stale).
+        check: "certified" (float32 + bound + exact rechecks), "recheck" (the same with every
+            row rechecked: a test of the fallback) or "exact" (float64 everywhere: 0.2).
         full_rows: pairing work so far, in rows of an N x N pass.
+        counts: `(fast, rechecked)` rows of the last call to `partners`.
     """
 
-    def __init__(self, embed: torch.Tensor, block: int) -> None:
+    def __init__(self, embed: torch.Tensor, block: int, check: str = "certified") -> None:
         self.embed = embed
         self.block = block
+        self.check = check
         self.full_rows = 0.0
+        self.counts = (0, 0)
 
     def partners(self, active_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`(partner [n] original index, similarity [n] float64)` of each active token."""
-        sim, pos = full_partners(self.embed[active_ids], self.block)
-        self.full_rows += active_ids.numel() ** 2 / self.embed.shape[0]
+        n = active_ids.numel()
+        if self.check == "exact":
+            sim, pos = full_partners(self.embed[active_ids], self.block)
+            rechecked = n
+        else:
+            sim, pos, rechecked = certified_partners(
+                self.embed[active_ids], self.block, recheck_all=self.check == "recheck"
+            )
+        self.counts = (n - rechecked, rechecked)
+        self.full_rows += n**2 / self.embed.shape[0]
         return active_ids[pos], sim
 
     def update(
@@ -56,28 +75,44 @@ class PairingState:
     """Every active token's best partner, kept exact across rounds at a fraction of the cost.
 
     A round removes its sources and changes the embedding of its targets; every other token is
-    untouched. So each active token `i` keeps a short list of its best candidates with their
-    current similarities, and a bound `b_i` such that every active token outside the list is
-    at most `b_i` similar to `i`. After a round, list entries that left are dropped, changed
-    targets are re-scored by one `|A| x |T|` product (the best of them enter the list, the rest
-    raise the bound), and the list's head is `i`'s exact best partner whenever it is strictly
-    above the bound. Only the changed targets and the tokens whose list ran out need a full
-    pass over the active set. Ties go to the smallest index everywhere, so the partners are
-    those of a full recompute.
+    untouched. So each active token `i` keeps a short list of candidates with their EXACT
+    current similarities, ordered (similarity, then index), and a bound `b_i` such that every
+    active token outside the list is at most `b_i` similar to `i`. Lists come from float32
+    scores (`certify.listed_exact`: the fast top `keep`, their exact similarities, and the
+    `(keep+1)`-th fast score plus the error bound as `b_i`). After a round, list entries that
+    left are dropped, changed targets are re-scored by one `|A| x |T|` product (the best of
+    them enter the list, the rest raise the bound), and the list's head is `i`'s exact best
+    partner whenever it is strictly above the bound. Only the changed targets and the tokens
+    whose list ran out need a full pass over the active set; within a pass, a row whose head
+    does not beat its bound is recomputed exactly on the columns within the bound. Ties go to
+    the smallest index everywhere, so the partners are those of a full exact recompute.
 
     Attributes:
         embed: `[N, d_sim]` float64 exact embedding (rows of inactive tokens are stale).
+        fast: `[N, d_sim]` the same values in the dtype of the fast products (float32; float64
+            with `check="exact"`, where the bound is 0 and every score is exact).
         partner: `[N]` long best partner of each active token (original index).
         partner_sim: `[N]` float64 its exact similarity.
         full_rows: pairing work so far, in rows of an N x N pass (the first pass is N);
             `full_rows / N` is the work in multiples of one full pass.
+        counts: `(fast, rechecked)` rows whose partner was decided for the last call to
+            `partners` (since the call before): from a list or a certified pass, or by an
+            exact recheck.
     """
 
-    def __init__(self, embed: torch.Tensor, block: int, keep: int = 4) -> None:
+    def __init__(
+        self, embed: torch.Tensor, block: int, keep: int = 4, check: str = "certified"
+    ) -> None:
         n = embed.shape[0]
         device = embed.device
         self.embed = embed
+        exact = check == "exact"
+        self.fast = embed if exact else embed.float()
+        self.delta = 0.0 if exact else similarity_bound(embed.shape[1])
+        self.recheck_all = check == "recheck"
         self.block = block
+        # Float32 blocks are half the bytes of float64 ones: twice the rows, same memory.
+        self.fast_block = block if exact else 2 * block
         self.keep = keep
         self.partner = torch.full((n,), -1, dtype=torch.long, device=device)
         f64 = torch.float64
@@ -86,28 +121,29 @@ class PairingState:
         self.list_sim = torch.full((n, keep), float("-inf"), dtype=f64, device=device)
         self.bound = torch.full((n,), float("-inf"), dtype=f64, device=device)
         self.full_rows = 0.0
+        self.counts = (0, 0)
+        self._decided = [0, 0]
         ids = torch.arange(n, device=device)
         self._recompute(ids, ids)
 
     def partners(self, active_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`(partner [n] original index, similarity [n] float64)` of each active token."""
+        self.counts = (self._decided[0], self._decided[1])
+        self._decided = [0, 0]
         return self.partner[active_ids], self.partner_sim[active_ids]
 
     def _top_candidates(
-        self, sims: torch.Tensor, keys: torch.Tensor
+        self, sims: torch.Tensor, ids: torch.Tensor, keys: torch.Tensor, key_embed: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """From scores `[b, m]` against `keys` (`[m]` ascending): the ordered top-`keep`
-        (sim, idx) `[b, keep]` and the best score left out of them `[b]`."""
-        count = min(self.keep + 1, keys.numel())
-        top_sim, top_pos = sims.topk(count, dim=1)
-        top_idx = torch.where(torch.isneginf(top_sim), -1, keys[top_pos])
-        left_out = torch.full((sims.shape[0],), float("-inf"), dtype=sims.dtype, device=sims.device)
-        if count > self.keep:
-            left_out = top_sim[:, self.keep]
-            top_sim, top_idx = top_sim[:, : self.keep], top_idx[:, : self.keep]
-        # topk already orders by similarity; only exact ties need the index order fixed.
-        if bool((top_sim[:, 1:] == top_sim[:, :-1]).any()):
-            top_sim, top_idx = _order_candidates(top_sim, top_idx)
+        """From fast scores `[b, m]` of rows `ids` against `keys` (`[m]` ascending, exact
+        embeddings `key_embed` `[m, d]`): the ordered exact top-`keep` (sim, idx)
+        `[b, keep]` and an upper bound on the exact score of every key left out `[b]`."""
+        top_val, top_pos = sims.topk(min(self.keep + 1, keys.numel()), dim=1)
+        top_sim, pos, left_out = listed_exact(
+            self.embed[ids], key_embed, top_val, top_pos, self.keep, self.delta
+        )
+        top_idx = torch.where(pos < 0, -1, keys[pos.clamp(min=0)])
+        top_sim, top_idx = _order_candidates(top_sim, top_idx)
         pad = self.keep - top_sim.shape[1]
         if pad:
             top_sim = torch.nn.functional.pad(top_sim, (0, pad), value=float("-inf"))
@@ -115,11 +151,11 @@ class PairingState:
         return top_sim, top_idx, left_out
 
     def _scores(
-        self, ids: torch.Tensor, keys: torch.Tensor, key_embed: torch.Tensor
+        self, ids: torch.Tensor, keys: torch.Tensor, key_fast: torch.Tensor
     ) -> torch.Tensor:
-        """Similarities `[b, m]` of rows `ids` to `keys` (ascending; embeddings `key_embed`
-        `[m, d]`), with a row's own column at -inf."""
-        sims = self.embed[ids] @ key_embed.T
+        """Fast similarities `[b, m]` of rows `ids` to `keys` (ascending; fast embeddings
+        `key_fast` `[m, d]`), with a row's own column at -inf."""
+        sims = self.fast[ids] @ key_fast.T
         pos = torch.searchsorted(keys, ids).clamp_(max=keys.numel() - 1)
         own = torch.nonzero(keys[pos] == ids).squeeze(1)
         sims[own, pos[own]] = float("-inf")
@@ -127,34 +163,47 @@ class PairingState:
 
     def _recompute(self, rows: torch.Tensor, keys: torch.Tensor) -> None:
         """Full pass: rows `[r]` against every active token `keys` (ascending)."""
-        key_embed = self.embed[keys]
-        for start in range(0, rows.numel(), self.block):
-            stop = min(start + self.block, rows.numel())
+        key_embed, key_fast = self.embed[keys], self.fast[keys]
+        for start in range(0, rows.numel(), self.fast_block):
+            stop = min(start + self.fast_block, rows.numel())
             ids = rows[start:stop]
-            sims = self._scores(ids, keys, key_embed)
-            top_sim, top_idx, left_out = self._top_candidates(sims, keys)
+            sims = self._scores(ids, keys, key_fast)
+            top_sim, top_idx, left_out = self._top_candidates(sims, ids, keys, key_embed)
             self.list_sim[ids], self.list_idx[ids], self.bound[ids] = top_sim, top_idx, left_out
             best_sim, best_idx = top_sim[:, 0], top_idx[:, 0]
-            # If the maximum is tied beyond the list, the smallest tied index may lie outside it.
-            unsure = torch.nonzero(best_sim == left_out).squeeze(1)
+            # In doubt (the head does not beat every key left out): the exact rule on the
+            # keys whose fast score is within the bound of the head; no other can win or tie.
+            doubt = (
+                torch.ones_like(best_sim, dtype=torch.bool)
+                if self.recheck_all
+                else best_sim <= left_out
+            )
+            unsure = torch.nonzero(doubt).squeeze(1)
             if unsure.numel():
-                value, where = sims[unsure].max(dim=1)
-                best_sim[unsure], best_idx[unsure] = value, keys[where]
+                near = sims[unsure] >= (best_sim[unsure] - self.delta).unsqueeze(1)
+                cols = torch.nonzero(near.any(dim=0)).squeeze(1)
+                best_sim[unsure], best_idx[unsure] = exact_best(
+                    self.embed[ids[unsure]], ids[unsure], key_embed[cols], keys[cols], self.block
+                )
             self.partner_sim[ids], self.partner[ids] = best_sim, best_idx
+            self._decided[0] += ids.numel() - unsure.numel()
+            self._decided[1] += unsure.numel()
         self.full_rows += rows.numel() * keys.numel() / self.embed.shape[0]
 
     def _rescore(self, rows: torch.Tensor, changed: torch.Tensor) -> None:
         """Re-score `rows` against the changed targets and merge the result into their lists."""
-        changed_embed = self.embed[changed]
-        for start in range(0, rows.numel(), self.block):
-            ids = rows[start : start + self.block]
-            self._absorb(ids, self.embed[ids] @ changed_embed.T, changed)
+        changed_embed, changed_fast = self.embed[changed], self.fast[changed]
+        for start in range(0, rows.numel(), self.fast_block):
+            ids = rows[start : start + self.fast_block]
+            self._absorb(ids, self.fast[ids] @ changed_fast.T, changed, changed_embed)
         self.full_rows += rows.numel() * changed.numel() / self.embed.shape[0]
 
-    def _absorb(self, rows: torch.Tensor, sims: torch.Tensor, keys: torch.Tensor) -> None:
-        """Merge fresh scores `[r, m]` of `rows` against `keys` into their candidate lists:
-        the best enter the list, the rest raise the bound."""
-        col_sim, col_idx, col_left = self._top_candidates(sims, keys)
+    def _absorb(
+        self, rows: torch.Tensor, sims: torch.Tensor, keys: torch.Tensor, key_embed: torch.Tensor
+    ) -> None:
+        """Merge fresh fast scores `[r, m]` of `rows` against `keys` into their candidate
+        lists: the best enter the list, the rest raise the bound."""
+        col_sim, col_idx, col_left = self._top_candidates(sims, rows, keys, key_embed)
         merged_sim, merged_idx = _order_candidates(
             torch.cat([self.list_sim[rows], col_sim], dim=1),
             torch.cat([self.list_idx[rows], col_idx], dim=1),
@@ -171,6 +220,8 @@ class PairingState:
         (`[n]`, ascending) are the tokens still active after it (its sources have left)."""
         changed_mask = (self.embed[targets] != new_embed).any(dim=1)
         self.embed[targets[changed_mask]] = new_embed[changed_mask]
+        if self.fast is not self.embed:
+            self.fast[targets[changed_mask]] = new_embed[changed_mask].to(self.fast.dtype)
         changed = torch.sort(targets[changed_mask]).values
         if active_ids.numel() < 2:
             return
@@ -192,9 +243,10 @@ class PairingState:
                 self.list_sim[rows], self.list_idx[rows]
             )
         list_sim, bound = self.list_sim[rows], self.bound[rows]
-        sure = list_sim[:, 0] > bound
+        sure = (list_sim[:, 0] > bound) & (not self.recheck_all)
         self.partner_sim[rows[sure]] = list_sim[sure, 0]
         self.partner[rows[sure]] = self.list_idx[rows[sure], 0]
         redo = rows[~sure]
+        self._decided[0] += rows.numel() - redo.numel()
         if redo.numel():
             self._recompute(redo, active_ids)
