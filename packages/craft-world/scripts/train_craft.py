@@ -1,10 +1,13 @@
-"""Make the shipped merge module: craft-train stage 1 (captions) then stage 2 (QA) in the world.
+"""Make the shipped merge module: craft-train in the world, on the frozen world backbone.
 
     uv run python packages/craft-world/scripts/train_craft.py --work /tmp/world-craft \
-        [--ship packages/craft-world/src/craft_world/checkpoints/craft]
+        [--method distill|stage12] [--ship packages/craft-world/src/craft_world/checkpoints/craft]
 
-Clips: split "craft" (disjoint from the backbone's and the held-out ones), 600 clips. Configs:
-`craft_world.recipe.STAGE1` / `STAGE2` on one CPU thread. Both runs checkpoint and resume.
+Clips: split "craft" (disjoint from the backbone's and the held-out ones), `--clips` of them.
+`distill` (the shipped module): `craft_world.recipe.DISTILL`, the uncompressed backbone as
+teacher on each clip's describe and question prompts, no labels. `stage12`: stage 1
+(captions, `STAGE1`) then stage 2 (QA labels, `STAGE2`). One CPU thread; every run
+checkpoints and resumes (run the same command again).
 """
 
 from __future__ import annotations
@@ -21,43 +24,46 @@ import torch
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--work", required=True)
+    parser.add_argument("--method", choices=["distill", "stage12"], default="distill")
     parser.add_argument("--ship", help="copy the final craft/ folder here")
     parser.add_argument("--clips", type=int, default=600)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--set", nargs="*", default=[], help="stage1/stage2 overrides: s1:optim.lr=1e-3"
+        "--set", nargs="*", default=[], help="config overrides: optim.lr=1e-3 (stage12: s1:/s2:)"
     )
     args = parser.parse_args(argv)
+    if args.clips <= 0:
+        parser.error(f"--clips must be positive, got {args.clips}")
     torch.set_num_threads(1)
 
     from craft_train.config import load_config
     from craft_train.trainer import train
     from craft_world import make_clips
-    from craft_world.recipe import STAGE1, STAGE2, craft_train_config
+    from craft_world.recipe import DISTILL, STAGE1, STAGE2, craft_train_config, distill_manifest
 
     work = Path(args.work)
     root = make_clips(work / "clips", args.clips, seed=0, split="craft")
-    s1, s2 = work / "stage1", work / "stage2"
-    over1 = [o[3:] for o in args.set if o.startswith("s1:")]
-    over2 = [o[3:] for o in args.set if o.startswith("s2:")]
     t0 = time.perf_counter()
-    cfg1 = load_config(
-        data=craft_train_config(root / "captions.jsonl", s1, stage=1, seed=args.seed, **STAGE1),
-        overrides=over1,
-    )
-    train(cfg1)
-    print(f"stage 1 done in {time.perf_counter() - t0:.0f} s", flush=True)
-    cfg2 = load_config(
-        data=craft_train_config(
-            root / "qa.jsonl", s2, stage=2, init_from=s1, seed=args.seed, **STAGE2
-        ),
-        overrides=over2,
-    )
-    train(cfg2)
-    print(f"stage 1 + 2 done in {time.perf_counter() - t0:.0f} s", flush=True)
+    if args.method == "distill":
+        final = work / "distill"
+        data = craft_train_config(
+            distill_manifest(root), final, stage="distill", seed=args.seed, **DISTILL
+        )
+        train(load_config(data=data, stage="distill", overrides=args.set))
+    else:
+        s1, final = work / "stage1", work / "stage2"
+        over1 = [o[3:] for o in args.set if o.startswith("s1:")]
+        over2 = [o[3:] for o in args.set if o.startswith("s2:")]
+        data = craft_train_config(root / "captions.jsonl", s1, stage=1, seed=args.seed, **STAGE1)
+        train(load_config(data=data, overrides=over1))
+        data = craft_train_config(
+            root / "qa.jsonl", final, stage=2, init_from=s1, seed=args.seed, **STAGE2
+        )
+        train(load_config(data=data, overrides=over2))
+    print(f"{args.method} done in {time.perf_counter() - t0:.0f} s", flush=True)
     if args.ship:
         ship = Path(args.ship)
-        shutil.copytree(s2 / "craft", ship, dirs_exist_ok=True)
+        shutil.copytree(final / "craft", ship, dirs_exist_ok=True)
         print(f"shipped {ship}")
     return 0
 

@@ -1,7 +1,8 @@
 """The miniature world: seeded synthetic clips, their questions, and MVBench-format files.
 
-A clip is 8 frames of 84 x 84 at 2 fps (4 s): a smooth random texture with sensor noise,
-and one to three small squares of distinct colours (8 x 8 px) moving in straight lines. Each
+A clip is 8 frames of 84 x 84 at 2 fps (4 s): a static grey texture (per-pixel sigma 14 on a
+smooth random shade) with per-frame sensor noise (sigma 6), and one to three squares of distinct
+colours (10 to 15 px a side) moving in straight lines. Each
 square is, with probability 0.4, TRANSIENT: visible in only 2 consecutive frames (one
 temporal patch pair of Qwen2.5-VL, i.e. 1 to 4 of the clip's 144 video tokens), so a
 compressor that blurs or drops the few tokens that hold it loses the answer.
@@ -32,9 +33,11 @@ __all__ = [
     "CAPTION_PROMPT",
     "FPS",
     "FRAMES",
+    "MAX_SQUARES",
     "PALETTE",
     "SIZE",
     "SPLITS",
+    "SQUARE_SIDES",
     "TASKS",
     "VIDEO_FOLDER",
     "Question",
@@ -53,8 +56,10 @@ SIZE = 84
 """Frame side in pixels (6 x 6 patches of 14 px)."""
 FPS = 2
 """Frame rate of the written mp4 (the readers' default sampling rate: every frame is kept)."""
-SQUARE = 8
-"""Side of a square in pixels."""
+SQUARE_SIDES = (10, 15)
+"""Smallest and largest side of a square in pixels (drawn uniformly per square)."""
+MAX_SQUARES = 3
+"""Squares per clip: 1 to MAX_SQUARES (the count question's options)."""
 P_TRANSIENT = 0.4
 """Probability that a square is visible in only 2 of the 8 frames."""
 PALETTE: dict[str, tuple[int, int, int]] = {
@@ -75,6 +80,9 @@ CAPTION_PROMPT = "Describe this video in detail."
 """craft-train's default stage-1 prompt."""
 COUNT_OPTIONS = ("1", "2", "3")
 YES_NO = ("yes", "no")
+GENERATOR = 2
+"""Version of the scene generator and renderer (1: craft-world 0.1's 8 px squares). A folder
+`make_clips` wrote with another version has its clip files rewritten, not reused."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,7 @@ class Scene:
         starts: top-left pixel `(y, x)` of each square at frame 0.
         ends: top-left pixel `(y, x)` at frame 7 (straight-line motion in between).
         seed: seed of the texture and noise.
+        sides: side of each square in pixels.
     """
 
     colours: tuple[str, ...]
@@ -94,6 +103,14 @@ class Scene:
     starts: tuple[tuple[int, int], ...]
     ends: tuple[tuple[int, int], ...]
     seed: int
+    sides: tuple[int, ...]
+
+    def position(self, k: int, t: int) -> tuple[int, int] | None:
+        """Top-left pixel `(y, x)` of square `k` at frame `t`, or None where it is not shown."""
+        (a, b), (y0, x0), (y1, x1) = self.spans[k], self.starts[k], self.ends[k]
+        if not a <= t < b:
+            return None
+        return round(y0 + (y1 - y0) * t / (FRAMES - 1)), round(x0 + (x1 - x0) * t / (FRAMES - 1))
 
     @property
     def caption(self) -> str:
@@ -117,14 +134,30 @@ def _rng(seed: int, split: str, index: int, stream: int = 0) -> np.random.Genera
     return np.random.default_rng([seed, SPLITS[split], index, stream])
 
 
-def sample_scene(seed: int, split: str, index: int) -> Scene:
-    """The scene of clip `index` of `split` (a pure function of its arguments)."""
+def sample_scene(
+    seed: int,
+    split: str,
+    index: int,
+    *,
+    sides: tuple[int, int] = SQUARE_SIDES,
+    max_squares: int = MAX_SQUARES,
+) -> Scene:
+    """The scene of clip `index` of `split` (a pure function of its arguments).
+
+    `sides` (inclusive pixel range) and `max_squares` are the backbone recipe's curriculum
+    knobs (bigger, fewer squares early in training); every question file uses the defaults.
+    """
+    if not 1 <= sides[0] <= sides[1] <= SIZE // 2:
+        raise ValueError(f"sides must be 1 <= lo <= hi <= {SIZE // 2}, got {sides}")
+    if not 1 <= max_squares <= MAX_SQUARES:
+        raise ValueError(f"max_squares must be in 1..{MAX_SQUARES}, got {max_squares}")
     rng = _rng(seed, split, index)
-    k = int(rng.integers(1, 4))
+    k = int(rng.integers(1, max_squares + 1))
     colours = tuple(str(c) for c in rng.choice(list(PALETTE), size=k, replace=False))
-    spans, starts, ends = [], [], []
-    hi = SIZE - SQUARE
+    spans, starts, ends, side_list = [], [], [], []
     for _ in colours:
+        side = int(rng.integers(sides[0], sides[1] + 1))
+        hi = SIZE - side
         if rng.random() < P_TRANSIENT:
             first = 2 * int(rng.integers(0, FRAMES // 2))
             spans.append((first, first + 2))
@@ -132,31 +165,37 @@ def sample_scene(seed: int, split: str, index: int) -> Scene:
             spans.append((0, FRAMES))
         starts.append((int(rng.integers(0, hi + 1)), int(rng.integers(0, hi + 1))))
         ends.append((int(rng.integers(0, hi + 1)), int(rng.integers(0, hi + 1))))
-    return Scene(colours, tuple(spans), tuple(starts), tuple(ends), int(rng.integers(2**31)))
+        side_list.append(side)
+    return Scene(
+        colours,
+        tuple(spans),
+        tuple(starts),
+        tuple(ends),
+        int(rng.integers(2**31)),
+        tuple(side_list),
+    )
 
 
 def render(scene: Scene) -> np.ndarray:
     """The clip's frames: uint8 `[FRAMES, SIZE, SIZE, 3]`."""
     rng = np.random.default_rng(scene.seed)
-    coarse = rng.random((7, 7))  # smooth grey texture: bilinear upsampling of a 7 x 7 grid
-    axis = np.linspace(0, 6, SIZE)
-    i0 = np.minimum(axis.astype(int), 5)
+    coarse = rng.random((4, 4))  # a smooth shade: bilinear upsampling of a 4 x 4 grid
+    axis = np.linspace(0, 3, SIZE)
+    i0 = np.minimum(axis.astype(int), 2)
     f = axis - i0
     rows = coarse[i0] * (1 - f)[:, None] + coarse[i0 + 1] * f[:, None]
-    texture = rows[:, i0] * (1 - f)[None, :] + rows[:, i0 + 1] * f[None, :]
-    tint = rng.uniform(-12, 12, 3)
-    base = 70 + 90 * texture[..., None] + tint  # [H, W, 3], muted
+    shade = rows[:, i0] * (1 - f)[None, :] + rows[:, i0 + 1] * f[None, :]
+    # static grey texture (the same in every frame): a square must be told from it by colour
+    grey = 95 + 60 * shade + rng.normal(0.0, 14.0, (SIZE, SIZE))
+    base = np.repeat(grey[..., None], 3, axis=-1)
     frames = np.empty((FRAMES, SIZE, SIZE, 3), dtype=np.uint8)
     for t in range(FRAMES):
         image = base + rng.normal(0.0, 6.0, base.shape)  # sensor noise
-        for colour, (a, b), (y0, x0), (y1, x1) in zip(
-            scene.colours, scene.spans, scene.starts, scene.ends
-        ):
-            if not a <= t < b:
-                continue
-            y = round(y0 + (y1 - y0) * t / (FRAMES - 1))
-            x = round(x0 + (x1 - x0) * t / (FRAMES - 1))
-            image[y : y + SQUARE, x : x + SQUARE] = PALETTE[colour]
+        for k, colour in enumerate(scene.colours):
+            at = scene.position(k, t)
+            if at is not None:
+                side = scene.sides[k]
+                image[at[0] : at[0] + side, at[1] : at[1] + side] = PALETTE[colour]
         frames[t] = np.clip(np.rint(image), 0, 255).astype(np.uint8)
     return frames
 
@@ -218,7 +257,9 @@ def make_clips(
         world.json       {seed, split, start, n}
 
     Args:
-        out_dir: folder (created); an existing clip file is not rewritten.
+        out_dir: folder (created); an existing clip file is not rewritten unless the folder's
+            world.json names another `GENERATOR` (the clips are a pure function: nothing is
+            lost).
         n: number of clips (2 questions each).
         seed: world seed; clips are `(seed, split, start + i)` for `i < n`.
         split: "test" (held out), "train" (the backbone's) or "craft" (the merge module's).
@@ -234,6 +275,8 @@ def make_clips(
     if split not in SPLITS:
         raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
     out = Path(out_dir)
+    old = out / "world.json"
+    stale = old.is_file() and json.loads(old.read_text()).get("generator") != GENERATOR
     videos = out / "video" / VIDEO_FOLDER
     videos.mkdir(parents=True, exist_ok=True)
     (out / "json").mkdir(exist_ok=True)
@@ -243,7 +286,7 @@ def make_clips(
         scene = sample_scene(seed, split, index)
         name = f"{split}_{index:06d}.mp4"
         path = videos / name
-        if not path.is_file():
+        if stale or not path.is_file():
             tmp = path.with_suffix(".tmp.mp4")
             write_mp4(tmp, render(scene))
             tmp.replace(path)
@@ -271,6 +314,6 @@ def make_clips(
         (out / "json" / f"{task}.json").write_text(json.dumps(rows, indent=1))
     (out / "captions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in captions))
     (out / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in qa))
-    meta = {"seed": seed, "split": split, "start": start, "n": n}
+    meta = {"seed": seed, "split": split, "start": start, "n": n, "generator": GENERATOR}
     (out / "world.json").write_text(json.dumps(meta))
     return out

@@ -1,13 +1,19 @@
 """Item-by-item measurements in the world: answer distributions, KL to the uncompressed model.
 
-    items = load_items(make_clips(tmp, 200, split="test"))
+    items = load_items(make_clips(tmp, 200, split="test"), task=None)
     ref = answer_logprobs(model, processor, items)                         # uncompressed
-    mine = answer_logprobs(model, processor, items, compressor, ratio=8.0)
-    kl = kl_to(ref, mine)                                                   # [n]
-    diff, se = paired(kl_trained, kl_untrained)                             # mean, std. error
+    a = evaluate(model, processor, items, ref, trained, ratio=8.0)         # a Score
+    b = evaluate(model, processor, items, ref, divprune, ratio=8.0)
+    a.accuracy, a.accuracy_se, a.kl_mean, a.kl_se                          # fractions, nats
+    drop, se = paired(b.kl, a.kl)                                          # mean, std. error
 
 The answer distribution of an item is the model's next-token distribution at the first
 answer position (right after the assistant prompt): for MVBench prompts, the option letter.
+Accuracy is its most likely option letter (what a greedy reply starts with); the first-token
+KL(uncompressed || compressed) says how much of the answer a compressor changed. Both are per
+item, so two methods on the same items are compared by the paired difference, whose standard
+error is far smaller than either method's own. The demo, `scripts/world_table.py` and
+craft-train's world learning test all measure through this module.
 """
 
 from __future__ import annotations
@@ -23,7 +29,17 @@ import torch
 
 from craft_world.clips import VIDEO_FOLDER, mvbench_prompt
 
-__all__ = ["Item", "answer_logprobs", "kl_to", "load_items", "paired"]
+__all__ = [
+    "Item",
+    "Score",
+    "accuracy",
+    "answer_logprobs",
+    "evaluate",
+    "kl_to",
+    "load_items",
+    "paired",
+    "score",
+]
 
 
 @dataclass(frozen=True)
@@ -133,3 +149,58 @@ def accuracy(logprobs: torch.Tensor, items: Sequence[Item], processor: Any) -> t
         letters = [tok.convert_tokens_to_ids(c) for c in "ABCDE"[:n_options]]
         hits.append(float("ABCDE"[int(row[letters].argmax())] == item.answer))
     return torch.tensor(hits)
+
+
+@dataclass(frozen=True)
+class Score:
+    """One method at one ratio on `n` items: `hits` `[n]` (0/1) and `kl` `[n]` (nats)."""
+
+    hits: torch.Tensor
+    kl: torch.Tensor
+
+    @property
+    def n(self) -> int:
+        return int(self.hits.numel())
+
+    @property
+    def accuracy(self) -> float:
+        """Fraction of items whose most likely option letter is right."""
+        return float(self.hits.double().mean())
+
+    @property
+    def accuracy_se(self) -> float:
+        """Binomial standard error of `accuracy`."""
+        p = self.accuracy
+        return math.sqrt(p * (1 - p) / max(1, self.n))
+
+    @property
+    def kl_mean(self) -> float:
+        """Mean first-token KL(uncompressed || this method) over the items."""
+        return float(self.kl.double().mean())
+
+    @property
+    def kl_se(self) -> float:
+        """Standard error of `kl_mean`."""
+        return float(self.kl.double().std(unbiased=True) / math.sqrt(max(1, self.n)))
+
+
+def score(
+    reference: torch.Tensor, logprobs: torch.Tensor, items: Sequence[Item], processor: Any
+) -> Score:
+    """A method's `Score` from its first-token log-probabilities `[n, V]` and the
+    uncompressed model's `reference` `[n, V]`."""
+    return Score(accuracy(logprobs, items, processor), kl_to(reference, logprobs))
+
+
+def evaluate(
+    model: Any,
+    processor: Any,
+    items: Sequence[Item],
+    reference: torch.Tensor,
+    compressor: Callable[..., Any] | None = None,
+    ratio: float | None = None,
+) -> Score:
+    """`score` of `compressor` at `ratio` (None: uncompressed) against `reference` `[n, V]`
+    (`answer_logprobs(model, processor, items)`)."""
+    lp = answer_logprobs(model, processor, items, compressor, ratio)
+    return score(reference, lp, items, processor)

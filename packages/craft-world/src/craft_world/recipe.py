@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STAGE1", "STAGE2", "craft_train_config"]
+__all__ = ["DISTILL", "STAGE1", "STAGE2", "craft_train_config", "distill_manifest"]
 
 STAGE1: dict[str, Any] = {
     "optim": {"lr": 4e-3, "max_steps": 150, "grad_accum": 4},
@@ -29,11 +29,38 @@ STAGE2: dict[str, Any] = {
 millions of examples and leaves the module where stage 1 put it in this budget)."""
 
 
+DISTILL: dict[str, Any] = {
+    "optim": {"lr": 4e-3, "max_steps": 600, "grad_accum": 4},
+    "budget": {"p_threshold": 0.0, "ratios": [8.0, 16.0]},
+    "distill": {"max_new_tokens": 16},
+}
+"""craft-train distill: the frozen backbone, uncompressed, is the teacher on the clips'
+describe and question prompts (no labels); fixed ratios 8 and 16 drawn per step."""
+
+
+def distill_manifest(root: str | Path) -> Path:
+    """`root/distill.jsonl` from `make_clips` output: `{video, prompt}` rows, the describe
+    prompt and every question's MVBench prompt of each clip (no answers: the teacher's)."""
+    import json
+
+    from craft_world.clips import CAPTION_PROMPT
+
+    root = Path(root)
+    rows = []
+    for name in ("captions.jsonl", "qa.jsonl"):
+        for line in (root / name).read_text().splitlines():
+            row = json.loads(line)
+            rows.append({"video": row["video"], "prompt": row.get("question", CAPTION_PROMPT)})
+    path = root / "distill.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
 def craft_train_config(
     manifest: str | Path,
     output_dir: str | Path,
     *,
-    stage: int = 1,
+    stage: int | str = 1,
     backbone: str | Path | None = None,
     init_from: str | Path | None = None,
     seed: int = 0,
@@ -44,7 +71,7 @@ def craft_train_config(
     Args:
         manifest: captions.jsonl (stage 1) or qa.jsonl (stage 2) from `make_clips`.
         output_dir: the run's folder.
-        stage: 1 or 2 (2 needs `init_from`).
+        stage: 1, 2 (needs `init_from`) or "distill" (a `distill_manifest`).
         backbone: the backbone folder (default: the shipped one).
         init_from: a previous run's folder (stage 2: the stage-1 run).
         seed: `optim.seed` (data order, budgets, init).

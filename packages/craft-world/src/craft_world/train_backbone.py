@@ -1,21 +1,28 @@
 """Train the world backbone from scratch on the CPU, reproducibly, resumably.
 
-    python -m craft_world.train_backbone --work /tmp/world --out packages/craft-world/src/craft_world/checkpoints/backbone
+    python -m craft_world.train_backbone --work /tmp/world \
+        --out packages/craft-world/src/craft_world/checkpoints/backbone
 
-1. writes the training clips (split "train", `--clips` of them) as mp4 under `--work`,
-   decodes them with craft-adapters' reader and runs the processor once (pixel values kept
-   in float16),
-2. trains every weight of a freshly initialised `backbone.world_config()` model with AdamW
-   (warmup, cosine) on a seeded mixture: existence questions (1/2), count questions (1/4),
-   captions (1/4); cross-entropy on the answer tokens only, plus an auxiliary loss that
-   makes the vision tower say which colours each video token shows (a linear probe on the
-   projector's output, `token_colours`; the probe is discarded). Four runs without it
-   (lr 5e-4 to 2e-3, batch 4 to 16) still answered with the prior after 700 to 1,200
-   steps; whether the probe is needed, or they only needed longer, is not established,
-3. checkpoints `--work/state.pt` every `--save-every` steps (a killed run resumes from it:
-   batches are a pure function of `(seed, step)`, so the resumed run is the same run) and
-   logs held-out accuracy to `--work/log.jsonl`,
-4. saves the model (`save_pretrained`) and its processor in `--out`.
+The recipe (every default below is the shipped backbone's):
+
+1. every training example is a FRESH clip (split "train", a new scene index per example,
+   rendered in memory, no fixed clip set): four runs on a fixed set of 4,000 clips stayed
+   at chance or reached 88%;
+2. phase A, a size curriculum: for the first 30% of its steps the clips hold 1-2 big squares
+   whose sides shrink from 14-19 px to the final 10-15 px; then the final clips (1-3 squares);
+   phase B starts from phase A's weights with a fresh optimiser and schedule on the final
+   clips. Both phases: existence questions (2/5), count questions (1/5), captions (2/5);
+   cross-entropy on the answer tokens only, plus an auxiliary loss that makes the vision
+   tower say which colours each video token shows (a linear probe on the projector's output,
+   `token_colours`, discarded after training);
+3. batch 8, AdamW (lr 1e-3, betas 0.9/0.98, weight decay 0.01), gradient clip 1.0, per
+   phase 5% linear warmup then cosine to 0;
+4. checkpoints `--work/state.pt` every `--save-every` steps (a killed run resumes from it:
+   batches are a pure function of `(seed, phase, step)`, so the resumed run is the same run),
+   logs held-out accuracy (mp4 clips of split "test", read as the evaluation reads them) to
+   `--work/log.jsonl`,
+5. saves the model (`save_pretrained`), its processor, `world_recipe.json` (the recipe and
+   its held-out accuracy over `--final-clips` clips, 2 questions each) and the log in `--out`.
 
 Bit for bit: one torch thread, fixed seeds, no dropout; the same machine and library
 versions give the same weights.
@@ -28,6 +35,7 @@ import json
 import math
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,45 +47,60 @@ from craft_world.clips import (
     CAPTION_PROMPT,
     COUNT_OPTIONS,
     FRAMES,
+    MAX_SQUARES,
     PALETTE,
     SIZE,
-    SQUARE,
+    SQUARE_SIDES,
     VIDEO_FOLDER,
     YES_NO,
     Scene,
     make_clips,
     mvbench_prompt,
     questions_for,
+    render,
     sample_scene,
 )
 
-__all__ = ["ClipBank", "main", "train_backbone"]
+__all__ = ["Recipe", "TestBank", "main", "token_colours", "train_backbone"]
 
 
-class ClipBank:
-    """Decoded, processed clips of one split: `pixels[i]` is float16 `[144, 1176]`."""
+@dataclass(frozen=True)
+class Recipe:
+    """The backbone recipe: the weights are a pure function of these fields."""
 
-    def __init__(self, root: Path, n: int, seed: int, split: str, processor: Any) -> None:
+    seed: int = 0
+    steps_a: int = 2500
+    steps_b: int = 3500
+    batch: int = 8
+    lr: float = 1e-3
+    curriculum: float = 0.3
+    big_sides: tuple[int, int] = (14, 19)
+    aux_weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("steps_a", "batch"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.steps_b < 0 or self.lr <= 0 or not 0 <= self.curriculum <= 1:
+            raise ValueError(f"need steps_b >= 0, lr > 0, 0 <= curriculum <= 1: {self}")
+
+
+class TestBank:
+    """Held-out clips read from their mp4 files: `pixels[i]` is float16 `[144, 1176]`."""
+
+    def __init__(self, root: Path, n: int, seed: int, processor: Any) -> None:
         from craft_adapters import build_inputs, read_video
 
-        make_clips(root, n, seed, split=split)
-        cache = root / f"pixels-{n}.pt"
-        self.scenes = [sample_scene(seed, split, i) for i in range(n)]
-        self.questions = [questions_for(s, seed, split, i) for i, s in enumerate(self.scenes)]
-        if cache.is_file():
-            saved = torch.load(cache, weights_only=True)
-            self.pixels, self.grid, self.fps = saved["pixels"], saved["grid"], 2.0
-            return
-        pixels, grids = [], []
+        make_clips(root, n, seed, split="test")
+        scenes = [sample_scene(seed, "test", i) for i in range(n)]
+        self.questions = [questions_for(s, seed, "test", i) for i, s in enumerate(scenes)]
+        pixels = []
         for i in range(n):
-            video = read_video(root / "video" / VIDEO_FOLDER / f"{split}_{i:06d}.mp4", fps=2.0)
-            inputs = build_inputs(processor, video.frames, video.fps, "x")
-            pixels.append(inputs["pixel_values_videos"].to(torch.float16))
-            grids.append(inputs["video_grid_thw"])
+            video = read_video(root / "video" / VIDEO_FOLDER / f"test_{i:06d}.mp4", fps=2.0)
+            pixels.append(
+                build_inputs(processor, video.frames, video.fps, "x")["pixel_values_videos"]
+            )
         self.pixels = torch.stack(pixels)  # [n, 144, 1176]
-        self.grid = grids[0]  # [1, 3], the same for every clip
-        self.fps = float(video.fps)
-        torch.save({"pixels": self.pixels, "grid": self.grid}, cache)
 
 
 def token_colours(scene: Scene) -> torch.Tensor:
@@ -88,14 +111,14 @@ def token_colours(scene: Scene) -> torch.Tensor:
     """
     names = list(PALETTE)
     out = torch.zeros(FRAMES // 2, SIZE // 14, SIZE // 14, len(names))
-    for colour, (a, b), (y0, x0), (y1, x1) in zip(
-        scene.colours, scene.spans, scene.starts, scene.ends
-    ):
-        for t in range(a, b):
-            y = round(y0 + (y1 - y0) * t / (FRAMES - 1))
-            x = round(x0 + (x1 - x0) * t / (FRAMES - 1))
-            rows = slice(y // 14, (y + SQUARE - 1) // 14 + 1)
-            cols = slice(x // 14, (x + SQUARE - 1) // 14 + 1)
+    for k, colour in enumerate(scene.colours):
+        for t in range(FRAMES):
+            at = scene.position(k, t)
+            if at is None:
+                continue
+            side = scene.sides[k]
+            rows = slice(at[0] // 14, (at[0] + side - 1) // 14 + 1)
+            cols = slice(at[1] // 14, (at[1] + side - 1) // 14 + 1)
             out[t // 2, rows, cols, names.index(colour)] = 1.0
     return out.reshape(-1, len(names))
 
@@ -103,9 +126,9 @@ def token_colours(scene: Scene) -> torch.Tensor:
 class PromptCache:
     """Token ids of `prompt` (+ a dummy video of the world's grid) and of each target."""
 
-    def __init__(self, processor: Any, frames: np.ndarray, fps: float) -> None:
-        self.processor, self.frames, self.fps = processor, frames, fps
-        self.tok = processor.tokenizer
+    def __init__(self, processor: Any) -> None:
+        self.processor, self.tok = processor, processor.tokenizer
+        self.frames = np.zeros((FRAMES, SIZE, SIZE, 3), dtype=np.uint8)
         self._ids: dict[str, torch.Tensor] = {}
         self._types: dict[str, torch.Tensor] = {}
 
@@ -113,7 +136,7 @@ class PromptCache:
         from craft_adapters import build_inputs
 
         if text not in self._ids:
-            inputs = build_inputs(self.processor, self.frames, self.fps, text)
+            inputs = build_inputs(self.processor, self.frames, 2.0, text)
             self._ids[text] = inputs["input_ids"][0]
             self._types[text] = inputs["mm_token_type_ids"][0]
         return self._ids[text]
@@ -130,34 +153,48 @@ class PromptCache:
             self._ids[key] = torch.tensor(ids)
         return self._ids[key]
 
+    def pixels(self, frames: np.ndarray) -> torch.Tensor:
+        """The processor's `pixel_values_videos` of uint8 frames `[8, 84, 84, 3]`: `[144, 1176]`."""
+        from craft_adapters import build_inputs
 
-def sample_example(bank: ClipBank, rng: np.random.Generator) -> tuple[int, str, str]:
-    """`(clip, prompt, target)`: existence 1/2 (asked colour present 1/2), count 1/4, caption 1/4."""
-    i = int(rng.integers(len(bank.scenes)))
-    scene = bank.scenes[i]
+        return build_inputs(self.processor, frames, 2.0, "x")["pixel_values_videos"]
+
+
+def training_scene(recipe: Recipe, phase: int, step: int, j: int) -> Scene:
+    """Example `j` of `step` in `phase` (0 = A, 1 = B): a fresh scene, curriculum applied."""
+    index = (phase * 10**8 + step) * recipe.batch + j  # disjoint across phases and steps
+    ramp = recipe.curriculum * recipe.steps_a
+    if phase == 0 and step < ramp:
+        f = step / ramp  # 0 -> 1: big sides shrink to the final ones
+        lo, hi = (round(b + (s - b) * f) for b, s in zip(recipe.big_sides, SQUARE_SIDES))
+        return sample_scene(recipe.seed, "train", index, sides=(lo, hi), max_squares=2)
+    return sample_scene(recipe.seed, "train", index, max_squares=MAX_SQUARES)
+
+
+def sample_example(scene: Scene, rng: np.random.Generator) -> tuple[str, str]:
+    """`(prompt, target)`: existence 2/5 (asked colour present 1/2), count 1/5, caption 2/5."""
     kind = rng.random()
-    if kind < 0.5:
+    if kind < 0.4:
         present = rng.random() < 0.5
         pool = list(scene.colours) if present else [c for c in PALETTE if c not in scene.colours]
-        colour = str(rng.choice(pool))
-        prompt = mvbench_prompt(f"Is there a {colour} square?", YES_NO)
+        prompt = mvbench_prompt(f"Is there a {rng.choice(pool)} square?", YES_NO)
         target = "A" if present else "B"
-    elif kind < 0.75:
+    elif kind < 0.6:
         prompt = mvbench_prompt("How many squares are there?", COUNT_OPTIONS)
         target = "ABC"[len(scene.colours) - 1]
     else:
-        return i, CAPTION_PROMPT, scene.caption
+        return CAPTION_PROMPT, scene.caption
     if rng.random() < 0.5:  # craft-train strips its prompts: learn both forms
         prompt = prompt.strip()
-    return i, prompt, target
+    return prompt, target
 
 
 def make_batch(
-    bank: ClipBank, cache: PromptCache, examples: list[tuple[int, str, str]], pad: int
+    cache: PromptCache, pixels: torch.Tensor, examples: list[tuple[str, str]], pad: int
 ) -> dict[str, torch.Tensor]:
-    """Right-padded inputs with labels on the target tokens only."""
+    """Right-padded inputs with labels on the target tokens only; `pixels` `[B, 144, 1176]`."""
     seqs, labels, types = [], [], []
-    for _, prompt, target in examples:
+    for prompt, target in examples:
         p, t = cache.prompt(prompt), cache.target(target)
         seqs.append(torch.cat([p, t]))
         labels.append(torch.cat([torch.full_like(p, -100), t]))
@@ -168,160 +205,159 @@ def make_batch(
     mask = torch.zeros_like(ids)
     mm = torch.zeros_like(ids)
     for row, (s, y, m) in enumerate(zip(seqs, labels, types)):
-        ids[row, : len(s)], lab[row, : len(s)], mask[row, : len(s)] = s, y, 1
-        mm[row, : len(s)] = m
-    clips = [i for i, _, _ in examples]
+        ids[row, : len(s)], lab[row, : len(s)], mask[row, : len(s)], mm[row, : len(s)] = s, y, 1, m
+    n = len(examples)
     return {
         "input_ids": ids,
         "attention_mask": mask,
         "mm_token_type_ids": mm,
         "labels": lab,
-        "pixel_values_videos": bank.pixels[clips].flatten(0, 1).float(),
-        "video_grid_thw": bank.grid.repeat(len(clips), 1),
-        "second_per_grid_ts": torch.ones(len(clips)),
+        "pixel_values_videos": pixels.flatten(0, 1).float(),
+        "video_grid_thw": torch.tensor([[FRAMES // 2, SIZE // 14, SIZE // 14]]).repeat(n, 1),
+        "second_per_grid_ts": torch.ones(n),
     }
 
 
 @torch.no_grad()
-def heldout_accuracy(model: Any, bank: ClipBank, cache: PromptCache, pad: int) -> dict[str, float]:
-    """Accuracy per task on `bank`'s MVBench questions: argmax over the option letters."""
+def heldout_accuracy(
+    model: Any, bank: TestBank, cache: PromptCache, pad: int, clips: int | None = None
+) -> dict[str, float]:
+    """Accuracy per task on the first `clips` clips' questions: argmax over the option letters."""
     model.eval()
     hits: dict[str, list[bool]] = {}
     letters = [cache.tok.convert_tokens_to_ids(c) for c in "ABC"]
-    for i, questions in enumerate(bank.questions):
+    for i, questions in enumerate(bank.questions[:clips]):
         for q in questions:
             prompt = mvbench_prompt(q.question, q.candidates)
-            batch = make_batch(bank, cache, [(i, prompt, "A")], pad)
-            n = len(cache.prompt(prompt))
+            batch = make_batch(cache, bank.pixels[i : i + 1], [(prompt, "A")], pad)
             batch.pop("labels")
+            n = len(cache.prompt(prompt))
             logits = model(**batch).logits[0, n - 1, letters[: len(q.candidates)]]
             hits.setdefault(q.task, []).append(int(logits.argmax()) == q.candidates.index(q.answer))
     model.train()
-    return {k: float(np.mean(v)) for k, v in hits.items()}
+    out = {k: float(np.mean(v)) for k, v in hits.items()}
+    out["all"] = float(np.mean([h for v in hits.values() for h in v]))
+    return out
 
 
-def _lr(step: int, steps: int, lr: float, warmup: int) -> float:
+def _lr(step: int, steps: int, lr: float) -> float:
+    warmup = max(1, steps // 20)
     if step < warmup:
         return lr * (step + 1) / warmup
     return lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
 
 
+def _optimizer(params: list[torch.nn.Parameter], lr: float) -> torch.optim.AdamW:
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.98), weight_decay=0.01)
+
+
 def train_backbone(
     work: Path,
     out: Path,
+    recipe: Recipe = Recipe(),
     *,
-    seed: int = 0,
-    clips: int = 4000,
-    steps: int = 5000,
-    batch: int = 4,
-    lr: float = 1e-3,
     save_every: int = 100,
-    eval_every: int = 100,
+    eval_every: int = 250,
     eval_clips: int = 50,
-    stop_at: int | None = None,
-    aux_weight: float = 1.0,
+    final_clips: int = 300,
+    stop_at: tuple[int, int] | None = None,
 ) -> dict[str, float]:
     """Train (or resume) the backbone; save it with its processor in `out`; return accuracy.
 
-    `stop_at`: return after this step without saving the model (what a kill leaves behind:
-    the last `state.pt`), for testing the resume.
+    `eval_clips` clips are scored every `eval_every` steps, `final_clips` at the end.
+    `stop_at=(phase, step)`: return there without saving the model (what a kill leaves
+    behind: the last `state.pt`), for testing the resume.
     """
     torch.set_num_threads(1)
     work.mkdir(parents=True, exist_ok=True)
     processor = world_processor()
     pad = int(processor.tokenizer.pad_token_id)
-    t0 = time.perf_counter()
-    bank = ClipBank(work / "train", clips, seed, "train", processor)
-    test = ClipBank(work / "test", eval_clips, seed, "test", processor)
-    print(f"clips ready in {time.perf_counter() - t0:.0f} s", flush=True)
-    from craft_adapters import read_video
-
-    sample = read_video(work / "test" / "video" / VIDEO_FOLDER / "test_000000.mp4", fps=2.0)
-    cache = PromptCache(processor, sample.frames, sample.fps)
-
-    model = new_backbone(seed)
+    test = TestBank(work / "test", max(eval_clips, final_clips), recipe.seed, processor)
+    cache = PromptCache(processor)
+    model = new_backbone(recipe.seed)
     model.train()
-    labels = torch.stack([token_colours(s) for s in bank.scenes])  # [n, 144, 6]
     with torch.random.fork_rng():
-        torch.manual_seed(seed)
+        torch.manual_seed(recipe.seed)
         probe = torch.nn.Linear(int(model.config.get_text_config().hidden_size), len(PALETTE))
     captured: list[torch.Tensor] = []
     model.model.visual.register_forward_hook(
         lambda mod, args, out: captured.append(out.pooler_output)
     )
     params = [*model.parameters(), *probe.parameters()]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.01)
+    opt = _optimizer(params, recipe.lr)
     state_path, log_path = work / "state.pt", work / "log.jsonl"
-    step = 0
+    phase, step = 0, 0
     if state_path.is_file():
         state = torch.load(state_path, weights_only=False)
+        if state["recipe"] != asdict(recipe):
+            raise ValueError(f"{state_path} is of another recipe: {state['recipe']}")
         model.load_state_dict(state["model"])
         probe.load_state_dict(state["probe"])
         opt.load_state_dict(state["optimizer"])
-        step = int(state["step"])
-        print(f"resumed at step {step}", flush=True)
-    warmup = max(1, steps // 20)
+        phase, step = int(state["phase"]), int(state["step"])
+        print(f"resumed at phase {'AB'[phase]} step {step}", flush=True)
     t0 = time.perf_counter()
-    while step < steps:
-        rng = np.random.default_rng([seed, 7, step])
-        examples = [sample_example(bank, rng) for _ in range(batch)]
+    while phase < 2:
+        steps = recipe.steps_a if phase == 0 else recipe.steps_b
+        if step >= steps:  # phase done: B starts from A's weights, fresh optimiser
+            phase, step = phase + 1, 0
+            opt = _optimizer(params, recipe.lr)
+            continue
+        rng = np.random.default_rng([recipe.seed, 7, phase, step])
+        scenes = [training_scene(recipe, phase, step, j) for j in range(recipe.batch)]
+        examples = [sample_example(s, rng) for s in scenes]
+        pixels = torch.stack([cache.pixels(render(s)) for s in scenes])
         for group in opt.param_groups:
-            group["lr"] = _lr(step, steps, lr, warmup)
+            group["lr"] = _lr(step, steps, recipe.lr)
         captured.clear()
-        loss = model(**make_batch(bank, cache, examples, pad)).loss
-        chosen = [i for i, _, _ in examples]
-        aux = torch.nn.functional.binary_cross_entropy_with_logits(
-            probe(captured[0]), labels[chosen].flatten(0, 1)
-        )
-        (loss + aux_weight * aux).backward()
+        loss = model(**make_batch(cache, pixels, examples, pad)).loss
+        labels = torch.cat([token_colours(s) for s in scenes])  # [B * 144, 6]
+        aux = torch.nn.functional.binary_cross_entropy_with_logits(probe(captured[0]), labels)
+        (loss + recipe.aux_weight * aux).backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         step += 1
-        row: dict[str, Any] = {
-            "step": step,
-            "loss": round(float(loss), 5),
-            "aux": round(float(aux), 5),
-        }
+        row: dict[str, Any] = {"phase": "AB"[phase], "step": step, "loss": round(loss.item(), 5)}
+        row["aux"] = round(aux.item(), 5)
         if step % eval_every == 0 or step == steps:
-            row["heldout"] = heldout_accuracy(model, test, cache, pad)
+            row["heldout"] = heldout_accuracy(model, test, cache, pad, eval_clips)
         if step % save_every == 0 or step == steps:
             tmp = state_path.with_suffix(".tmp")
-            state = {
-                "model": model.state_dict(),
-                "probe": probe.state_dict(),
-                "optimizer": opt.state_dict(),
-                "step": step,
-            }
-            torch.save(state, tmp)
+            torch.save(
+                {
+                    "recipe": asdict(recipe),
+                    "model": model.state_dict(),
+                    "probe": probe.state_dict(),
+                    "optimizer": opt.state_dict(),
+                    "phase": phase,
+                    "step": step,
+                },
+                tmp,
+            )
             tmp.replace(state_path)
-        if step % 10 == 0 or "heldout" in row:
+        if step % 20 == 0 or "heldout" in row:
             row["s"] = round(time.perf_counter() - t0, 1)
             with log_path.open("a") as handle:
                 handle.write(json.dumps(row) + "\n")
             print(json.dumps(row), flush=True)
-        if stop_at is not None and step >= stop_at:
+        if stop_at is not None and (phase, step) >= stop_at:
             return {}
-    acc = heldout_accuracy(model, test, cache, pad)
+    acc = heldout_accuracy(model, test, cache, pad, final_clips)
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     processor.save_pretrained(out)
-    (out / "world_recipe.json").write_text(
-        json.dumps(
-            {
-                "seed": seed,
-                "clips": clips,
-                "steps": steps,
-                "batch": batch,
-                "lr": lr,
-                "heldout_accuracy": acc,
-                "eval_clips": eval_clips,
-                "torch": torch.__version__,
-            },
-            indent=1,
-        )
-    )
+    if log_path.is_file():
+        (out / "train_log.jsonl").write_text(log_path.read_text())
+    record = {
+        **asdict(recipe),
+        "fresh_clips_per_step": True,
+        "heldout_accuracy": acc,
+        "heldout_questions": 2 * final_clips,
+        "torch": torch.__version__,
+    }
+    (out / "world_recipe.json").write_text(json.dumps(record, indent=1))
     return acc
 
 
@@ -329,28 +365,29 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m craft_world.train_backbone", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--work", required=True, help="folder of clips, state.pt, log.jsonl")
+    parser.add_argument("--work", required=True, help="folder of test clips, state.pt, log.jsonl")
     parser.add_argument("--out", required=True, help="folder the trained model is saved to")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--clips", type=int, default=4000)
-    parser.add_argument("--steps", type=int, default=5000)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    defaults = Recipe()
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--steps-a", type=int, default=defaults.steps_a, help="phase A steps")
+    parser.add_argument("--steps-b", type=int, default=defaults.steps_b, help="phase B steps")
+    parser.add_argument("--batch", type=int, default=defaults.batch)
+    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--final-clips", type=int, default=300, help="held-out clips at the end")
     args = parser.parse_args(argv)
-    for name in ("clips", "steps", "batch"):
-        if getattr(args, name) <= 0:
-            parser.error(f"--{name} must be positive")
-    if args.lr <= 0:
-        parser.error("--lr must be positive")
-    acc = train_backbone(
-        Path(args.work),
-        Path(args.out),
-        seed=args.seed,
-        clips=args.clips,
-        steps=args.steps,
-        batch=args.batch,
-        lr=args.lr,
-    )
+    try:
+        recipe = Recipe(
+            seed=args.seed,
+            steps_a=args.steps_a,
+            steps_b=args.steps_b,
+            batch=args.batch,
+            lr=args.lr,
+        )
+        if args.final_clips <= 0:
+            raise ValueError(f"final_clips must be positive, got {args.final_clips}")
+        acc = train_backbone(Path(args.work), Path(args.out), recipe, final_clips=args.final_clips)
+    except ValueError as err:
+        parser.error(str(err))
     print(f"held-out accuracy {acc}; saved {args.out}")
     return 0
 
