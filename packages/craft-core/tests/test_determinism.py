@@ -183,8 +183,8 @@ def test_full_pairing_round_needs_at_most_three_host_syncs(budget: dict) -> None
     # sizes, one for the row store's new slots. Once per call: the input check's max |x|,
     # and the last round that finds no edge (its pairing and its sizes).
     assert count.syncs <= 3 * out.rounds + 3, dict(count.sync_ops)
-    # Measured about 225 kernel-launching ops per round (README); a guard against regressions.
-    assert count.ops <= 280 * out.rounds, count.ops / out.rounds
+    # Measured 203 (ratio) and 234 (threshold, 7 rounds) ops per round, warm: a regression guard.
+    assert count.ops <= 240 * out.rounds, count.ops / out.rounds
     assert set(count.sync_ops) <= {"tolist", "_local_scalar_dense", "nonzero"}, dict(count.sync_ops)
 
 

@@ -92,12 +92,14 @@ def listed_exact(
         the exact similarity of each listed column (-inf and position -1 for the own column),
         and an upper bound on the exact similarity of every column not listed (-inf if none).
     """
-    listed_val, listed_pos = top_val[:, :keep], top_pos[:, :keep]
+    listed_val, pos = top_val[:, :keep], top_pos[:, :keep]
     # Float64 dot products of grid values are exact in any order (multiples of 2^-46 < 2^53).
-    exact = torch.bmm(key_embed[listed_pos], row_embed.unsqueeze(2)).squeeze(2)
-    own = torch.isneginf(listed_val)  # only the own column is -inf in the fast scores
-    exact = exact.masked_fill(own, float("-inf"))
-    pos = listed_pos.masked_fill(own, -1)
+    exact = torch.bmm(key_embed[pos], row_embed.unsqueeze(2)).squeeze(2)
+    if top_val.shape[1] <= keep:
+        # Every column is listed, the own one too (the only -inf fast score; with more
+        # columns than `keep` it sorts after all of them and is never listed).
+        own = torch.isneginf(listed_val)
+        exact, pos = exact.masked_fill(own, float("-inf")), pos.masked_fill(own, -1)
     if top_val.shape[1] > keep:
         left = top_val[:, keep].double() + delta
     else:
@@ -158,20 +160,21 @@ def certified_partners(
     """
     n = embed.shape[0]
     fast = embed.float()  # exact: 24 significant bits
-    count = min(keep + 1, n)
-    top_val = torch.empty(n, count, dtype=fast.dtype, device=fast.device)
-    top_pos = torch.empty(n, count, dtype=torch.long, device=fast.device)
+    values, positions = [], []
     for start in range(0, n, 2 * block):
-        stop = min(start + 2 * block, n)
-        sims = fast[start:stop] @ fast.T
+        sims = fast[start : start + 2 * block] @ fast.T
         sims.diagonal(offset=start).fill_(float("-inf"))  # a row's own column never wins
-        torch.topk(sims, count, dim=1, out=(top_val[start:stop], top_pos[start:stop]))
+        top = torch.topk(sims, min(keep + 1, n), dim=1)
+        values.append(top.values)
+        positions.append(top.indices)
+    top_val = values[0] if len(values) == 1 else torch.cat(values)
+    top_pos = positions[0] if len(positions) == 1 else torch.cat(positions)
     exact, pos, left = listed_exact(
         embed, embed, top_val, top_pos, keep, similarity_bound(embed.shape[1])
     )
     best = exact.amax(dim=1)
     # Exact ties among the listed: the smallest position (= smallest index) wins.
-    partner = torch.where(exact == best.unsqueeze(1), pos, n).amin(dim=1)
+    partner = pos.masked_fill(exact != best.unsqueeze(1), n).amin(dim=1)
     doubt = torch.ones_like(best, dtype=torch.bool) if recheck_all else best <= left
     rows = torch.nonzero(doubt).squeeze(1)  # the pairing's one host sync
     if rows.numel():

@@ -208,6 +208,7 @@ class CraftCompressor(nn.Module):
                 break
             rounds += 1
             targets, sources = plan.layout.targets, plan.sources
+            # Two gathers, not one split: a matmul's bits may depend on its input's alignment.
             new_rows = self.merge(
                 store.gather(targets),
                 store.gather(sources),
@@ -223,11 +224,11 @@ class CraftCompressor(nn.Module):
                 redirect = torch.arange(n, device=device)
                 redirect[sources] = plan.targets
                 owner = redirect[owner]
-                # Drop the sources from the active list (stable sort: no data-dependent shape).
-                leaving = torch.zeros(n, dtype=torch.bool, device=device)
-                leaving[sources] = True
-                stay = torch.sort(leaving[active_ids].to(torch.uint8), stable=True).indices
-                active_ids = active_ids[stay[: active_ids.numel() - sources.numel()]]
+                # Drop the sources from the active list (the redirected ones) with fixed
+                # shapes: push them past every id, sort, cut.
+                leaving = redirect[active_ids] != active_ids
+                remaining = active_ids.numel() - sources.numel()
+                active_ids = torch.sort(active_ids.masked_fill(leaving, n)).values[:remaining]
                 new_embed, square_norms[targets] = row_keys(new_rows, weight, block)
                 pairing.update(targets, new_embed, active_ids)
 

@@ -71,14 +71,13 @@ def grid_projection(projection: torch.Tensor) -> torch.Tensor:
     return torch.round(projection.double() * 2.0**W_BITS)
 
 
-def _row_scale(rows: torch.Tensor, bits: int) -> torch.Tensor:
-    """`[n, 1]` float64 power of two that brings each row's largest |entry| into
-    [2^(bits-1), 2^bits), built from the exponent bits (exact; no `pow` or `exp2` call)."""
-    low, high = torch.aminmax(rows, dim=1, keepdim=True)  # one read, no |rows| temporary
-    top = torch.maximum(high, -low).view(torch.int64)
+def _row_scale(top: torch.Tensor, bits: int) -> torch.Tensor:
+    """`[n, 1]` float64 power of two that brings `top` (each row's largest |entry|, `[n, 1]`
+    float64) into [2^(bits-1), 2^bits), built from the exponent bits (exact; no `pow` or
+    `exp2` call)."""
     # top = m * 2^e has exponent field f = e + 1023; 2^(bits - 1 - e) has field
     # bits + 2045 - f. The clamp keeps an all-zero row's scale finite (it stays zero).
-    field = torch.clamp(torch.bitwise_right_shift(top, 52), min=bits)
+    field = torch.bitwise_right_shift(top.view(torch.int64), 52).clamp_(min=bits)
     return torch.bitwise_left_shift(bits + 2045 - field, 52).view(torch.float64)
 
 
@@ -99,14 +98,18 @@ def row_keys(
     embeds, norms = [], []
     for start in range(0, features.shape[0], block):
         rows = features[start : start + block].detach().double()
-        scale = _row_scale(rows, X_BITS)
-        grid = torch.mul(rows, scale * 2.0 ** (NORM_BITS - X_BITS)).round_()
+        low, high = torch.aminmax(rows, dim=1, keepdim=True)  # one read, no |rows| temporary
+        scale = _row_scale(torch.maximum(high, -low), X_BITS)
+        scaled = rows * scale  # exact: a power of two
+        # The norm's grid is 2^(NORM_BITS - X_BITS) coarser: one more exact scaling.
+        grid = torch.mul(scaled, 2.0 ** (NORM_BITS - X_BITS)).round_()
         # Row-wise dot products of integers below 2^53: exact in any order.
         square = torch.einsum("nd,nd->n", grid, grid)
         norms.append(square * 2.0 ** (2 * (X_BITS - NORM_BITS)) / (scale * scale).squeeze(1))
-        projected = torch.mul(rows, scale).round_() @ weight  # integers below 2^53: exact
-        projected = torch.round(projected * _row_scale(projected, P_BITS))
-        norm = (projected * projected).sum(dim=1, keepdim=True).sqrt()  # exact sum
+        projected = scaled.round_() @ weight  # integers below 2^53: exact
+        top = projected.abs().amax(dim=1, keepdim=True)
+        projected = torch.round(projected * _row_scale(top, P_BITS))
+        norm = torch.einsum("nd,nd->n", projected, projected).sqrt().unsqueeze(1)  # exact sum
         # A nonzero integer vector has norm >= 1, so the clamp only spares zero rows 0/0.
         embeds.append(torch.round(projected / norm.clamp(min=1.0) * 2.0**E_BITS) * 2.0**-E_BITS)
     if len(embeds) == 1:
@@ -190,7 +193,7 @@ def select_edges(
     Returns:
         The round's edges, or None when no edge survives (no candidate, or k <= 0).
     """
-    n, size, device = active_ids.numel(), square_norms.numel(), active_ids.device
+    n, size = active_ids.numel(), square_norms.numel()
     budget = min(n - floor, n // 2)
     if budget <= 0:
         return None
@@ -199,36 +202,35 @@ def select_edges(
     ranked = partner_sim
     if threshold is not None:
         ranked = partner_sim.masked_fill(partner_sim < threshold, float("-inf"))
-    pos = torch.sort(ranked, descending=True, stable=True).indices[:budget]
+    ranked, pos = torch.sort(ranked, descending=True, stable=True)
+    pos = pos[:budget]
     first, second, sim = active_ids[pos], partner[pos], partner_sim[pos]
-    keep = torch.ones_like(pos, dtype=torch.bool) if threshold is None else ranked[pos] > -1e9
-    chosen = torch.zeros(n, dtype=torch.bool, device=device).index_put_((pos,), keep)
+    keep = ranked[:budget] > float("-inf")  # all True in fixed-ratio mode (n >= 2)
 
     # 5. Orientation: the larger current norm is the target; equal norms: the smaller index.
     norm_first, norm_second = square_norms[first], square_norms[second]
-    first_is_target = (norm_first > norm_second) | ((norm_first == norm_second) & (first < second))
+    first_is_target = torch.where(
+        norm_first == norm_second, first < second, norm_first > norm_second
+    )
     targets = torch.where(first_is_target, first, second)
     sources = torch.where(first_is_target, second, first)
-    # A mutual pair (i -> j and j -> i, equal exact similarity) is one edge: keep the copy
-    # that starts at its target.
-    at = torch.searchsorted(active_ids, second)
-    mutual = chosen[at] & (partner[at] == first)
-    keep = keep & ~(mutual & ~first_is_target)
 
     # 6. Chain prevention: a token that is any edge's target drops the edges where it is a
     # source. Masked edges write into the spare slot `size`.
-    spare = torch.full_like(targets, size)
-    is_target = torch.zeros(size + 1, dtype=torch.bool, device=device)
-    is_target.index_put_((torch.where(keep, targets, spare),), keep)
-    keep = keep & ~is_target[sources]
+    not_target = torch.ones(size + 1, dtype=torch.bool, device=keep.device)
+    not_target.index_put_((torch.where(keep, targets, size),), ~keep)
+    keep = keep & not_target[sources]
 
-    # 7. One target per source: highest similarity, then smallest target index.
-    slot = torch.where(keep, sources, spare)
-    best = torch.full((size + 1,), float("-inf"), dtype=sim.dtype, device=device)
-    keep = keep & (sim == best.scatter_reduce_(0, slot, sim, "amax")[sources])
-    slot = torch.where(keep, sources, spare)
-    lowest = torch.full((size + 1,), size, dtype=torch.long, device=device)
-    keep = keep & (targets == lowest.scatter_reduce_(0, slot, targets, "amin")[sources])
+    # 7. One target per source: highest similarity, then smallest target index. The two
+    # copies of a mutual pair (i -> j and j -> i: same target, source and similarity) are
+    # one edge: the copy that starts at its target wins. One integer key orders all three:
+    # the rank of the similarity among the distinct values (edges are sorted by it), the
+    # target, and the copy.
+    sim_rank = torch.nn.functional.pad(torch.cumsum(sim[1:] != sim[:-1], 0), (1, 0))
+    key = (sim_rank * (size + 1) + targets) * 2 + (~first_is_target)
+    slot = torch.where(keep, sources, size)
+    lowest = torch.full((size + 1,), torch.iinfo(torch.long).max, device=keep.device)
+    keep = keep & (key == lowest.scatter_reduce_(0, slot, key, "amin")[sources])
     return _lay_out(keep, targets, sources, sim, size)
 
 
@@ -240,34 +242,27 @@ def _lay_out(
     size: int,
 ) -> RoundPlan | None:
     """Group the kept edges (`keep [m]` mask) by target, lone targets first, for GatedMerge."""
-    m, device = keep.numel(), keep.device
-    # Kept edges first, grouped by ascending target (stable: then by rank).
-    key = torch.where(keep, targets, size)
-    order = torch.sort(key, stable=True).indices
-    sorted_key = key[order]
-    starts = torch.ones(m, dtype=torch.long, device=device)
-    starts[1:] = sorted_key[1:] != sorted_key[:-1]
-    group = torch.cumsum(starts, 0) - 1  # masked edges form the last group
-    count = torch.zeros(m, dtype=torch.long, device=device)
-    count.scatter_add_(0, group, keep[order].long())  # ... which counts 0
-    lone_group = count == 1
-    sizes = torch.stack([keep.sum(), (count > 0).sum(), lone_group.sum()])
+    device = keep.device
+    # Edges per target (masked edges count into the spare slot `size`, with weight 0).
+    count = torch.zeros(size + 1, dtype=torch.long, device=device)
+    count.scatter_add_(0, torch.where(keep, targets, size), keep.long())
+    shared = count[targets] > 1
+    # One stable sort: kept edges of lone targets (ascending target), then those of shared
+    # targets (ascending target, then by rank), then the masked edges.
+    key = torch.where(keep, targets + shared * (size + 1), 2 * size + 2)
+    sorted_key, order = torch.sort(key, stable=True)
+    group = torch.nn.functional.pad(torch.cumsum(sorted_key[1:] != sorted_key[:-1], 0), (1, 0))
+    sizes = torch.stack([keep.sum(), (count > 0).sum(), (count == 1).sum()])
     num_edges, num_targets, num_lone = sizes.tolist()  # the one host sync of selection
     if num_edges == 0:
         return None
-    # Rows: lone groups first, then shared ones, each in ascending target order.
-    row_order = torch.sort((~lone_group[:num_targets]).to(torch.uint8), stable=True).indices
-    row_of = torch.empty_like(row_order).scatter_(
-        0, row_order, torch.arange(num_targets, device=device)
-    )
-    edge_row = row_of[group[:num_edges]]
-    edge_order = torch.sort(edge_row, stable=True).indices
-    edges = order[edge_order]  # edge_order indexes the kept prefix of `order`
-    row_target = torch.empty_like(row_order).scatter_(0, edge_row, sorted_key[:num_edges])
+    edges, edge_row = order[:num_edges], group[:num_edges]
+    edge_target = targets[edges]
+    row_target = torch.empty(num_targets, dtype=torch.long, device=device)
     layout = GroupLayout(
         order=torch.arange(num_edges, device=device),
-        targets=row_target,
-        group=edge_row[edge_order],
+        targets=row_target.scatter_(0, edge_row, edge_target),
+        group=edge_row,
         lone=num_lone,
     )
-    return RoundPlan(targets[edges], sources[edges], similarity[edges], layout)
+    return RoundPlan(edge_target, sources[edges], similarity[edges], layout)
