@@ -154,11 +154,20 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes, one repeat")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--huge", action="store_true", help="also time N = 65,536")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="torch threads (0: torch's default); 1 on shared cores",
+    )
     parser.add_argument(
         "--part", choices=["all", "ratio", "cost", "ops"], default="all", help="what to run"
     )
     args = parser.parse_args()
     device = torch.device(args.device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     dim = 256 if args.quick else 2560
     repeats = 1 if args.quick else args.repeats
@@ -178,7 +187,7 @@ def main() -> None:
         ("threshold 0.9", sizes[1], {"threshold": 0.9}),
         ("ratio 8", sizes[0], {"ratio": 8.0}),
     ]
-    if not args.quick:
+    if args.huge:
         cases.append(("ratio 8", sizes[2], {"ratio": 8.0}))
     print(
         f"device {device}, float32, D = {dim}, sim_block = {compressor.config.sim_block}; "

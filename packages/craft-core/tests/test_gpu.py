@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from craft_core import CraftCompressor, CraftConfig
+from craft_core.certify import certified_partners
 from craft_core.selection import full_partners, grid_projection, row_keys
 
 pytestmark = pytest.mark.gpu
@@ -54,6 +55,40 @@ def test_cuda_selects_exactly_the_cpu_tokens(pairing: str, budget: dict) -> None
     torch.testing.assert_close(gpu.features.cpu(), cpu.features, rtol=1e-4, atol=1e-4)
 
 
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("pairing", ["full", "incremental"])
+def test_cuda_certified_equals_cuda_exact_and_cpu(pairing: str, dtype: torch.dtype) -> None:
+    # Static frames (exact duplicates) force rechecks on the GPU path too; a forced recheck
+    # of every row must agree as well. Rows are compared bit for bit on the same device.
+    x, coords = video(24, 12, 256, seed=3)
+    x = x.to(dtype)
+    results = {}
+    for selection in ("certified", "exact", "recheck"):
+        torch.manual_seed(0)
+        config = CraftConfig(hidden_size=256, pairing=pairing, selection=selection)
+        compressor = CraftCompressor(config).to("cuda")
+        with torch.no_grad():
+            results[selection] = compressor(x.cuda(), coords.cuda(), ratio=6.0)
+    certified = results["certified"]
+    assert sum(certified.info["rows_rechecked"]) > 0
+    for other in ("exact", "recheck"):
+        assert torch.equal(certified.kept_index, results[other].kept_index)
+        assert torch.equal(certified.assignment, results[other].assignment)
+        assert certified.rounds == results[other].rounds
+        assert torch.equal(certified.features, results[other].features)
+    torch.manual_seed(0)
+    cpu = CraftCompressor(CraftConfig(hidden_size=256, pairing=pairing))
+    with torch.no_grad():
+        on_cpu = cpu(x, coords, ratio=6.0)
+    assert certified.kept_index.cpu().tolist() == on_cpu.kept_index.tolist()
+    assert certified.assignment.cpu().tolist() == on_cpu.assignment.tolist()
+    print(
+        f"\n{pairing} {dtype}: rows decided fast {sum(certified.info['rows_fast'])}, "
+        f"rechecked {sum(certified.info['rows_rechecked'])}"
+    )
+
+
 def _median_ms(fn, repeats: int = 5) -> float:  # type: ignore[no-untyped-def]
     fn()
     times = []
@@ -81,11 +116,15 @@ def test_real_size_bf16_timing_and_memory(frames: int, dim: int) -> None:
         peak_mb = (torch.cuda.max_memory_allocated() - before) / 2**20
         whole = _median_ms(lambda: compressor(x, coords, ratio=8.0), 3 if frames >= 256 else 5)
         exact_pass = _median_ms(lambda: full_partners(row_keys(x, weight, 2048)[0], 2048))
+        certified_pass = _median_ms(lambda: certified_partners(row_keys(x, weight, 2048)[0], 2048))
         embed = torch.nn.functional.normalize(x.float() @ compressor.projection, dim=1).bfloat16()
         cublas = _median_ms(lambda: [embed[s : s + 2048] @ embed.T for s in range(0, len(x), 2048)])
     assert out.num_kept == x.shape[0] // 8
     print(
         f"\nN={x.shape[0]} D={dim} bf16: compression {whole:.2f} ms, rounds {out.rounds}, "
-        f"one exact pairing pass {exact_pass:.2f} ms, one bf16 cuBLAS pass {cublas:.2f} ms, "
-        f"ratio to cuBLAS {whole / cublas:.1f}, peak extra memory {peak_mb:.0f} MiB"
+        f"one exact pairing pass {exact_pass:.2f} ms, one certified pass {certified_pass:.2f} ms, "
+        f"one bf16 cuBLAS pass {cublas:.2f} ms, ratio to cuBLAS {whole / cublas:.1f}, "
+        f"rows rechecked {sum(out.info['rows_rechecked'])} of "
+        f"{sum(out.info['rows_fast']) + sum(out.info['rows_rechecked'])}, "
+        f"peak extra memory {peak_mb:.0f} MiB"
     )
