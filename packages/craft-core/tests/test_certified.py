@@ -186,6 +186,14 @@ def test_a_looser_matmul_precision_widens_the_bound() -> None:
     finally:
         torch.set_float32_matmul_precision(before)
     assert loose > 100 * similarity_bound(128)
+    mkldnn = torch.backends.mkldnn.matmul
+    before = mkldnn.fp32_precision
+    try:
+        mkldnn.fp32_precision = "bf16"  # the per-backend API: bf16 on CPU (oneDNN)
+        loose = similarity_bound(128)
+    finally:
+        mkldnn.fp32_precision = before
+    assert loose > 100 * similarity_bound(128)
 
 
 @pytest.mark.slow

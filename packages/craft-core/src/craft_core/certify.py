@@ -50,10 +50,26 @@ NORM_MAX = 1.0 + 2.0**-18
 """Upper bound on `||E_i||` of the exact embedding (d_sim <= 512: `sqrt(512) 2^-24 < 2^-19`)."""
 
 
+_INPUT_ROUNDOFF = {"highest": 0.0, "ieee": 0.0, "none": 0.0, "high": 2.0**-11, "tf32": 2.0**-11}
+
+
+def _precision_settings() -> list[str]:
+    """Every float32-matmul precision setting torch reads (legacy and per-backend APIs)."""
+    settings = []
+    try:
+        settings.append(torch.get_float32_matmul_precision())
+    except RuntimeError:  # legacy and new APIs mixed: torch refuses to say; assume the worst
+        settings.append("medium")
+    for backend in ("cuda", "mkldnn"):
+        matmul = getattr(getattr(torch.backends, backend, None), "matmul", None)
+        settings.append(str(getattr(matmul, "fp32_precision", "ieee")))
+    return settings
+
+
 def matmul_input_roundoff() -> float:
-    """Unit roundoff of the inputs of a float32 matmul under the current precision setting."""
-    precision = torch.get_float32_matmul_precision()
-    return {"highest": 0.0, "high": 2.0**-11, "medium": 2.0**-8}.get(precision, 2.0**-8)
+    """Unit roundoff of the inputs of a float32 matmul under the current precision settings:
+    0 (exact inputs), 2^-11 (TF32 allowed) or 2^-8 (bf16, or anything else)."""
+    return max(_INPUT_ROUNDOFF.get(setting, 2.0**-8) for setting in _precision_settings())
 
 
 def similarity_bound(sim_dim: int) -> float:
