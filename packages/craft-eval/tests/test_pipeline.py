@@ -167,8 +167,15 @@ def test_demo_runs_in_the_world_and_keeps_what_it_did_not_create(
     assert code == 0
     assert (tmp_path / "runs" / "mine.txt").read_text() == "not the demo's"
     out = capsys.readouterr().out
-    assert "the world's trained backbone" in out and "FLOPs red." in out
+    assert "the world's trained backbone" in out and "FLOPs red." in out and "KL to unc." in out
     rows = {line.split()[0]: line for line in out.splitlines() if "+-" in line}
+    # the first-token KL of the uncompressed model against itself is 0; the paired line names
+    # the other method with its SE
+    assert "0.000 +- 0.000" in rows["none"]
+    assert any(
+        line.strip().startswith("vs craft-selection") and " SE)" in line
+        for line in out.splitlines()
+    )
     assert set(rows) >= {"none", "craft-selection", "craft-trained"}
     assert "8x" in rows["craft-trained"] and "144 -> 18" in rows["craft-selection"]
     # 6 questions: the accuracy is k/6 and its standard error sqrt(p (1 - p) / 6).

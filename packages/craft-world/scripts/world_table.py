@@ -10,7 +10,8 @@ items (split "test", both tasks, 2 questions a clip). Each method's per-item hit
 saved to `<out>.items.pt` as they finish: a killed run resumes where it stopped. The
 markdown has the table (accuracy % +- binomial SE, KL +- SE) and, for every checkpoint, its
 paired difference to every other method at every ratio, with a verdict: "wins" (KL lower by
->= 3 paired SE and accuracy higher by >= 1 point), "loses" (KL higher by >= 3 SE), else "ties".
+>= 3 paired SE and accuracy higher by >= 1 point), "KL only" (KL lower by >= 3 SE, accuracy
+not 1 point higher), "loses" (KL higher by >= 3 SE), else "ties".
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +26,9 @@ import torch
 
 
 def verdict(kl_drop: float, kl_se: float, acc_gain: float) -> str:
-    """`wins`, `loses` or `ties`: the table's reading of one paired comparison."""
-    if kl_drop >= 3 * kl_se and acc_gain >= 0.01:
-        return "wins"
+    """`wins`, `KL only`, `loses` or `ties`: the table's reading of one paired comparison."""
+    if kl_drop >= 3 * kl_se:
+        return "wins" if acc_gain >= 0.01 else "KL only"
     if -kl_drop >= 3 * kl_se:
         return "loses"
     return "ties"
@@ -100,9 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     from craft_world.measure import Score, answer_logprobs, evaluate, load_items
 
     model, processor = load_backbone()
-    root = make_clips(Path(tempfile.gettempdir()) / "world-table-clips", args.clips)
-    items = load_items(root, task=None)
     out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    items = load_items(make_clips(out.parent / f"clips-{args.clips}", args.clips), task=None)
     store = out.with_suffix(".items.pt")
     saved = torch.load(store) if store.is_file() else {}
     ref = answer_logprobs(model, processor, items)

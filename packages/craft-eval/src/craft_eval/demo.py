@@ -9,9 +9,12 @@
 3. runs every question through reader -> processor -> adapter -> compressor -> generate ->
    parser -> scorer: uncompressed, every registered method at 4x, 8x and 16x, and the
    trained CRAFT module ("craft-trained") at the same ratios,
-4. prints accuracy with its binomial standard error, retention, tokens, prefill ms, KV MB
-   and the FLOPs reduction; plots accuracy and retention vs ratio per method; writes the
-   Markdown report and merge maps.
+4. prints accuracy with its binomial standard error, the first-token KL to the
+   uncompressed model (`craft_world.measure`, +- its standard error), retention, tokens,
+   prefill ms, KV MB and the FLOPs reduction; then, per ratio, the trained module against
+   every other method on the same questions (paired KL difference +- its standard error);
+   plots accuracy and retention vs ratio per method; writes the Markdown report and merge
+   maps.
 
 `--model PATH` evaluates another checkpoint on the same clips; `--backbone TYPE` a tiny
 RANDOM model of that type (its accuracy is meaningless: a pipeline check only). Nothing is
@@ -79,7 +82,7 @@ def run_demo(
     methods: list[str] | None = None,
     output: str | Path = "craft-demo",
     device: str | None = None,
-    num_items: int = 60,
+    num_items: int = 50,
     seed: int = 0,
 ) -> int:
     """Run the demo; returns a process exit code (0 ok, 1 when a required piece is missing).
@@ -112,6 +115,8 @@ def run_demo(
         raise ValueError(f"num_items must be positive, got {num_items}")
     grid = [float(ratio)] if ratio is not None else [float(r) for r in ratios]
 
+    from craft_world.measure import answer_logprobs, evaluate, load_items
+
     data = craft_world.make_clips(out / "data" / "mvbench", num_items, seed=seed, split="test")
     n_items = 2 * num_items
     _line(f"[1/4] wrote {n_items} held-out questions (MVBench format) + clips -> {data}")
@@ -119,6 +124,8 @@ def run_demo(
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model, processor, tag, trained, what = _load(model_path, backbone, out, dev)
     _line(f"[2/4] {what} ({model.config.model_type}) on {dev}")
+    items = load_items(data, task=None)
+    reference = answer_logprobs(model, processor, items)  # the uncompressed first token
 
     names = methods or [m.name for m in list_methods()]
     jobs: list[tuple[str, float | None]] = [("none", None)]
@@ -160,6 +167,7 @@ def run_demo(
             summary = run_benchmark(config, backend, run_dir, progress=False)
             assert summary is not None
             prof = backend.profile(first, mvbench.prompt(first), repeats=3)
+            prof["measured"] = evaluate(model, processor, items, reference, backend.compressor, r)
         except Exception as error:  # one method failing must not hide the others' results
             rows.append({"method": method, "ratio": r, "error": f"{type(error).__name__}: {error}"})
             bar.update(n_items)
@@ -169,6 +177,7 @@ def run_demo(
     bar.close()
 
     _print_table(rows, model, n_items)
+    _print_paired(rows)
     report = write_report(runs / tag, out / "report")
     plot = plot_accuracy_and_retention(rows, out / "report" / "accuracy_retention_vs_ratio.png")
     if tag == "world":
@@ -199,7 +208,8 @@ def _print_table(rows: list[dict[str, Any]], model: Any, n_items: int) -> None:
     _line(f"\n[4/4] results ({n_items} questions; efficiency on the first one)\n")
     header = (
         f"{'method':<16} {'ratio':>5} {'video tokens':>13} {'prefill ms':>10} "
-        f"{'compress ms':>11} {'KV MB':>7} {'FLOPs red.':>10} {'accuracy':>12} {'retention':>9}"
+        f"{'compress ms':>11} {'KV MB':>7} {'FLOPs red.':>10} {'accuracy':>12} "
+        f"{'KL to unc.':>15} {'retention':>9}"
     )
     _line(header)
     _line("-" * len(header))
@@ -220,14 +230,37 @@ def _print_table(rows: list[dict[str, Any]], model: Any, n_items: int) -> None:
         se = binomial_se(acc, int(s["n_scored"]))
         acc_text = "-" if acc is None else f"{acc:.1f} +- {se:.1f}"
         keep = None if acc is None or not base_acc else 100.0 * acc / base_acc
+        m = row["measured"]
+        kl_text = f"{m.kl_mean:.3f} +- {m.kl_se:.3f}"
         row["accuracy"], row["se"], row["retention"] = acc, se, keep
         tokens = f"{_f(s['tokens_before_mean'], 0)} -> {_f(s['tokens_after_mean'], 0)}"
         _line(
             f"{method:<16} {rtext:>5} {tokens:>13} {_f(row['prefill_ms'], 1):>10} "
             f"{_f(row['compress_ms'], 1):>11} {_f(row['kv_mb'], 3):>7} "
             f"{_f(None if flops is None else 100 * flops, 1, '%'):>10} {acc_text:>12} "
-            f"{_f(keep, 1, '%'):>9}"
+            f"{kl_text:>15} {_f(keep, 1, '%'):>9}"
         )
+
+
+def _print_paired(rows: list[dict[str, Any]]) -> None:
+    """Per ratio, the trained module minus every other method on the same questions."""
+    from craft_world.measure import paired
+
+    done = {(r["method"], r["ratio"]): r["measured"] for r in rows if "measured" in r}
+    for (method, ratio), mine in done.items():
+        if method != TRAINED:
+            continue
+        _line(f"\n{TRAINED} at {ratio:g}x vs each method, paired over the same questions "
+              "(KL drop > 0: closer to the uncompressed answer; >= 3 SE to count):")  # fmt: skip
+        for (other, r), theirs in done.items():
+            if r != ratio or other == TRAINED:
+                continue
+            drop, se = paired(theirs.kl, mine.kl)
+            gain, gain_se = paired(mine.hits, theirs.hits)
+            _line(
+                f"  vs {other:<16} KL drop {drop:+.3f} +- {se:.3f} ({drop / max(se, 1e-12):+5.1f} SE)"
+                f"   accuracy {100 * gain:+5.1f} +- {100 * gain_se:.1f} points"
+            )
 
 
 def plot_accuracy_and_retention(rows: list[dict[str, Any]], path: str | Path) -> Path:
