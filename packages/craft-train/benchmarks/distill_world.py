@@ -8,7 +8,7 @@ MVBench-format questions. Three merge modules on the same frozen backbone:
 - untrained: the seeded initial module (what `build_model` starts from);
 - stage 1+2: craft-train stage 1 on the clips' captions, then stage 2 on their QA (the
   labels), with `craft_world.recipe.STAGE1` / `STAGE2` (150 + 75 steps x 4 examples): the
-  shipped `craft_world.craft_path()`, or trained here with `--train-stage12`;
+  trained here (craft-world 0.2 ships a distilled module, so it is no longer the shipped one);
 - distill: `craft-train distill` on the same "craft"-split clips WITHOUT their captions or
   answers: each clip with the describe prompt and its two questions' prompts, the frozen
   model's own answers as teacher; 225 steps x 4 examples by default (the same number of
@@ -131,11 +131,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test", type=int, default=300, help="held-out clips (split test)")
     parser.add_argument("--steps", type=int, default=225, help="distillation steps (x 4)")
     parser.add_argument("--lr", type=float, default=4e-3)
-    parser.add_argument(
-        "--train-stage12",
-        action="store_true",
-        help="train stage 1+2 here instead of loading the shipped craft_world.craft_path()",
-    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
 
@@ -161,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds = time.perf_counter() - started
     print(f"distillation: {args.steps} steps in {seconds:.0f} s", file=sys.stderr)
 
-    stage12 = craft_world.craft_path() if not args.train_stage12 else train_stage12(work, root)
+    stage12 = train_stage12(work, root)
     distilled = CraftCompressor.from_pretrained(out / "craft")
     modules = {
         "untrained": untrained(distilled.config.hidden_size, seed=0),

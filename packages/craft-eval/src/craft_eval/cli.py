@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", help="another checkpoint instead of the world's backbone")
     demo.add_argument("--backbone", help="a tiny RANDOM model of this type (pipeline check)")
     demo.add_argument("--ratio", type=float, help="one ratio only (default: 4, 8 and 16)")
-    demo.add_argument("--items", type=int, default=50, help="held-out clips (2 questions each)")
+    demo.add_argument("--items", type=int, default=40, help="held-out clips (2 questions each)")
     demo.add_argument("--methods", nargs="+", help="default: every registered method")
     demo.add_argument("--output", "-o", default="craft-demo")
     demo.add_argument("--device")

@@ -82,7 +82,7 @@ def run_demo(
     methods: list[str] | None = None,
     output: str | Path = "craft-demo",
     device: str | None = None,
-    num_items: int = 50,
+    num_items: int = 40,
     seed: int = 0,
 ) -> int:
     """Run the demo; returns a process exit code (0 ok, 1 when a required piece is missing).
