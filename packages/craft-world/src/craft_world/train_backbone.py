@@ -323,19 +323,9 @@ def train_backbone(
         if step % eval_every == 0 or step == steps:
             row["heldout"] = heldout_accuracy(model, test, cache, pad, eval_clips)
         if step % save_every == 0 or step == steps:
-            tmp = state_path.with_suffix(".tmp")
-            torch.save(
-                {
-                    "recipe": asdict(recipe),
-                    "model": model.state_dict(),
-                    "probe": probe.state_dict(),
-                    "optimizer": opt.state_dict(),
-                    "phase": phase,
-                    "step": step,
-                },
-                tmp,
-            )
-            tmp.replace(state_path)
+            state = {"model": model.state_dict(), "probe": probe.state_dict()}
+            state |= {"optimizer": opt.state_dict(), "phase": phase, "step": step}
+            _save_state(state_path, recipe, state)
         if step % 20 == 0 or "heldout" in row:
             row["s"] = round(time.perf_counter() - t0, 1)
             with log_path.open("a") as handle:
@@ -344,6 +334,27 @@ def train_backbone(
         if stop_at is not None and (phase, step) >= stop_at:
             return {}
     acc = heldout_accuracy(model, test, cache, pad, final_clips)
+    _save_backbone(out, model, processor, log_path, recipe, acc, final_clips)
+    return acc
+
+
+def _save_state(path: Path, recipe: Recipe, state: dict[str, Any]) -> None:
+    """Write the resume state atomically (a kill mid-write leaves the previous one)."""
+    tmp = path.with_suffix(".tmp")
+    torch.save({"recipe": asdict(recipe), **state}, tmp)
+    tmp.replace(path)
+
+
+def _save_backbone(
+    out: Path,
+    model: Any,
+    processor: Any,
+    log_path: Path,
+    recipe: Recipe,
+    acc: dict[str, float],
+    final_clips: int,
+) -> None:
+    """The trained model, its processor, the training log and `world_recipe.json` in `out`."""
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -358,7 +369,6 @@ def train_backbone(
         "torch": torch.__version__,
     }
     (out / "world_recipe.json").write_text(json.dumps(record, indent=1))
-    return acc
 
 
 def main(argv: list[str] | None = None) -> int:
