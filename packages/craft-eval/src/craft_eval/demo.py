@@ -5,7 +5,7 @@
    visible in only 2 of 8 frames) and moving_count ("How many squares are there?"),
 2. loads the world's trained ~1M-parameter Qwen2.5-VL (`craft_world.load_backbone()`;
    uncompressed it answers > 95% of held-out questions) and the merge module trained on
-   it by craft-train stage 1 then stage 2 (`craft_world.craft_path()`),
+   it by `craft-train distill` (`craft_world.craft_path()`),
 3. runs every question through reader -> processor -> adapter -> compressor -> generate ->
    parser -> scorer: uncompressed, every registered method at 4x, 8x and 16x, and the
    trained CRAFT module ("craft-trained") at the same ratios,
@@ -184,7 +184,7 @@ def run_demo(
         _line(
             "\nAccuracy: micro over both tasks, +- its binomial standard error. craft = an "
             "UNTRAINED module (G = 0.5); craft-trained = the shipped module trained by "
-            "craft-train (stage 1, stage 2) on the frozen world backbone."
+            "`craft-train distill` on the frozen world backbone."
         )
     if tag.startswith("tiny-"):
         _line("\nAccuracy here is MEANINGLESS: a tiny model with random weights.")
