@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -76,44 +75,41 @@ def train_stage12(work: Path, root: Path) -> Path:
 
 
 def evaluate(modules: dict[str, Any], test_root: Path, ratios: list[float]) -> dict[str, Any]:
-    """Accuracy and KL to the uncompressed model per module and ratio (paired SEs)."""
+    """Accuracy and KL to the uncompressed model per module and ratio (paired SEs), all from
+    `craft_world.measure`."""
     import craft_world
-    from craft_world.measure import accuracy, answer_logprobs, kl_to, load_items, paired
+    from craft_world.measure import answer_logprobs, load_items, paired
+    from craft_world.measure import evaluate as measure
 
     model, processor = craft_world.load_backbone()
     items = load_items(test_root, task=None)
     ref = answer_logprobs(model, processor, items)
-    ref_acc = float(accuracy(ref, items, processor).mean())
+    plain = measure(model, processor, items, ref)
     out: dict[str, Any] = {
         "items": len(items),
-        "uncompressed": {
-            "accuracy": ref_acc,
-            "accuracy_se": math.sqrt(ref_acc * (1 - ref_acc) / len(items)),
-        },
+        "uncompressed": {"accuracy": plain.accuracy, "accuracy_se": plain.accuracy_se},
     }
     for ratio in ratios:
-        kls, accs = {}, {}
-        for name, module in modules.items():
-            lp = answer_logprobs(model, processor, items, module, ratio=ratio)
-            kls[name] = kl_to(ref, lp)
-            accs[name] = accuracy(lp, items, processor)
-        for name in modules:
-            diff, se = paired(kls["untrained"], kls[name])
-            acc_diff, acc_se = paired(accs[name], accs["untrained"])
-            acc = float(accs[name].mean())
+        scores = {
+            name: measure(model, processor, items, ref, m, ratio) for name, m in modules.items()
+        }
+        base = scores["untrained"]
+        for name, s in scores.items():
+            diff, se = paired(base.kl, s.kl)
+            acc_diff, acc_se = paired(s.hits, base.hits)
             row = {
-                "accuracy": acc,
-                "accuracy_se": math.sqrt(acc * (1 - acc) / len(items)),
-                "kl": float(kls[name].mean()),
-                "kl_se": float(kls[name].double().std() / math.sqrt(len(items))),
+                "accuracy": s.accuracy,
+                "accuracy_se": s.accuracy_se,
+                "kl": s.kl_mean,
+                "kl_se": s.kl_se,
                 "kl_drop_vs_untrained": diff,
                 "kl_drop_se": se,
                 "accuracy_gain_vs_untrained": acc_diff,
                 "accuracy_gain_se": acc_se,
             }
-            if name == "distill" and "stage 1+2" in modules:
-                d, d_se = paired(kls["stage 1+2"], kls[name])
-                a, a_se = paired(accs[name], accs["stage 1+2"])
+            if name == "distill" and "stage 1+2" in scores:
+                d, d_se = paired(scores["stage 1+2"].kl, s.kl)
+                a, a_se = paired(s.hits, scores["stage 1+2"].hits)
                 row |= {
                     "kl_drop_vs_stage12": d,
                     "kl_drop_vs_stage12_se": d_se,
