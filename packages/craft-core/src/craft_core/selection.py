@@ -97,10 +97,12 @@ def row_keys(
     """
     embeds, norms = [], []
     for start in range(0, features.shape[0], block):
-        rows = features[start : start + block].detach().double()
+        # Read in the input dtype (no float64 copy): the row maximum is exact in any dtype,
+        # and the product with a float64 power of two promotes to float64, exactly.
+        rows = features[start : start + block].detach()
         low, high = torch.aminmax(rows, dim=1, keepdim=True)  # one read, no |rows| temporary
-        scale = _row_scale(torch.maximum(high, -low), X_BITS)
-        scaled = rows * scale  # exact: a power of two
+        scale = _row_scale(torch.maximum(high, -low).double(), X_BITS)
+        scaled = rows * scale  # float64, exact: a power of two
         # The norm's grid is 2^(NORM_BITS - X_BITS) coarser: one more exact scaling.
         grid = torch.mul(scaled, 2.0 ** (NORM_BITS - X_BITS)).round_()
         # Row-wise dot products of integers below 2^53: exact in any order.
