@@ -17,11 +17,14 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
+from huggingface_hub import ModelCard, PyTorchModelHubMixin
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from craft_core import hub
 from craft_core.budget import Budget, check_tokens, resolve_budget
 from craft_core.config import CraftConfig
 from craft_core.merge import GatedMerge, group_edges
@@ -107,7 +110,15 @@ class _PieceRows:
         self.pieces.append(rows)
 
 
-class CraftCompressor(nn.Module):
+class CraftCompressor(
+    nn.Module,
+    PyTorchModelHubMixin,  # push_to_hub; the card and the files are ours (below)
+    library_name=hub.LIBRARY_NAME,
+    license="apache-2.0",
+    tags=hub.TAGS,
+    repo_url=hub.REPO_URL,
+    docs_url=hub.DOCS_URL,
+):
     """The CRAFT compressor: ~5M learnable parameters (at D = 2560) plus a fixed projection.
 
     Attributes:
@@ -336,32 +347,73 @@ class CraftCompressor(nn.Module):
         )
         return features.index_put((layout.targets,), new_rows)
 
-    def save_pretrained(self, path: str | Path) -> None:
-        """Write `config.json` and `model.safetensors` (weights + W_rand) into folder `path`."""
-        folder = Path(path)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / CONFIG_NAME).write_text(self.config.model_dump_json(indent=2) + "\n")
+    def save_pretrained(  # type: ignore[override]
+        self,
+        save_directory: str | Path,
+        *,
+        model_card_kwargs: dict[str, Any] | None = None,
+        push_to_hub: bool = False,
+        repo_id: str | None = None,
+        **push_to_hub_kwargs: Any,
+    ) -> str | None:
+        """Write `config.json`, `model.safetensors` (weights + W_rand) and `README.md` (the
+        model card: `craft_core.hub.model_card(config, **model_card_kwargs)`, e.g.
+        `{"base_model": ..., "ratios": [...], "recipe": {...}, "results": table}`) into the
+        folder. A README this library wrote is refreshed; any other README is kept.
+        `push_to_hub=True, repo_id=...` then uploads it (huggingface_hub's `push_to_hub`)."""
+        if hub.is_craft_card(Path(save_directory) / hub.CARD_NAME):
+            (Path(save_directory) / hub.CARD_NAME).unlink()
+        return super().save_pretrained(
+            save_directory,
+            model_card_kwargs=model_card_kwargs,
+            push_to_hub=push_to_hub,
+            repo_id=repo_id,
+            **push_to_hub_kwargs,
+        )
+
+    def _save_pretrained(self, save_directory: Path) -> None:
+        # The 0.1 format, byte for byte: the mixin calls this, then writes the card.
+        (save_directory / CONFIG_NAME).write_text(self.config.model_dump_json(indent=2) + "\n")
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        save_file(state, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+        save_file(state, str(save_directory / WEIGHTS_NAME), metadata={"format": "pt"})
+
+    def generate_model_card(self, *args: Any, **kwargs: Any) -> ModelCard:
+        return hub.model_card(self.config, **kwargs)
 
     @classmethod
-    def from_pretrained(
-        cls, path: str | Path, *, hidden_size: int | None = None, device: str | torch.device = "cpu"
+    def from_pretrained(  # type: ignore[override]
+        cls,
+        path: str | Path,
+        *,
+        revision: str | None = None,
+        hidden_size: int | None = None,
+        device: str | torch.device = "cpu",
+        token: str | bool | None = None,
+        cache_dir: str | Path | None = None,
+        force_download: bool = False,
+        local_files_only: bool = False,
     ) -> CraftCompressor:
-        """Load a folder written by `save_pretrained`.
+        """Load a folder written by `save_pretrained`, or a Hub id ("org/name").
 
         Args:
-            path: the folder.
+            path: the folder, or a Hub id (a folder of that name wins). Files of an id come
+                from huggingface_hub's cache (downloaded into it when online);
+                `HF_HUB_OFFLINE=1` keeps it to the cache.
+            revision: branch, tag or commit of a Hub id.
             hidden_size: if given, the width the caller needs; a checkpoint of another width
                 raises ValueError instead of failing later inside a model.
             device: where to put the weights.
+            token, cache_dir, force_download, local_files_only: as in `hf_hub_download`.
         """
-        folder = Path(path)
-        config_file, weights_file = folder / CONFIG_NAME, folder / WEIGHTS_NAME
-        if not config_file.is_file() or not weights_file.is_file():
-            raise FileNotFoundError(
-                f"{folder} is not a CRAFT checkpoint: it needs {CONFIG_NAME} and {WEIGHTS_NAME}"
-            )
+        (config_file, weights_file), folder = hub.resolve_files(
+            path,
+            (CONFIG_NAME, WEIGHTS_NAME),
+            revision=revision,
+            token=token,
+            cache_dir=cache_dir,
+            force_download=force_download,
+            local_files_only=local_files_only,
+        )
         try:
             config = CraftConfig.model_validate(json.loads(config_file.read_text()))
         except (ValueError, UnicodeDecodeError) as error:  # JSON or a field out of range
