@@ -188,7 +188,7 @@ def model_card(
     data = ModelCardData(
         library_name=LIBRARY_NAME,
         license=extra.pop("license", "apache-2.0"),
-        tags=list(TAGS) + ["model_hub_mixin", "pytorch_model_hub_mixin"],
+        tags=[*TAGS, "model_hub_mixin", "pytorch_model_hub_mixin"],
         base_model=base_model,
         base_model_relation="adapter" if base_model else None,
         datasets=list(datasets) if datasets else None,
