@@ -93,7 +93,7 @@ def core_paths(session: nox.Session, path: str) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Every package's benchmarks/*.py, each printing ratios measured in one run."""
-    _sync(session, "--all-packages", "--group", "dev")
+    _sync(session, "--all-packages", "--group", "dev", "--extra", "torchcodec")  # bench_decode
     for script in sorted(ROOT.glob("packages/*/benchmarks/bench_*.py")):
         session.run("python", str(script.relative_to(ROOT)), *session.posargs)
 

@@ -1,8 +1,8 @@
-"""read_video (decord and the PyAV fallback), sampling, build_inputs, registry, tiny models."""
+"""read_video (PyAV, torchcodec, decord: same indices and frames), sampling, build_inputs,
+registry, tiny models."""
 
 from __future__ import annotations
 
-import builtins
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,17 @@ from adapters_testkit import BACKBONES, make_frames, write_video
 
 import craft_adapters
 from craft_adapters import build_inputs, read_video, sample_indices
+from craft_adapters import video as video_module
 from craft_adapters.tiny import build_tiny_processor
+from craft_adapters.video import BACKENDS, available_backends
+
+USABLE = available_backends()
+
+
+def _skip_unusable(backend: str) -> None:
+    if backend not in USABLE:
+        reason = video_module._torchcodec_problem() if backend == "torchcodec" else "no decord"
+        pytest.skip(f"{backend} cannot decode here: {reason}")
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +53,9 @@ def test_sample_indices_fps_and_cap() -> None:
         sample_indices(0, 30.0)
 
 
-@pytest.mark.parametrize("backend", ["decord", "pyav"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_read_video_backends(clip: tuple[Path, np.ndarray], backend: str) -> None:
-    if backend == "decord":
-        pytest.importorskip("decord")
+    _skip_unusable(backend)
     path, _ = clip
     video = read_video(path, fps=2.0, backend=backend)
     assert video.backend == backend
@@ -62,26 +71,106 @@ def test_read_video_backends(clip: tuple[Path, np.ndarray], backend: str) -> Non
     assert capped.fps == pytest.approx(4 / 3.0)
 
 
-def test_read_video_falls_back_to_pyav(
+def test_default_backend_is_torchcodec_when_usable_else_pyav(
     clip: tuple[Path, np.ndarray], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_import = builtins.__import__
-
-    def no_decord(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name == "decord":
-            raise ImportError("no decord here")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_decord)
+    expected = "torchcodec" if "torchcodec" in USABLE else "pyav"
+    assert read_video(clip[0]).backend == expected
+    monkeypatch.setattr(video_module, "_torchcodec_problem", lambda: "no FFmpeg here")
     video = read_video(clip[0])
     assert video.backend == "pyav" and video.frames.shape[0] == 6
+    with pytest.raises(ImportError, match="backend='torchcodec': no FFmpeg here"):
+        read_video(clip[0], backend="torchcodec")
+    assert available_backends()[0] == "pyav"
+
+
+def test_a_file_torchcodec_rejects_gets_a_pyav_try(
+    clip: tuple[Path, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("torchcodec: cannot seek")
+
+    monkeypatch.setattr(video_module, "_torchcodec_problem", lambda: None)
+    monkeypatch.setattr(video_module, "_read_torchcodec", broken)
+    video = read_video(clip[0])
+    assert video.backend == "pyav" and video.indices.tolist() == [0, 5, 10, 15, 20, 25]
+    with pytest.raises(video_module.VideoReadError, match="torchcodec: cannot seek"):
+        read_video(clip[0], backend="torchcodec")
+
+
+# (frames, size (h, w), fps written, fps read, max_frames): short clips, the cap binding,
+# a clip shorter than the cap read faster than its rate (repeated indices), odd sizes.
+SYNTHETIC = [
+    (30, (48, 64), 10, 2.0, 64),
+    (90, (64, 64), 30, 2.0, 4),
+    (1, (32, 32), 10, 2.0, 64),
+    (7, (50, 66), 7, 13.0, 64),
+    (120, (96, 128), 24, 3.0, 16),
+    (45, (64, 96), 15, 1.0, 64),
+]
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b != "pyav"])
+def test_every_backend_gives_pyavs_indices_and_frames(tmp_path: Path, backend: str) -> None:
+    _skip_unusable(backend)
+    for i, (count, (h, w), rate, fps, cap) in enumerate(SYNTHETIC):
+        frames = make_frames(count, seed=i, size=max(h, w))[:, :h, :w]
+        path = write_video(tmp_path / f"v{i}.mp4", np.ascontiguousarray(frames), fps=rate)
+        ref = read_video(path, fps=fps, max_frames=cap, backend="pyav")
+        got = read_video(path, fps=fps, max_frames=cap, backend=backend)
+        expected, _ = sample_indices(count, float(rate), fps, cap)  # the rule, from the writer
+        assert ref.indices.tolist() == got.indices.tolist() == expected.tolist(), (i, backend)
+        assert (got.fps, got.native_fps, got.num_source_frames) == (
+            ref.fps,
+            ref.native_fps,
+            ref.num_source_frames,
+        )
+        assert got.frames.shape == ref.frames.shape and got.frames.dtype == np.uint8
+        assert np.array_equal(got.frames, ref.frames), (i, backend)
+
+
+def test_torchcodec_on_pyavs_ffmpeg_in_a_fresh_process(tmp_path: Path) -> None:
+    """Where torchcodec is installed but finds no system FFmpeg (pip cannot install it), run
+    it on the FFmpeg libraries bundled in PyAV's wheel (as the benchmark does): its indices
+    and frames must equal PyAV's."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("torchcodec") is None or not sys.platform.startswith("linux"):
+        pytest.skip("torchcodec is not installed (or not Linux)")
+    bench = Path(__file__).parents[1] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        from bench_decode import _pyav_ffmpeg_dir
+    finally:
+        sys.path.remove(str(bench))
+    libs = _pyav_ffmpeg_dir(Path(tmp_path / "ffmpeg"))
+    path = write_video(tmp_path / "v.mp4", make_frames(40, size=64), fps=10)
+    script = (
+        "import sys, numpy as np\n"
+        "from craft_adapters import read_video\n"
+        "for cap in (64, 6):\n"
+        "    a = read_video(sys.argv[1], fps=3.0, max_frames=cap, backend='torchcodec')\n"
+        "    b = read_video(sys.argv[1], fps=3.0, max_frames=cap, backend='pyav')\n"
+        "    assert a.indices.tolist() == b.indices.tolist(), (a.indices, b.indices)\n"
+        "    assert np.array_equal(a.frames, b.frames)\n"
+        "print(read_video(sys.argv[1]).backend)\n"
+    )
+    env = {**os.environ, "LD_LIBRARY_PATH": str(libs)}
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(path)], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "torchcodec"  # the default where it finds FFmpeg
 
 
 def test_read_video_errors(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         read_video(tmp_path / "missing.mp4")
     (tmp_path / "x.mp4").write_bytes(b"")
-    with pytest.raises(ValueError, match="unknown video backend"):
+    with pytest.raises(ValueError, match="unknown video backend 'opencv'; use one of pyav"):
         read_video(tmp_path / "x.mp4", backend="opencv")
 
 

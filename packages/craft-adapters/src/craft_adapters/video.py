@@ -1,26 +1,53 @@
 """Read a video file into uint8 frames sampled at a given fps, up to a frame cap.
 
-decord is used when it imports (fast seeking); otherwise, or when decord fails on a file
-(it does on some small valid mp4s), PyAV decodes the stream (decord has no wheels for some
-platforms). A file neither can read raises `VideoReadError` naming the path. Both give the same frame indices:
+    video = read_video("clip.mp4", fps=2.0, max_frames=64)   # frames [F, H, W, 3] uint8
+    frames, fps = video                                       # what build_inputs wants
+
+Decoders (`backend=`), all giving the same frame indices and, on the project's synthetic
+videos, the same pixels:
+
+- "pyav": PyAV, whose wheels bundle FFmpeg: works on a fresh machine. The default when
+  torchcodec is not usable.
+- "torchcodec": PyTorch's decoder (`pip install craft-adapters[torchcodec]`); it needs the
+  system's FFmpeg shared libraries (4 to 8), which pip cannot install. `backend=None` uses it
+  when it imports AND finds FFmpeg, and falls back to PyAV on a file it cannot read.
+- "decord": only when asked (decord 0.6, 2021; it fails on some small valid mp4s).
+
+transformers' `video_utils.load_video` is not used: its PyAV reader keeps each index once
+(a clip shorter than the cap repeats indices) and trusts the header's frame count. A file no
+backend can read raises `VideoReadError` naming the path. The frame-index rule:
 
 - `n = round(duration * fps)` frames at timestamps `k / fps` (frame index
   `min(total - 1, floor(k * native_fps / fps + 0.5))`), at least one frame;
 - when `n > max_frames`, `max_frames` indices spread uniformly over the whole clip
   (`linspace(0, total - 1, max_frames)` rounded), and the reported fps becomes the effective
   rate `max_frames / duration`.
+
+`total` and `native_fps` come from the container's header (frames counted by decoding when
+the header has no count); a header that over-counts repeats the last decodable frame.
+Speed of each backend: `packages/craft-adapters/benchmarks/bench_decode.py`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["SampledVideo", "VideoReadError", "read_video", "sample_indices"]
+__all__ = [
+    "BACKENDS",
+    "SampledVideo",
+    "VideoReadError",
+    "available_backends",
+    "read_video",
+    "sample_indices",
+]
+
+BACKENDS = ("pyav", "torchcodec", "decord")
 
 
 class VideoReadError(ValueError):
@@ -39,7 +66,7 @@ class SampledVideo:
         indices: `[F]` frame indices in the source video.
         native_fps: the source's frame rate.
         num_source_frames: frames in the source.
-        backend: "decord" or "pyav".
+        backend: the decoder that read it: "pyav", "torchcodec" or "decord".
     """
 
     frames: np.ndarray
@@ -90,6 +117,51 @@ def _read_decord(path: str, fps: float, max_frames: int) -> SampledVideo:
     )
 
 
+@lru_cache(maxsize=1)
+def _torchcodec_problem() -> str | None:
+    """Why torchcodec cannot decode here, or None when it can (it loads FFmpeg at import)."""
+    try:
+        import torchcodec
+    except ImportError:
+        return "torchcodec is not installed (pip install craft-adapters[torchcodec])"
+    except Exception as error:  # a broken install raises its own errors
+        return f"torchcodec does not import ({type(error).__name__}: {error})"
+    if getattr(torchcodec, "ffmpeg_major_version", None) is None:
+        return "torchcodec found no FFmpeg 4-8 shared libraries (e.g. apt install ffmpeg)"
+    return None
+
+
+def available_backends() -> list[str]:
+    """The backends that can decode on this machine, in `backend=None`'s order of choice."""
+    found = ["torchcodec"] if _torchcodec_problem() is None else []
+    found.append("pyav")
+    try:
+        import decord  # noqa: F401
+
+        found.append("decord")
+    except ImportError:
+        pass
+    return found
+
+
+def _read_torchcodec(path: str, fps: float, max_frames: int) -> SampledVideo:
+    from torchcodec.decoders import VideoDecoder
+
+    # "exact" scans the file once: frame i is the i-th frame in presentation order, as PyAV
+    # counts them (the "approximate" mode computes indices from timestamps).
+    decoder = VideoDecoder(path, seek_mode="exact", dimension_order="NHWC")
+    meta = decoder.metadata
+    decodable = int(meta.num_frames_from_content or meta.num_frames or 0)
+    total = int(meta.num_frames_from_header or decodable)  # PyAV's count: the header's
+    native = float(meta.average_fps_from_header or meta.average_fps or 30.0)
+    if decodable < 1:
+        raise VideoReadError(f"{path}: no decodable video frame")
+    idx, rate = sample_indices(total, native, fps, max_frames)
+    batch = decoder.get_frames_at(indices=np.minimum(idx, decodable - 1).tolist())
+    frames = np.ascontiguousarray(batch.data.numpy(), dtype=np.uint8)
+    return SampledVideo(frames, rate, idx, native, total, "torchcodec")
+
+
 def _read_pyav(path: str, fps: float, max_frames: int) -> SampledVideo:
     import av
 
@@ -136,36 +208,35 @@ def read_video(
         path: a video file.
         fps: sampling rate.
         max_frames: frame cap; when it binds the frames spread uniformly over the clip.
-        backend: "decord", "pyav", or None (decord if it imports, else PyAV).
+        backend: "pyav", "torchcodec", "decord", or None: torchcodec when it is installed and
+            finds FFmpeg, else PyAV (and PyAV again on a file torchcodec cannot read).
 
     Returns:
         A `SampledVideo` (unpacks as `frames, fps`).
     """
     path = str(path)
-    if backend not in (None, "decord", "pyav"):
-        raise ValueError(f"backend: unknown video backend {backend!r}; use 'decord' or 'pyav'")
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(
+            f"backend: unknown video backend {backend!r}; use one of {', '.join(BACKENDS)} or None"
+        )
     if not (math.isfinite(fps) and fps > 0):
         raise ValueError(f"fps must be a positive number, got {fps}")
     if max_frames < 1:
         raise ValueError(f"max_frames must be at least 1, got {max_frames}")
     if not Path(path).is_file():
         raise FileNotFoundError(f"video not found: {path}")
+    if backend == "torchcodec" and _torchcodec_problem() is not None:
+        raise ImportError(f"backend='torchcodec': {_torchcodec_problem()}")
     if backend is None:
-        try:
-            import decord  # noqa: F401
-
-            backend = "decord"
-        except ImportError:
-            backend = "pyav"
-        if backend == "decord":  # decord fails on some valid files: PyAV gets a second try
+        backend = "pyav"
+        if _torchcodec_problem() is None:  # a file torchcodec rejects gets a PyAV try
             try:
-                return _read_decord(path, fps, max_frames)
+                return _read_torchcodec(path, fps, max_frames)
             except Exception:
-                backend = "pyav"
+                pass
     try:
-        if backend == "decord":
-            return _read_decord(path, fps, max_frames)
-        return _read_pyav(path, fps, max_frames)
+        reader = {"pyav": _read_pyav, "torchcodec": _read_torchcodec, "decord": _read_decord}
+        return reader[backend](path, fps, max_frames)
     except VideoReadError:
         raise
     except Exception as error:
