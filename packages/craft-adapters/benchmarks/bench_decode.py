@@ -9,12 +9,12 @@ encoder cannot skip work), both read to 64 frames:
   setting (fps = 2, max_frames = 64);
 - "whole": a 64-frame, 30 fps clip read at its own rate (every frame).
 
-Printed per backend: median seconds over `--repeats` runs (after one warm-up read), frames
-per second, the ratio to PyAV, and whether its frames equal PyAV's bit for bit. A backend
-that cannot run here is listed with the reason. When torchcodec is installed but finds no
-system FFmpeg (pip cannot install it), the script re-runs itself with PyAV's bundled FFmpeg 7
-libraries exposed under their standard names (LD_LIBRARY_PATH; Linux), and says so:
-that is how the README's torchcodec row was measured. `--no-pyav-ffmpeg` turns this off.
+Printed per backend: median seconds over `--repeats` runs (after one warm-up read; the
+backends take turns within a repeat), frames per second, the ratio to PyAV, and whether its
+frames equal PyAV's bit for bit. A backend that cannot run here is listed with the reason.
+When torchcodec is installed but finds no system FFmpeg (pip cannot install it), the script
+re-runs itself with PyAV's bundled FFmpeg 7 libraries exposed under their standard names
+(LD_LIBRARY_PATH; Linux), and says so: that is how the README's torchcodec row was measured. `--no-pyav-ffmpeg` turns this off.
 """
 
 from __future__ import annotations
@@ -67,15 +67,20 @@ def _problem(backend: str) -> str | None:
     return None
 
 
-def time_backend(path: Path, fps: float, backend: str, repeats: int) -> tuple[float, np.ndarray]:
-    """Median seconds of `read_video(path, fps, 64, backend)` and its frames."""
-    video = read_video(path, fps=fps, max_frames=64, backend=backend)  # warm-up (page cache)
-    seconds = []
+def time_backends(
+    path: Path, fps: float, backends: list[str], repeats: int
+) -> dict[str, tuple[float, np.ndarray]]:
+    """Median seconds of `read_video(path, fps, 64, backend)` per backend, and its frames.
+    The backends take turns within each repeat, so that load from other processes on a
+    shared machine falls on all of them alike."""
+    frames = {b: read_video(path, fps=fps, max_frames=64, backend=b).frames for b in backends}
+    seconds: dict[str, list[float]] = {b: [] for b in backends}  # after a warm-up read each
     for _ in range(repeats):
-        start = time.perf_counter()
-        read_video(path, fps=fps, max_frames=64, backend=backend)
-        seconds.append(time.perf_counter() - start)
-    return statistics.median(seconds), video.frames
+        for backend in backends:
+            start = time.perf_counter()
+            read_video(path, fps=fps, max_frames=64, backend=backend)
+            seconds[backend].append(time.perf_counter() - start)
+    return {b: (statistics.median(seconds[b]), frames[b]) for b in backends}
 
 
 _FFMPEG_LIBS = ("libavutil", "libavcodec", "libavformat", "libavdevice", "libavfilter")
@@ -135,18 +140,15 @@ def main() -> None:
                 30.0,
             ),
         }
+        usable = [b for b in BACKENDS if _problem(b) is None]
+        for backend in BACKENDS:
+            if backend not in usable:
+                print(f"  {backend:<11} not run: {_problem(backend)}")
         for label, (path, fps) in clips.items():
             print(f"\n{label}")
-            base_seconds, base_frames = time_backend(path, fps, "pyav", args.repeats)
-            for backend in BACKENDS:
-                problem = _problem(backend)
-                if problem is not None:
-                    print(f"  {backend:<11} not run: {problem}")
-                    continue
-                if backend == "pyav":
-                    seconds, frames = base_seconds, base_frames
-                else:
-                    seconds, frames = time_backend(path, fps, backend, args.repeats)
+            results = time_backends(path, fps, usable, args.repeats)
+            base_seconds, base_frames = results["pyav"]
+            for backend, (seconds, frames) in results.items():
                 same = frames.shape == base_frames.shape and np.array_equal(frames, base_frames)
                 print(
                     f"  {backend:<11} {seconds * 1e3:8.1f} ms  {len(frames) / seconds:7.1f} "

@@ -2,9 +2,9 @@
 write the model card.
 
     compressor = CraftCompressor.from_pretrained("org/craft-qwen2.5-vl-7b", revision="v1.0")
-    compressor.save_pretrained("out/", model_card_kwargs={"base_model": "Qwen/Qwen2.5-VL-7B-Instruct",
-                                                          "ratios": [4, 8, 16]})
-    compressor.push_to_hub("org/craft-qwen2.5-vl-7b", model_card_kwargs={...})
+    card = {"base_model": "Qwen/Qwen2.5-VL-7B-Instruct", "ratios": [4, 8, 16]}
+    compressor.save_pretrained("out/", model_card_kwargs=card)     # + README.md, the card
+    compressor.push_to_hub("org/craft-qwen2.5-vl-7b", model_card_kwargs=card)
 
 `CraftCompressor` inherits huggingface_hub's `PyTorchModelHubMixin`: `push_to_hub` is the
 mixin's own upload of the folder `save_pretrained` writes. Files of a Hub id are fetched with
@@ -85,9 +85,10 @@ def resolve_files(
     try:
         validate_repo_id(repo_id)
     except HFValidationError:
+        hint = ", a file is not a checkpoint: pass its folder" if path.is_file() else ""
         raise FileNotFoundError(
             f"{repo_id} is not a CRAFT checkpoint: no such folder, and not a Hub id "
-            f"('org/name'{', a file is not a checkpoint: pass its folder' if path.is_file() else ''})"
+            f"('org/name'{hint})"
         ) from None
     label = repo_id if revision is None else f"{repo_id}@{revision}"
     files = []
