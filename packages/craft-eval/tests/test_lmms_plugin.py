@@ -13,7 +13,6 @@ is exact.
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -22,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from craft_eval.lmms.compress import build_compressor, parse_budget
+from craft_eval.lmms.compress import parse_budget
+from craft_eval.methods.build import build_compressor
 
 FIELDS = ("visual_tokens_before", "visual_tokens_after", "realized_ratio", "compression_ms")
 # (plugin id, model type, model_args giving small frames, frames reaching the model)
@@ -258,11 +258,13 @@ def test_lmms_eval_command_batch_of_two(lmms_env: dict[str, Any], tiny_models: A
 @pytest.mark.parametrize(
     "args,match",
     [
-        (("craft", None, None, None), "exactly one of model_args ratio= or threshold="),
-        (("craft", 8, 0.9, None), "exactly one of"),
+        (("craft", None, None, None), "exactly one budget"),
+        (("craft", 8, 0.9, None), "exactly one budget"),
         (("craft", "eight", None, None), "model_args ratio='eight'"),
         (("none", 8, None, None), "need a method"),
-        (("craft", 0.5, None, None), "ratio"),
+        (("craft", 0.5, None, None), "model_args ratio must be a finite number >= 1"),
+        (("craft", None, "-1", None), r"model_args threshold must lie in \(-1, 1\]"),
+        (("craft", 4, None, "3"), "model_args min_tokens applies to the threshold mode only"),
     ],
 )
 def test_bad_model_args_name_the_argument(args: tuple[Any, ...], match: str) -> None:
@@ -271,13 +273,17 @@ def test_bad_model_args_name_the_argument(args: tuple[Any, ...], match: str) -> 
 
 
 def test_budget_and_method_parsing() -> None:
-    assert parse_budget("none", None, None, None) == (None, None, None)
-    assert parse_budget("tome", 8, None, None) == (8.0, None, None)
-    assert parse_budget("craft", None, "0.9", "4") == (None, 0.9, 4)
-    with pytest.raises(ValueError, match="method='nope' is unknown"):
-        build_compressor("nope", None, None)
-    with pytest.raises(ValueError, match="checkpoint= needs a method"):
-        build_compressor("none", "/ckpt", None)
-    with pytest.raises(ValueError, match="method=craft needs checkpoint=PATH"):
-        build_compressor("craft", None, None)
-    assert math.isfinite(parse_budget("craft", 1, None, None)[0] or 0.0)
+    from craft_core import TokenBudget
+    from craft_eval.methods.build import MODEL_ARGS
+
+    assert parse_budget("none", None, None, None) is None
+    assert parse_budget("tome", 8, None, None) == TokenBudget(ratio=8.0)
+    assert parse_budget("craft", None, "0.9", "4") == TokenBudget(threshold=0.9, min_tokens=4)
+    with pytest.raises(ValueError, match="model_args method=nope is unknown"):
+        build_compressor("nope", spelling=MODEL_ARGS)
+    with pytest.raises(ValueError, match="model_args checkpoint= needs a method"):
+        build_compressor("none", {"checkpoint": "/ckpt"}, spelling=MODEL_ARGS)
+    with pytest.raises(ValueError, match="model_args method=craft needs model_args checkpoint="):
+        build_compressor("craft", spelling=MODEL_ARGS)
+    with pytest.raises(ValueError, match="model_args checkpoint= is not used by tome"):
+        build_compressor("tome", {"checkpoint": "/ckpt"}, spelling=MODEL_ARGS)

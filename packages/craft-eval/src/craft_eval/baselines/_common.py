@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from craft_core import Budget, CompressionResult, check_tokens, resolve_budget
+from craft_core import Budget, CompressionResult, TokenBudget, check_tokens
 from craft_eval.methods.base import fixed_budget, prune_result
 
 #: Rows per block when a method needs "most similar token" over many candidates.
@@ -44,8 +44,8 @@ def prepare(
         )
         return Budget(floor=floor)
     check_tokens(features, coords)
-    budget = resolve_budget(
-        features.shape[0], ratio=ratio, threshold=threshold, min_tokens=min_tokens
+    budget = TokenBudget(ratio=ratio, threshold=threshold, min_tokens=min_tokens).resolve(
+        features.shape[0]
     )
     return Budget(floor=min(budget.floor, features.shape[0]), threshold=budget.threshold)
 
