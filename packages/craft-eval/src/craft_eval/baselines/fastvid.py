@@ -38,11 +38,15 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import torch
 
 from craft_core import CompressionResult
 from craft_eval.baselines._common import (
+    ATTENTION,
+    ATTENTION_NOTE,
+    BaselineMethod,
     apportion,
     finish,
     frames_of,
@@ -53,6 +57,7 @@ from craft_eval.baselines._common import (
     prepare,
     top_indices,
 )
+from craft_eval.methods.registry import register_method
 
 NAME = "fastvid"
 
@@ -260,3 +265,37 @@ def fastvid(
         representative[lost] = kept[most_similar(e[lost], e[kept])]
     info["segments"] = [len(s) for s in segs]
     return finish(NAME, features, coords, kept, representative, torch.cat(row_parts), info=info)
+
+
+# registered here: adding a baseline touches this one file (and its test)
+@register_method(
+    "fastvid",
+    kind="merge",
+    needs=("attention",),
+    saliency=ATTENTION,
+    description="FastVID (published OneVision code): dynamic segments, salient tokens + "
+    "density-peak anchors merging segment tokens per anchor frame." + ATTENTION_NOTE,
+)
+def build_fastvid(
+    segments: int = 8,
+    tau: float = 0.9,
+    d: float = 0.4,
+    p: int = 4,
+    beta: float = 0.6,
+    knn: int = 4,
+    include_anchor: bool = True,
+    exact_budget: bool = True,
+    **_: Any,
+) -> BaselineMethod:
+    return BaselineMethod(
+        fastvid,
+        needs_attention=True,
+        segments=segments,
+        tau=tau,
+        d=d,
+        p=p,
+        beta=beta,
+        knn=knn,
+        include_anchor=include_anchor,
+        exact_budget=exact_budget,
+    )

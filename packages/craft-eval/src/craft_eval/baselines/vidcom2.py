@@ -17,6 +17,7 @@ import torch
 
 from craft_core import CompressionResult
 from craft_eval.baselines._common import (
+    BaselineMethod,
     apportion,
     finish,
     frames_of,
@@ -27,6 +28,7 @@ from craft_eval.baselines._common import (
     prepare,
     top_indices,
 )
+from craft_eval.methods.registry import register_method
 
 NAME = "vidcom2"
 
@@ -119,3 +121,17 @@ def vidcom2(
         representative[dropped] = pool[most_similar(e[dropped], e[pool])]
     info["frame_budgets"] = budgets
     return finish(NAME, features, coords, kept, representative, info=info)
+
+
+# registered here: adding a baseline touches this one file (and its test)
+@register_method(
+    "vidcom2",
+    kind="prune",
+    needs=(),
+    saliency="token features (Gaussian similarity to video / frame means)",
+    description="VidCom2: frame-adaptive budgets, keeps each frame's most distinctive tokens.",
+)
+def build_vidcom2(
+    channel_fraction: float = 0.5, temperature: float = 0.01, **_: Any
+) -> BaselineMethod:
+    return BaselineMethod(vidcom2, channel_fraction=channel_fraction, temperature=temperature)
