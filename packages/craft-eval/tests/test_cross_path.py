@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,7 +46,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """Two clips in Video-MME's layout, a tiny Qwen2.5-VL saved with its processor, an
     lmms-eval task over the same clips, an offline HF environment."""
     import lmms_eval  # noqa: F401  (declared in the test group: a missing one fails)
-    from test_lmms_plugin import TASK_UTILS, TASK_YAML
+    from test_lmms_plugin import offline_env, write_task
 
     from craft_adapters.tiny import build_tiny_vlm
     from craft_eval.fixtures import write_fixture
@@ -57,39 +56,19 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
     videos = sorted((data / "data").glob("*.mp4"))
     model, _ = build_tiny_vlm("qwen2_5_vl", root / "model")
     _write_checkpoint(root / "ckpt", model.config.get_text_config().hidden_size)
-    task = root / "task"
-    task.mkdir()
-    docs = task / "docs.jsonl"
-    docs.write_text(
-        "".join(
-            json.dumps({"id": i, "video": str(v), "question": "q?", "answer": "A"}) + "\n"
-            for i, v in enumerate(videos)
-        )
-    )
-    (task / "tiny_video.yaml").write_text(TASK_YAML.format(docs=docs, cache=root / "datasets"))
-    (task / "utils.py").write_text(TASK_UTILS)
-    env = {
-        "HF_HOME": str(root / "hf"),
-        "HF_HUB_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "WANDB_MODE": "disabled",
-    }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    yield {
-        "root": root,
-        "data": data,
-        "videos": videos,
-        "model": root / "model",
-        "task": task,
-        "ckpt": root / "ckpt",
-    }
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    rows = [
+        {"id": i, "video": str(v), "question": "q?", "answer": "A"} for i, v in enumerate(videos)
+    ]
+    task = write_task(root, rows)
+    with offline_env(root):
+        yield {
+            "root": root,
+            "data": data,
+            "videos": videos,
+            "model": root / "model",
+            "task": task,
+            "ckpt": root / "ckpt",
+        }
 
 
 def _write_checkpoint(folder: Path, hidden_size: int) -> None:

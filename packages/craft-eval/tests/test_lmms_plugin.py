@@ -12,10 +12,12 @@ is exact.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,15 +85,29 @@ def lmms_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         write_video(root / "square.mp4", synthetic_frames(num_frames=8, size=(64, 64)), fps=4),
         write_video(root / "wide.mp4", synthetic_frames(8, size=(64, 128), seed=1), fps=4),
     ]
+    rows = [
+        {"id": i, "video": str(video), "question": f"What moves {i}?", "answer": "A"}
+        for i, video in enumerate([videos[0], videos[1], videos[0]])
+    ]
+    task = write_task(root, rows)
+    with offline_env(root) as env:
+        yield {"root": root, "task": task, "videos": videos, "env": env}
+
+
+def write_task(root: Path, rows: list[dict[str, Any]]) -> Path:
+    """The local lmms-eval task `tiny_video` over `rows` (JSONL docs) in `root / "task"`."""
     task = root / "task"
     task.mkdir()
     docs = task / "docs.jsonl"
-    with open(docs, "w") as f:
-        for i, video in enumerate([videos[0], videos[1], videos[0]]):
-            row = {"id": i, "video": str(video), "question": f"What moves {i}?", "answer": "A"}
-            f.write(json.dumps(row) + "\n")
+    docs.write_text("".join(json.dumps(row) + "\n" for row in rows))
     (task / "tiny_video.yaml").write_text(TASK_YAML.format(docs=docs, cache=root / "datasets"))
     (task / "utils.py").write_text(TASK_UTILS)
+    return task
+
+
+@contextlib.contextmanager
+def offline_env(root: Path) -> Iterator[dict[str, str]]:
+    """Hugging Face and W&B offline, their caches under `root`; restored afterwards."""
     env = {
         "HF_HOME": str(root / "hf"),
         "HF_HUB_OFFLINE": "1",
@@ -101,12 +117,14 @@ def lmms_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    yield {"root": root, "task": task, "videos": videos, "env": env}
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    try:
+        yield env
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @pytest.fixture(scope="module")

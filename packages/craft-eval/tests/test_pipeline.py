@@ -114,16 +114,18 @@ def test_original_protocol_system_prompt_and_forced_start(
     assert processor.tokenizer.decode(plain["input_ids"][0]).endswith("assistant\n")
 
 
-def test_cli_run_uses_the_pipeline(
-    tiny: tuple[Any, Any],
-    data: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+@pytest.fixture
+def cli(tiny: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """`craft_eval.cli` whose model loader returns the tiny model."""
     from craft_eval import cli
 
     monkeypatch.setattr(cli, "_load_model", lambda args: (tiny[0], tiny[1], "tiny"))
+    return cli
+
+
+def test_cli_run_uses_the_pipeline(
+    cli: Any, data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code = cli.main(
         [
             "run",
@@ -198,15 +200,8 @@ def test_binomial_standard_error() -> None:
 
 
 def test_cli_sweep_runs_base_and_grid_then_reports(
-    tiny: tuple[Any, Any],
-    data: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    cli: Any, data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from craft_eval import cli
-
-    monkeypatch.setattr(cli, "_load_model", lambda args: (tiny[0], tiny[1], "tiny"))
     argv = ["sweep", "--tiny", BACKBONE, "-b", "mvbench", "--data-root", str(data)]
     argv += ["--subset", TASKS, "--methods", "uniform", "--ratios", "2", "4", "--frames", "8"]
     assert cli.main([*argv, "-o", str(tmp_path), "--no-progress", "--limit", "2"]) == 0

@@ -12,6 +12,7 @@ Everything runs on a CPU in well under a second per forward.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -157,96 +158,114 @@ def _qwen_token_ids() -> dict[str, Any]:
     }
 
 
-def _tiny_config(model_type: str) -> Any:
-    if model_type == "qwen2_5_vl":
-        from transformers import Qwen2_5_VLConfig
+def _tiny_qwen2_5_vl() -> Any:
+    from transformers import Qwen2_5_VLConfig
 
-        text = {
-            **_text_common(),
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "mrope_section": [2, 3, 3],
-            },
-        }
-        vision = {
-            "depth": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "out_hidden_size": 64,
-            "window_size": 56,
-            "fullatt_block_indexes": [1],
-            "tokens_per_second": 2,
-        }
-        return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **_qwen_token_ids())
-    if model_type == "qwen3_vl":
-        from transformers import Qwen3VLConfig
+    text = {
+        **_text_common(),
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [2, 3, 3],
+        },
+    }
+    vision = {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_heads": 2,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "out_hidden_size": 64,
+        "window_size": 56,
+        "fullatt_block_indexes": [1],
+        "tokens_per_second": 2,
+    }
+    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **_qwen_token_ids())
 
-        text = {
-            **_text_common(),
-            "head_dim": 16,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "mrope_section": [2, 3, 3],
-                "mrope_interleaved": True,
-            },
-        }
-        vision = {**_qwen3_vision(), "deepstack_visual_indexes": [0]}
-        return Qwen3VLConfig(text_config=text, vision_config=vision, **_qwen_token_ids())
-    if model_type == "qwen3_5":
-        from transformers import Qwen3_5Config
 
-        text = {
-            **_text_common(),
-            "num_hidden_layers": 4,
-            "head_dim": 32,
+def _tiny_qwen3_vl() -> Any:
+    from transformers import Qwen3VLConfig
+
+    text = {
+        **_text_common(),
+        "head_dim": 16,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [2, 3, 3],
+            "mrope_interleaved": True,
+        },
+    }
+    vision = {**_qwen3_vision(), "deepstack_visual_indexes": [0]}
+    return Qwen3VLConfig(text_config=text, vision_config=vision, **_qwen_token_ids())
+
+
+def _tiny_qwen3_5() -> Any:
+    from transformers import Qwen3_5Config
+
+    text = {
+        **_text_common(),
+        "num_hidden_layers": 4,
+        "head_dim": 32,
+        "partial_rotary_factor": 0.25,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [2, 1, 1],
+            "mrope_interleaved": True,
             "partial_rotary_factor": 0.25,
-            "linear_key_head_dim": 16,
-            "linear_value_head_dim": 16,
-            "linear_num_key_heads": 2,
-            "linear_num_value_heads": 4,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "mrope_section": [2, 1, 1],
-                "mrope_interleaved": True,
-                "partial_rotary_factor": 0.25,
-            },
-        }
-        vision = _qwen3_vision()
-        return Qwen3_5Config(text_config=text, vision_config=vision, **_qwen_token_ids())
-    if model_type == "llava_onevision":
-        from transformers import LlavaOnevisionConfig
+        },
+    }
+    vision = _qwen3_vision()
+    return Qwen3_5Config(text_config=text, vision_config=vision, **_qwen_token_ids())
 
-        text = {**_text_common(), "model_type": "qwen2"}
-        vision = {
-            "model_type": "siglip_vision_model",
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "image_size": 56,
-            "patch_size": 14,
-        }
-        return LlavaOnevisionConfig(
-            text_config=text,
-            vision_config=vision,
-            image_token_index=_SPECIAL_IDS["<image>"],
-            video_token_index=_SPECIAL_IDS["<video>"],
-            vision_feature_select_strategy="full",
-            vision_feature_layer=-1,
-            image_grid_pinpoints=[[56, 56]],
-        )
-    from craft_adapters.registry import supported_model_types
 
-    raise ValueError(
-        f"no tiny model for model_type {model_type!r}; supported: {supported_model_types()}"
+def _tiny_llava_onevision() -> Any:
+    from transformers import LlavaOnevisionConfig
+
+    text = {**_text_common(), "model_type": "qwen2"}
+    vision = {
+        "model_type": "siglip_vision_model",
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "image_size": 56,
+        "patch_size": 14,
+    }
+    return LlavaOnevisionConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_index=_SPECIAL_IDS["<image>"],
+        video_token_index=_SPECIAL_IDS["<video>"],
+        vision_feature_select_strategy="full",
+        vision_feature_layer=-1,
+        image_grid_pinpoints=[[56, 56]],
     )
+
+
+_TINY_CONFIGS: dict[str, Callable[[], Any]] = {
+    "qwen2_5_vl": _tiny_qwen2_5_vl,
+    "qwen3_vl": _tiny_qwen3_vl,
+    "qwen3_5": _tiny_qwen3_5,
+    "llava_onevision": _tiny_llava_onevision,
+}
+
+
+def _tiny_config(model_type: str) -> Any:
+    if model_type not in _TINY_CONFIGS:
+        from craft_adapters.registry import supported_model_types
+
+        raise ValueError(
+            f"no tiny model for model_type {model_type!r}; supported: {supported_model_types()}"
+        )
+    return _TINY_CONFIGS[model_type]()
 
 
 def build_tiny_processor(model_type: str) -> Any:
