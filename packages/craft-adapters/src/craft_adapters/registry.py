@@ -65,6 +65,12 @@ class BackboneAdapter:
     def __init__(self, model: Any) -> None:
         self.model = model
 
+    @staticmethod
+    def tiny_config() -> Any:
+        """A tiny random transformers config of this backbone (tests, demos); each backbone
+        module defines its own."""
+        raise NotImplementedError
+
     # -- configuration -------------------------------------------------------------------------
 
     @property
@@ -163,6 +169,12 @@ def supported_model_types() -> list[str]:
     """The transformers `config.model_type` values that `wrap` accepts, sorted."""
     _load_builtins()
     return sorted(_REGISTRY)
+
+
+def adapter_class(model_type: str) -> type[BackboneAdapter]:
+    """The adapter class registered for `model_type`; KeyError when there is none."""
+    _load_builtins()
+    return _REGISTRY[model_type]
 
 
 def get_adapter(model: Any) -> BackboneAdapter:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
+from craft_adapters.backbones._tiny import SPECIAL_IDS, text_common
 from craft_adapters.registry import BackboneAdapter, VideoLayout, register_backbone
 
 
@@ -98,3 +99,28 @@ class LlavaOnevisionAdapter(BackboneAdapter):
         # The model flattens pooler_output (videos x rows); one [1, total, D] tensor holds
         # videos of different kept lengths.
         return BaseModelOutputWithPooling(pooler_output=torch.cat(new_features, dim=0).unsqueeze(0))
+
+    @staticmethod
+    def tiny_config() -> Any:
+        """A tiny random config of this backbone (`craft_adapters.tiny.build_tiny_vlm`)."""
+        from transformers import LlavaOnevisionConfig
+
+        text = {**text_common(), "model_type": "qwen2"}
+        vision = {
+            "model_type": "siglip_vision_model",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "image_size": 56,
+            "patch_size": 14,
+        }
+        return LlavaOnevisionConfig(
+            text_config=text,
+            vision_config=vision,
+            image_token_index=SPECIAL_IDS["<image>"],
+            video_token_index=SPECIAL_IDS["<video>"],
+            vision_feature_select_strategy="full",
+            vision_feature_layer=-1,
+            image_grid_pinpoints=[[56, 56]],
+        )
