@@ -172,9 +172,9 @@ def register_backbone(cls: type[BackboneAdapter]) -> type[BackboneAdapter]:
 def _load_builtins() -> None:
     global _loaded
     if not _loaded:
-        import craft_adapters.backbones as package
-
         # every public module of backbones/ registers itself: a new backbone is one file
+        # (imported by name: backbones import this module, not the reverse)
+        package = importlib.import_module("craft_adapters.backbones")
         for info in pkgutil.iter_modules(package.__path__):
             if not info.name.startswith("_"):
                 importlib.import_module(f"craft_adapters.backbones.{info.name}")
