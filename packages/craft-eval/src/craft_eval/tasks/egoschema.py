@@ -75,15 +75,12 @@ class EgoSchema(Benchmark):
         return 'lmms-eval prompt; MMMU-style parser ("(A)", "A ", "A.", option texts)'
 
     def write_fixture(self, root: Path, video: VideoWriter, num_items: int) -> None:
-        """A tiny egoschema dataset under `root` in its distributed layout (synthetic clips;
-        `video(path, i)` writes item `i`'s)."""
         rows: list[dict[str, Any]] = []
-        letters = LETTERS
         for i in range(num_items):
             q, cands, gold = direction_question(i)
             uid = f"0000{i:04d}-aaaa-bbbb-cccc-{i:012d}"
             video(root / "videos" / f"{uid}.mp4", i)
-            opts = [f"{letters[k]}. The square moves {c}." for k, c in enumerate(cands)]
+            opts = [f"{LETTERS[k]}. The square moves {c}." for k, c in enumerate(cands)]
             opts.append("E. The square stays still.")
             rows.append(
                 {

@@ -69,8 +69,6 @@ class LongVideoBench(Benchmark):
         return "lmms-eval prompt; answer prefixes removed, first A-E character"
 
     def write_fixture(self, root: Path, video: VideoWriter, num_items: int) -> None:
-        """A tiny longvideobench dataset under `root` in its distributed layout (synthetic clips;
-        `video(path, i)` writes item `i`'s)."""
         rows: list[dict[str, Any]] = []
         for i in range(num_items):
             q, cands, gold = direction_question(i)

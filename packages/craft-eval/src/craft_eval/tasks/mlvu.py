@@ -64,10 +64,7 @@ class MLVU(Benchmark):
         return 'lmms-eval prompt ending "Best option: ("; multiple-choice extractor A-D'
 
     def write_fixture(self, root: Path, video: VideoWriter, num_items: int) -> None:
-        """A tiny mlvu dataset under `root` in its distributed layout (synthetic clips;
-        `video(path, i)` writes item `i`'s)."""
         rows: list[dict[str, Any]] = []
-        letters = LETTERS
         task_types = [
             "plotQA",
             "needle",
@@ -81,14 +78,14 @@ class MLVU(Benchmark):
             q, cands, gold = direction_question(i)
             name = f"mlvu_{i:03d}.mp4"
             video(root / "video" / name, i)
-            text = q + "\n" + "\n".join(f"({letters[k]}) {c}" for k, c in enumerate(cands))
+            text = q + "\n" + "\n".join(f"({LETTERS[k]}) {c}" for k, c in enumerate(cands))
             rows.append(
                 {
                     "video_name": name,
                     "duration": 4.0,
                     "question": text,
                     "candidates": cands,
-                    "answer": letters[gold],
+                    "answer": LETTERS[gold],
                     "task_type": task_types[i % 7],
                     "question_id": f"mlvu-{i}",
                 }

@@ -123,8 +123,6 @@ class MVBench(Benchmark):
         return 'lmms-eval prompt; "A. text" form, else first standalone a-e word (any case)'
 
     def write_fixture(self, root: Path, video: VideoWriter, num_items: int) -> None:
-        """A tiny mvbench dataset under `root` in its distributed layout (synthetic clips;
-        `video(path, i)` writes item `i`'s)."""
         tasks = ["moving_direction", "object_existence"]
         for t, task in enumerate(tasks):
             task_rows: list[dict[str, Any]] = []

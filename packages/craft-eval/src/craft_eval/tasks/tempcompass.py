@@ -71,16 +71,13 @@ class TempCompass(Benchmark):
         )
 
     def write_fixture(self, root: Path, video: VideoWriter, num_items: int) -> None:
-        """A tiny tempcompass dataset under `root` in its distributed layout (synthetic clips;
-        `video(path, i)` writes item `i`'s)."""
         rows: list[dict[str, Any]] = []
-        letters = LETTERS
         dims = ["action", "speed", "direction", "order", "attribute_change"]
         for i in range(num_items):
             q, cands, gold = direction_question(i)
             vid = f"{1034419625 + i}" + ("_reverse" if i % 3 == 2 else "")
             video(root / "videos" / f"{vid}.mp4", i)
-            lines = [f"{letters[k]}. {c}" for k, c in enumerate(cands)]
+            lines = [f"{LETTERS[k]}. {c}" for k, c in enumerate(cands)]
             rows.append(
                 {
                     "video_id": vid,

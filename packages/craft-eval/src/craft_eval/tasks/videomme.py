@@ -90,10 +90,7 @@ class VideoMME(Benchmark):
         return "lmms-eval prompt; multiple-choice extractor A-D (preference order, benchmarks.md)"
 
     def write_fixture(self, root: Path, video: VideoWriter, num_items: int) -> None:
-        """A tiny videomme dataset under `root` in its distributed layout (synthetic clips;
-        `video(path, i)` writes item `i`'s)."""
         rows: list[dict[str, Any]] = []
-        letters = LETTERS
         for i in range(num_items):
             q, cands, gold = direction_question(i)
             vid = f"vid{i:03d}"
@@ -109,8 +106,8 @@ class VideoMME(Benchmark):
                     "question_id": f"{i:03d}-1",
                     "task_type": ["Counting Problem", "Action Recognition"][i % 2],
                     "question": q,
-                    "options": [f"{letters[k]}. {c.capitalize()}." for k, c in enumerate(cands)],
-                    "answer": letters[gold],
+                    "options": [f"{LETTERS[k]}. {c.capitalize()}." for k, c in enumerate(cands)],
+                    "answer": LETTERS[gold],
                 }
             )
         write_parquet(root / "videomme" / "test-00000-of-00001.parquet", rows)
