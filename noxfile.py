@@ -40,10 +40,13 @@ def _sync(session: nox.Session, *args: str) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff check + ruff format --check on the whole workspace."""
+    """ruff check + ruff format --check on the whole workspace, and the import contracts
+    (`[tool.importlinter]` in pyproject.toml: core <- adapters <- world <- train | eval)."""
     _sync(session, "--only-group", "dev")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    # grimp reads the sources (nothing is imported): the src folders are enough
+    session.run("lint-imports", env={"PYTHONPATH": os.pathsep.join(SOURCES)})
 
 
 @nox.session

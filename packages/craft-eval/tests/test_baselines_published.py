@@ -329,21 +329,20 @@ def test_scissor_threshold_mode_has_no_silent_floor() -> None:
 
 
 def test_attention_methods_get_the_vision_towers_attention_in_a_model(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """Through `craft_adapters.wrap` and the backend's timing wrapper, VisionZip and FastVID
+    """Through `craft_adapters.wrap` and the one timing wrapper, VisionZip and FastVID
     rank by the received attention, not the L2 fallback; DTD is handed none."""
     import numpy as np
 
     from craft_adapters import build_inputs, wrap
     from craft_adapters.tiny import build_tiny_vlm
-    from craft_eval.backend import _TimedCompressor
-    from craft_eval.methods import get_method
+    from craft_eval.methods.build import build_compressor
 
     model, processor = build_tiny_vlm("qwen2_5_vl", tmp_path)
     frames = np.random.default_rng(0).integers(0, 255, (4, 96, 96, 3), dtype=np.uint8)
     inputs = build_inputs(processor, frames, 2.0, "what happens?")
     for name, source in (("visionzip", "attention"), ("fastvid", "attention"), ("dtd", None)):
-        timed = _TimedCompressor(get_method(name), torch.device("cpu"))
-        assert timed.needs_attention is (source is not None)
+        timed = build_compressor(name)
+        assert timed is not None and timed.needs_attention is (source is not None)
         wrapped = wrap(model, timed, ratio=4.0)
         with torch.no_grad():
             wrapped(**inputs)

@@ -12,17 +12,19 @@ is exact.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import math
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from craft_eval.lmms.compress import build_compressor, parse_budget
+from craft_eval.lmms.compress import parse_budget
+from craft_eval.methods.build import build_compressor
 
 FIELDS = ("visual_tokens_before", "visual_tokens_after", "realized_ratio", "compression_ms")
 # (plugin id, model type, model_args giving small frames, frames reaching the model)
@@ -74,7 +76,8 @@ def process_results(doc, results):
 @pytest.fixture(scope="module")
 def lmms_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A tiny local task over two synthetic videos of different shapes; offline HF env."""
-    pytest.importorskip("lmms_eval")
+    import lmms_eval  # noqa: F401  (declared in the test group: a missing one fails)
+
     from craft_eval.fixtures import synthetic_frames, write_video
 
     root = tmp_path_factory.mktemp("lmms")
@@ -82,15 +85,29 @@ def lmms_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         write_video(root / "square.mp4", synthetic_frames(num_frames=8, size=(64, 64)), fps=4),
         write_video(root / "wide.mp4", synthetic_frames(8, size=(64, 128), seed=1), fps=4),
     ]
+    rows = [
+        {"id": i, "video": str(video), "question": f"What moves {i}?", "answer": "A"}
+        for i, video in enumerate([videos[0], videos[1], videos[0]])
+    ]
+    task = write_task(root, rows)
+    with offline_env(root) as env:
+        yield {"root": root, "task": task, "videos": videos, "env": env}
+
+
+def write_task(root: Path, rows: list[dict[str, Any]]) -> Path:
+    """The local lmms-eval task `tiny_video` over `rows` (JSONL docs) in `root / "task"`."""
     task = root / "task"
     task.mkdir()
     docs = task / "docs.jsonl"
-    with open(docs, "w") as f:
-        for i, video in enumerate([videos[0], videos[1], videos[0]]):
-            row = {"id": i, "video": str(video), "question": f"What moves {i}?", "answer": "A"}
-            f.write(json.dumps(row) + "\n")
+    docs.write_text("".join(json.dumps(row) + "\n" for row in rows))
     (task / "tiny_video.yaml").write_text(TASK_YAML.format(docs=docs, cache=root / "datasets"))
     (task / "utils.py").write_text(TASK_UTILS)
+    return task
+
+
+@contextlib.contextmanager
+def offline_env(root: Path) -> Iterator[dict[str, str]]:
+    """Hugging Face and W&B offline, their caches under `root`; restored afterwards."""
     env = {
         "HF_HOME": str(root / "hf"),
         "HF_HUB_OFFLINE": "1",
@@ -100,12 +117,14 @@ def lmms_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    yield {"root": root, "task": task, "videos": videos, "env": env}
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    try:
+        yield env
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @pytest.fixture(scope="module")
@@ -258,11 +277,13 @@ def test_lmms_eval_command_batch_of_two(lmms_env: dict[str, Any], tiny_models: A
 @pytest.mark.parametrize(
     "args,match",
     [
-        (("craft", None, None, None), "exactly one of model_args ratio= or threshold="),
-        (("craft", 8, 0.9, None), "exactly one of"),
+        (("craft", None, None, None), "exactly one budget"),
+        (("craft", 8, 0.9, None), "exactly one budget"),
         (("craft", "eight", None, None), "model_args ratio='eight'"),
         (("none", 8, None, None), "need a method"),
-        (("craft", 0.5, None, None), "ratio"),
+        (("craft", 0.5, None, None), "model_args ratio must be a finite number >= 1"),
+        (("craft", None, "-1", None), r"model_args threshold must lie in \(-1, 1\]"),
+        (("craft", 4, None, "3"), "model_args min_tokens applies to the threshold mode only"),
     ],
 )
 def test_bad_model_args_name_the_argument(args: tuple[Any, ...], match: str) -> None:
@@ -271,13 +292,17 @@ def test_bad_model_args_name_the_argument(args: tuple[Any, ...], match: str) -> 
 
 
 def test_budget_and_method_parsing() -> None:
-    assert parse_budget("none", None, None, None) == (None, None, None)
-    assert parse_budget("tome", 8, None, None) == (8.0, None, None)
-    assert parse_budget("craft", None, "0.9", "4") == (None, 0.9, 4)
-    with pytest.raises(ValueError, match="method='nope' is unknown"):
-        build_compressor("nope", None, None)
-    with pytest.raises(ValueError, match="checkpoint= needs a method"):
-        build_compressor("none", "/ckpt", None)
-    with pytest.raises(ValueError, match="method=craft needs checkpoint=PATH"):
-        build_compressor("craft", None, None)
-    assert math.isfinite(parse_budget("craft", 1, None, None)[0] or 0.0)
+    from craft_core import TokenBudget
+    from craft_eval.methods.build import MODEL_ARGS
+
+    assert parse_budget("none", None, None, None) is None
+    assert parse_budget("tome", 8, None, None) == TokenBudget(ratio=8.0)
+    assert parse_budget("craft", None, "0.9", "4") == TokenBudget(threshold=0.9, min_tokens=4)
+    with pytest.raises(ValueError, match="model_args method=nope is unknown"):
+        build_compressor("nope", spelling=MODEL_ARGS)
+    with pytest.raises(ValueError, match="model_args checkpoint= needs a method"):
+        build_compressor("none", {"checkpoint": "/ckpt"}, spelling=MODEL_ARGS)
+    with pytest.raises(ValueError, match="model_args method=craft needs model_args checkpoint="):
+        build_compressor("craft", spelling=MODEL_ARGS)
+    with pytest.raises(ValueError, match="model_args checkpoint= is not used by tome"):
+        build_compressor("tome", {"checkpoint": "/ckpt"}, spelling=MODEL_ARGS)

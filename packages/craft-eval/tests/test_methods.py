@@ -85,13 +85,6 @@ def test_nearest_kept_assignment() -> None:
     assert methods.nearest_kept_assignment(10, kept).tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 1, 1]
 
 
-craft_core = pytest.importorskip("craft_core")
-needs_compressor = pytest.mark.skipif(
-    not hasattr(craft_core, "CraftCompressor"), reason="craft_core.CraftCompressor not available"
-)
-
-
-@needs_compressor
 @pytest.mark.parametrize("name", ["craft", "craft-selection", "craft-prune"])
 def test_craft_family_budget_exact_and_lazy(name: str) -> None:
     feats, coords = _tokens(97, d=16)
@@ -102,7 +95,6 @@ def test_craft_family_budget_exact_and_lazy(name: str) -> None:
     assert method.hidden_size == 16
 
 
-@needs_compressor
 def test_craft_variants_configure_the_module() -> None:
     sel = get_method("craft-selection", hidden_size=16)
     prune = get_method("craft-prune", hidden_size=16)
@@ -113,7 +105,6 @@ def test_craft_variants_configure_the_module() -> None:
     assert torch.allclose(out.features, feats[out.kept_index])  # target pruning keeps rows
 
 
-@needs_compressor
 def test_craft_from_checkpoint(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from craft_core import CraftCompressor, CraftConfig
 

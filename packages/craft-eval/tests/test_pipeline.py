@@ -9,13 +9,10 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("craft_adapters.tiny")
-from craft_eval.backend import HFBackend, adapters_status, build_model_inputs, read_frames
+from craft_eval.backend import HFBackend, build_model_inputs, read_frames
 from craft_eval.fixtures import write_fixture
 from craft_eval.runner import RunConfig, VideoDecodeError, run_benchmark
 from craft_eval.tasks import Prompt, get_benchmark
-
-pytestmark = pytest.mark.skipif(not adapters_status()[0], reason=adapters_status()[1])
 
 TASKS = "moving_direction,object_existence"
 BACKBONE = "llava_onevision"
@@ -117,16 +114,18 @@ def test_original_protocol_system_prompt_and_forced_start(
     assert processor.tokenizer.decode(plain["input_ids"][0]).endswith("assistant\n")
 
 
-def test_cli_run_uses_the_pipeline(
-    tiny: tuple[Any, Any],
-    data: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+@pytest.fixture
+def cli(tiny: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """`craft_eval.cli` whose model loader returns the tiny model."""
     from craft_eval import cli
 
     monkeypatch.setattr(cli, "_load_model", lambda args: (tiny[0], tiny[1], "tiny"))
+    return cli
+
+
+def test_cli_run_uses_the_pipeline(
+    cli: Any, data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code = cli.main(
         [
             "run",
@@ -178,6 +177,12 @@ def test_demo_runs_in_the_world_and_keeps_what_it_did_not_create(
     )
     assert set(rows) >= {"none", "craft-selection", "craft-trained"}
     assert "8x" in rows["craft-trained"] and "144 -> 18" in rows["craft-selection"]
+    # compress ms next to the prefill time it saves (uncompressed prefill minus this one)
+    assert "compress ms prefill saved" in out
+    cells = rows["craft-selection"].split()  # method ratio N -> n prefill compress saved ...
+    none_prefill = float(rows["none"].split()[5])
+    assert float(cells[7]) == pytest.approx(none_prefill - float(cells[5]), abs=0.11)
+    assert float(cells[6]) > 0 and rows["none"].split()[7] == "-"
     # 6 questions: the accuracy is k/6 and its standard error sqrt(p (1 - p) / 6).
     acc = float(rows["none"].split("+-")[0].split()[-1])
     assert any(abs(acc - 100 * k / 6) < 0.06 for k in range(7))
@@ -195,15 +200,8 @@ def test_binomial_standard_error() -> None:
 
 
 def test_cli_sweep_runs_base_and_grid_then_reports(
-    tiny: tuple[Any, Any],
-    data: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    cli: Any, data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from craft_eval import cli
-
-    monkeypatch.setattr(cli, "_load_model", lambda args: (tiny[0], tiny[1], "tiny"))
     argv = ["sweep", "--tiny", BACKBONE, "-b", "mvbench", "--data-root", str(data)]
     argv += ["--subset", TASKS, "--methods", "uniform", "--ratios", "2", "4", "--frames", "8"]
     assert cli.main([*argv, "-o", str(tmp_path), "--no-progress", "--limit", "2"]) == 0

@@ -2,8 +2,8 @@
 
 On the tiny random VLM: only the merge module (and, for CRAFT+, the LoRA adapters) may
 change; checkpoints and logs; a killed run resumes to the same weights as an uninterrupted
-one; stage 2 starts from stage 1. The learning test in the miniature world is
-`test_world_learning.py`.
+one; stage 2 starts from stage 1. Learning (with a control that must not learn) is tested
+in `test_distill.py`.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ The generic plumbing (slicing ids / masks / positions, generation, sessions) liv
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -64,6 +65,24 @@ class BackboneAdapter:
 
     def __init__(self, model: Any) -> None:
         self.model = model
+
+    fixed_rows_per_video: ClassVar[int] = 0
+    """Rows of each video's features that are never compressed (LLaVA-OV's newline)."""
+
+    def attention_hooks(self, recorder: Any) -> list[Any]:
+        """Hooks recording the vision tower's received attention (craft_adapters.attention);
+        each backbone module defines its own."""
+        raise NotImplementedError(f"{type(self).__name__} records no vision-tower attention")
+
+    def received_attention(self, recorder: Any) -> torch.Tensor:
+        """`[total compressible rows]` received attention from what the hooks recorded."""
+        raise NotImplementedError(f"{type(self).__name__} records no vision-tower attention")
+
+    @staticmethod
+    def tiny_config() -> Any:
+        """A tiny random transformers config of this backbone (tests, demos); each backbone
+        module defines its own."""
+        raise NotImplementedError
 
     # -- configuration -------------------------------------------------------------------------
 
@@ -138,7 +157,6 @@ class BackboneAdapter:
 
 
 _REGISTRY: dict[str, type[BackboneAdapter]] = {}
-_BUILTIN_MODULES = ("llava_onevision", "qwen2_5_vl", "qwen3_5", "qwen3_vl")
 _loaded = False
 
 
@@ -154,8 +172,12 @@ def register_backbone(cls: type[BackboneAdapter]) -> type[BackboneAdapter]:
 def _load_builtins() -> None:
     global _loaded
     if not _loaded:
-        for name in _BUILTIN_MODULES:
-            importlib.import_module(f"craft_adapters.backbones.{name}")
+        # every public module of backbones/ registers itself: a new backbone is one file
+        # (imported by name: backbones import this module, not the reverse)
+        package = importlib.import_module("craft_adapters.backbones")
+        for info in pkgutil.iter_modules(package.__path__):
+            if not info.name.startswith("_"):
+                importlib.import_module(f"craft_adapters.backbones.{info.name}")
         _loaded = True
 
 
@@ -163,6 +185,12 @@ def supported_model_types() -> list[str]:
     """The transformers `config.model_type` values that `wrap` accepts, sorted."""
     _load_builtins()
     return sorted(_REGISTRY)
+
+
+def adapter_class(model_type: str) -> type[BackboneAdapter]:
+    """The adapter class registered for `model_type`; KeyError when there is none."""
+    _load_builtins()
+    return _REGISTRY[model_type]
 
 
 def get_adapter(model: Any) -> BackboneAdapter:

@@ -26,8 +26,9 @@ import torch
 
 from craft_adapters.registry import VideoLayout
 from craft_adapters.report import CompressionReport, VideoCompression
+from craft_core import TokenBudget
 
-__all__ = ["PER_TOKEN_KEYS", "Prepared", "compress_video", "splice_sequence"]
+__all__ = ["PER_TOKEN_KEYS", "Prepared", "accepts", "compress_video", "splice_sequence"]
 
 # Per-token [B, L] tensors that are sliced with the sequence.
 PER_TOKEN_KEYS = ("mm_token_type_ids", "token_type_ids")
@@ -51,19 +52,20 @@ def _call_compressor(
     compressor: Callable[..., Any],
     features: torch.Tensor,
     coords: torch.Tensor,
-    budget: dict[str, Any],
+    budget: TokenBudget | None,
     importance: torch.Tensor | None = None,
 ) -> Any:
     # Unset budget entries are left out so the compressor's own defaults apply; the
     # importance (received attention, when the compressor asked for it: attention.py) goes
     # only to compressors that take the argument.
-    kwargs = {k: v for k, v in budget.items() if v is not None}
-    if _accepts(compressor, "importance"):
+    kwargs = {} if budget is None else budget.kwargs()
+    if accepts(compressor, "importance"):
         kwargs["importance"] = importance
     return compressor(features, coords, **kwargs)
 
 
-def _accepts(fn: Callable[..., Any], name: str) -> bool:
+def accepts(fn: Callable[..., Any], name: str) -> bool:
+    """Whether calling `fn` with the keyword `name` is allowed (named or `**kwargs`)."""
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):
@@ -112,7 +114,7 @@ def _check_result(result: Any, n: int, d: int) -> None:
 
 def compress_video(
     compressor: Callable[..., Any] | None,
-    budget: dict[str, Any],
+    budget: TokenBudget | None,
     feats: torch.Tensor,
     layout: VideoLayout,
     importance: torch.Tensor | None = None,

@@ -1,7 +1,8 @@
 """Tiny, randomly initialised VLMs of every supported backbone, for tests and demos.
 
-`build_tiny_vlm(model_type, save_dir)` builds a model from the transformers config classes
-(sizes from `docs/backbones.md`: vocab 300, hidden 64, 2 layers, ...), saves it with
+`build_tiny_vlm(model_type, save_dir)` builds a model from the backbone's own tiny config
+(`BackboneAdapter.tiny_config`, in its module under `backbones/`; sizes from
+`docs/backbones.md`: vocab 300, hidden 64, 2 layers, ...), saves it with
 `save_pretrained`, loads it back with `from_pretrained` (the same loading code as a real
 checkpoint) and returns it with a processor built in memory (no hub access): a byte-level
 `Qwen2Tokenizer` with the backbone's special tokens, the backbone's video processor with an
@@ -17,27 +18,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["TINY_FRAME_SIZE", "TINY_VOCAB_SIZE", "build_tiny_processor", "build_tiny_vlm"]
+from craft_adapters.backbones._tiny import SPECIAL_IDS as _SPECIAL_IDS
+from craft_adapters.backbones._tiny import SPECIAL_TOKENS as _SPECIAL_TOKENS
+from craft_adapters.backbones._tiny import TINY_VOCAB_SIZE
 
-TINY_VOCAB_SIZE = 300
-"""Vocabulary size of every tiny model (256 byte tokens + special tokens)."""
+__all__ = ["TINY_FRAME_SIZE", "TINY_VOCAB_SIZE", "build_tiny_processor", "build_tiny_vlm"]
 
 TINY_FRAME_SIZE = 96
 """Frame side (pixels) that the tiny Qwen processors keep unchanged: 96 = 3 x 32 = 3.4 x 28."""
-
-# Special tokens, with fixed ids after the 256 byte-level tokens.
-_SPECIAL_TOKENS = [
-    "<|endoftext|>",
-    "<|im_start|>",
-    "<|im_end|>",
-    "<|vision_start|>",
-    "<|vision_end|>",
-    "<|image_pad|>",
-    "<|video_pad|>",
-    "<image>",
-    "<video>",
-]
-_SPECIAL_IDS = {tok: 256 + i for i, tok in enumerate(_SPECIAL_TOKENS)}
 
 # Chat templates shaped like those of the real checkpoints (system prompt left out).
 _QWEN_TEMPLATE = (
@@ -118,135 +106,16 @@ def _tiny_tokenizer(chat_template: str) -> Any:
     return tok
 
 
-def _qwen3_vision() -> dict[str, Any]:
-    """Tiny vision tower shared by Qwen3-VL and Qwen3.5 (patch 16, 2x2 merge)."""
-    return {
-        "depth": 2,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_heads": 2,
-        "patch_size": 16,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "out_hidden_size": 64,
-        "num_position_embeddings": 64,
-    }
-
-
-def _text_common() -> dict[str, Any]:
-    return {
-        "vocab_size": TINY_VOCAB_SIZE,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 4096,
-        "pad_token_id": _SPECIAL_IDS["<|endoftext|>"],
-        "eos_token_id": _SPECIAL_IDS["<|im_end|>"],
-        "bos_token_id": None,
-    }
-
-
-def _qwen_token_ids() -> dict[str, Any]:
-    return {
-        "image_token_id": _SPECIAL_IDS["<|image_pad|>"],
-        "video_token_id": _SPECIAL_IDS["<|video_pad|>"],
-        "vision_start_token_id": _SPECIAL_IDS["<|vision_start|>"],
-        "vision_end_token_id": _SPECIAL_IDS["<|vision_end|>"],
-    }
-
-
 def _tiny_config(model_type: str) -> Any:
-    if model_type == "qwen2_5_vl":
-        from transformers import Qwen2_5_VLConfig
+    """The backbone's own tiny config (`BackboneAdapter.tiny_config`, in its module)."""
+    from craft_adapters.registry import adapter_class, supported_model_types
 
-        text = {
-            **_text_common(),
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "mrope_section": [2, 3, 3],
-            },
-        }
-        vision = {
-            "depth": 2,
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_heads": 2,
-            "patch_size": 14,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "out_hidden_size": 64,
-            "window_size": 56,
-            "fullatt_block_indexes": [1],
-            "tokens_per_second": 2,
-        }
-        return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **_qwen_token_ids())
-    if model_type == "qwen3_vl":
-        from transformers import Qwen3VLConfig
-
-        text = {
-            **_text_common(),
-            "head_dim": 16,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "mrope_section": [2, 3, 3],
-                "mrope_interleaved": True,
-            },
-        }
-        vision = {**_qwen3_vision(), "deepstack_visual_indexes": [0]}
-        return Qwen3VLConfig(text_config=text, vision_config=vision, **_qwen_token_ids())
-    if model_type == "qwen3_5":
-        from transformers import Qwen3_5Config
-
-        text = {
-            **_text_common(),
-            "num_hidden_layers": 4,
-            "head_dim": 32,
-            "partial_rotary_factor": 0.25,
-            "linear_key_head_dim": 16,
-            "linear_value_head_dim": 16,
-            "linear_num_key_heads": 2,
-            "linear_num_value_heads": 4,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "mrope_section": [2, 1, 1],
-                "mrope_interleaved": True,
-                "partial_rotary_factor": 0.25,
-            },
-        }
-        vision = _qwen3_vision()
-        return Qwen3_5Config(text_config=text, vision_config=vision, **_qwen_token_ids())
-    if model_type == "llava_onevision":
-        from transformers import LlavaOnevisionConfig
-
-        text = {**_text_common(), "model_type": "qwen2"}
-        vision = {
-            "model_type": "siglip_vision_model",
-            "hidden_size": 32,
-            "intermediate_size": 64,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 2,
-            "image_size": 56,
-            "patch_size": 14,
-        }
-        return LlavaOnevisionConfig(
-            text_config=text,
-            vision_config=vision,
-            image_token_index=_SPECIAL_IDS["<image>"],
-            video_token_index=_SPECIAL_IDS["<video>"],
-            vision_feature_select_strategy="full",
-            vision_feature_layer=-1,
-            image_grid_pinpoints=[[56, 56]],
-        )
-    from craft_adapters.registry import supported_model_types
-
-    raise ValueError(
-        f"no tiny model for model_type {model_type!r}; supported: {supported_model_types()}"
-    )
+    try:
+        return adapter_class(model_type).tiny_config()
+    except (KeyError, NotImplementedError):
+        raise ValueError(
+            f"no tiny model for model_type {model_type!r}; supported: {supported_model_types()}"
+        ) from None
 
 
 def build_tiny_processor(model_type: str) -> Any:

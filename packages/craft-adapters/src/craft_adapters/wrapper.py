@@ -32,6 +32,7 @@ from craft_adapters.registry import BackboneAdapter, get_adapter
 from craft_adapters.report import CompressionReport, VideoCompression
 from craft_adapters.session import VideoSession
 from craft_adapters.splice import PER_TOKEN_KEYS, Prepared, compress_video, splice_sequence
+from craft_core import TokenBudget
 
 __all__ = ["CompressionReport", "CraftModel", "VideoCompression", "VideoSession", "wrap"]
 
@@ -88,6 +89,7 @@ class CraftModel(torch.nn.Module):
         ratio: float | None = None,
         threshold: float | None = None,
         min_tokens: int | None = None,
+        budget: TokenBudget | None = None,
     ) -> None:
         super().__init__()
         self.adapter: BackboneAdapter = get_adapter(model)
@@ -101,8 +103,8 @@ class CraftModel(torch.nn.Module):
                     f"compressor hidden size {size} != language model hidden size {llm} of "
                     f"{model.config.model_type}: build the compressor with hidden_size={llm}"
                 )
-        self._budget: dict[str, Any] = {}
-        self.set_budget(ratio=ratio, threshold=threshold, min_tokens=min_tokens)
+        self.token_budget: TokenBudget | None = None
+        self.set_budget(ratio, threshold, min_tokens, budget=budget)
         self.last_compression: CompressionReport | None = None
 
     # -- budget --------------------------------------------------------------------------------
@@ -112,24 +114,30 @@ class CraftModel(torch.nn.Module):
         ratio: float | None = None,
         threshold: float | None = None,
         min_tokens: int | None = None,
+        *,
+        budget: TokenBudget | None = None,
     ) -> None:
-        """Set the token budget: exactly one of `ratio` (>= 1) or `threshold` (in (-1, 1]).
-
-        `min_tokens` (threshold mode only) overrides the floor `max(1, N // 128)`. With no
-        compressor the budget may be left empty.
+        """Set the token budget: a `craft_core.TokenBudget`, or its fields (exactly one of
+        `ratio` (>= 1) or `threshold` (in (-1, 1]); `min_tokens` in threshold mode overrides
+        the floor `max(1, N // 128)`). With no compressor the budget may be left empty.
         """
-        from craft_core.budget import resolve_budget
-
-        if self.compressor is None and ratio is None and threshold is None:
-            self._budget = {}
+        if budget is not None:
+            if (ratio, threshold, min_tokens) != (None, None, None):
+                raise ValueError("give budget=TokenBudget(...) or its fields, not both")
+            self.token_budget = budget
             return
-        resolve_budget(100, ratio=ratio, threshold=threshold, min_tokens=min_tokens)  # validate
-        self._budget = {"ratio": ratio, "threshold": threshold, "min_tokens": min_tokens}
+        if self.compressor is None and ratio is None and threshold is None:
+            self.token_budget = None
+            return
+        self.token_budget = TokenBudget(ratio=ratio, threshold=threshold, min_tokens=min_tokens)
 
     @property
     def budget(self) -> dict[str, Any]:
         """The current budget, e.g. `{"ratio": 8.0, "threshold": None, "min_tokens": None}`."""
-        return dict(self._budget)
+        b = self.token_budget
+        if b is None:
+            return {}
+        return {"ratio": b.ratio, "threshold": b.threshold, "min_tokens": b.min_tokens}
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -222,7 +230,7 @@ class CraftModel(torch.nn.Module):
         kept_rows_all, new_feats_all, assigns_all, reports = [], [], [], []
         for feats, layout, importance in zip(features, layouts, attention):
             kept_rows, new_feats, assign, rep = compress_video(
-                self.compressor, self._budget, feats, layout, importance
+                self.compressor, self.token_budget, feats, layout, importance
             )
             dropped = torch.ones(feats.shape[0], dtype=torch.bool, device=feats.device)
             dropped[kept_rows] = False
@@ -367,6 +375,7 @@ def wrap(
     ratio: float | None = None,
     threshold: float | None = None,
     min_tokens: int | None = None,
+    budget: TokenBudget | None = None,
 ) -> CraftModel:
     """Put `compressor` between the vision projector and the language model of `model`.
 
@@ -378,10 +387,13 @@ def wrap(
         ratio: fixed-ratio budget (>= 1); exactly one of `ratio` / `threshold` with a compressor.
         threshold: similarity-threshold budget in (-1, 1].
         min_tokens: floor of the threshold mode (default `max(1, N // 128)`).
+        budget: the same as one `craft_core.TokenBudget` (instead of the three fields).
 
     Raises:
         ValueError: unsupported model_type, compressor width != LLM width, bad budget.
     """
-    if compressor is not None and ratio is None and threshold is None:
+    if compressor is not None and ratio is None and threshold is None and budget is None:
         raise ValueError("give a budget with the compressor: ratio=... or threshold=...")
-    return CraftModel(model, compressor, ratio=ratio, threshold=threshold, min_tokens=min_tokens)
+    return CraftModel(
+        model, compressor, ratio=ratio, threshold=threshold, min_tokens=min_tokens, budget=budget
+    )

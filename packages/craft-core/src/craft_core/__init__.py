@@ -7,6 +7,7 @@ out = compressor(features, coords, ratio=8.0)   # features [N, D], coords [N, 3]
 
 from craft_core.budget import (
     Budget,
+    TokenBudget,
     check_tokens,
     default_min_tokens,
     resolve_budget,
@@ -25,6 +26,7 @@ __all__ = [
     "CraftCompressor",
     "CraftConfig",
     "GatedMerge",
+    "TokenBudget",
     "check_tokens",
     "default_min_tokens",
     "resolve_budget",

@@ -8,7 +8,9 @@ craft-eval call the same functions so that every method is held to the same toke
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -39,6 +41,120 @@ def default_min_tokens(num_tokens: int) -> int:
     return max(1, num_tokens // 128)
 
 
+@dataclass(frozen=True)
+class TokenBudget:
+    """A token budget, checked once when it is built: exactly one of `ratio` (fixed-ratio
+    mode, >= 1) or `threshold` (adaptive mode, in (-1, 1]), and `min_tokens` (threshold mode
+    only, >= 1). Every package passes this value along instead of loose keywords.
+
+        budget = TokenBudget(ratio=8)              # or TokenBudget(threshold=0.9, min_tokens=4)
+        budget.resolve(num_tokens)                 # -> Budget(floor, threshold) for one video
+        compressor(features, coords, **budget.kwargs())
+
+    Raises (when built):
+        ValueError: both or neither of `ratio` / `threshold`, `ratio < 1` or not finite,
+            `threshold` outside (-1, 1], `min_tokens < 1`, or `min_tokens` with a ratio.
+        TypeError: a budget argument that is not a number (`min_tokens`: not an int).
+    """
+
+    ratio: float | None = None
+    threshold: float | None = None
+    min_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        ratio, threshold, min_tokens = self.ratio, self.threshold, self.min_tokens
+        if (ratio is None) == (threshold is None):
+            raise ValueError(
+                "give exactly one budget: ratio=... (fixed-ratio mode) or threshold=... "
+                f"(adaptive mode); got ratio={ratio!r}, threshold={threshold!r}"
+            )
+        if ratio is not None:
+            if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
+                raise TypeError(f"ratio must be a number, got {type(ratio).__name__}")
+            if not math.isfinite(ratio) or ratio < 1:
+                raise ValueError(f"ratio must be a finite number >= 1, got {ratio!r}")
+            if min_tokens is not None:
+                raise ValueError(
+                    "min_tokens applies to the threshold mode only; with ratio=... the floor "
+                    "is max(1, floor(N / ratio))"
+                )
+            object.__setattr__(self, "ratio", float(ratio))
+            return
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
+            raise TypeError(f"threshold must be a number, got {type(threshold).__name__}")
+        if not (-1.0 < threshold <= 1.0):
+            raise ValueError(f"threshold must lie in (-1, 1], got {threshold!r}")
+        if min_tokens is not None:
+            if isinstance(min_tokens, bool) or not isinstance(min_tokens, int):
+                raise TypeError(f"min_tokens must be an int, got {type(min_tokens).__name__}")
+            if min_tokens < 1:
+                raise ValueError(f"min_tokens must be >= 1, got {min_tokens}")
+        object.__setattr__(self, "threshold", float(threshold))
+
+    @classmethod
+    def parse(
+        cls,
+        ratio: Any = None,
+        threshold: Any = None,
+        min_tokens: Any = None,
+        *,
+        names: tuple[str, str, str] = ("ratio", "threshold", "min_tokens"),
+    ) -> TokenBudget:
+        """A budget from text (command-line options, lmms-eval `model_args`): "" and None
+        are unset. Errors name the argument as the caller spells it (`names`), e.g.
+        `("--ratio", "--threshold", "--min-tokens")`."""
+        values: list[Any] = []
+        for value, name, kind in zip((ratio, threshold, min_tokens), names, (float, float, int)):
+            if value is None or value == "":
+                values.append(None)
+                continue
+            if isinstance(value, str):
+                try:
+                    value = kind(value.strip())
+                except ValueError:
+                    raise ValueError(f"{name}={value!r} is not a number") from None
+            values.append(value)
+        try:
+            return cls(*values)
+        except (TypeError, ValueError) as error:
+            raise ValueError(_rename(str(error), names)) from None
+
+    @property
+    def mode(self) -> str:
+        """ "ratio" or "threshold"."""
+        return "ratio" if self.ratio is not None else "threshold"
+
+    def resolve(self, num_tokens: int) -> Budget:
+        """The floor (+ threshold) for one video of `num_tokens` tokens."""
+        if self.ratio is not None:
+            return Budget(floor=target_token_count(num_tokens, self.ratio))
+        if self.min_tokens is None:
+            return Budget(floor=default_min_tokens(num_tokens), threshold=self.threshold)
+        return Budget(floor=self.min_tokens, threshold=self.threshold)
+
+    def kwargs(self) -> dict[str, Any]:
+        """The set entries as keywords of a compressor call (`ratio=` or `threshold=` and
+        maybe `min_tokens=`)."""
+        out: dict[str, Any] = {}
+        for key in ("ratio", "threshold", "min_tokens"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+    def describe(self) -> str:
+        """`ratio=8`, `threshold=0.85` or `threshold=0.85,min_tokens=4` (logs, run names)."""
+        return ",".join(f"{k}={v:g}" for k, v in self.kwargs().items())
+
+
+def _rename(message: str, names: tuple[str, str, str]) -> str:
+    """`message` with the budget fields spelled as the caller names them."""
+    message = re.sub(r"\bmin_tokens\b", lambda _: names[2], message)
+    for plain, name in (("ratio", names[0]), ("threshold", names[1])):
+        message = re.sub(rf"(?<![\w-]){plain}(?= must|=)", name.replace("\\", "\\\\"), message)
+    return message
+
+
 def resolve_budget(
     num_tokens: int,
     *,
@@ -46,43 +162,13 @@ def resolve_budget(
     threshold: float | None = None,
     min_tokens: int | None = None,
 ) -> Budget:
-    """Check the budget arguments and turn them into a floor (+ threshold).
+    """Check the budget arguments and turn them into a floor (+ threshold):
+    `TokenBudget(ratio, threshold, min_tokens).resolve(num_tokens)`.
 
     Raises:
-        ValueError: both or neither of `ratio` / `threshold` given, `ratio < 1`,
-            `threshold` outside (-1, 1], `min_tokens < 1`, or `min_tokens` with a ratio.
-        TypeError: a budget argument that is not a number.
+        ValueError, TypeError: as `TokenBudget`.
     """
-    if (ratio is None) == (threshold is None):
-        raise ValueError(
-            "give exactly one budget: ratio=... (fixed-ratio mode) or threshold=... "
-            f"(adaptive mode); got ratio={ratio!r}, threshold={threshold!r}"
-        )
-    if ratio is not None:
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
-            raise TypeError(f"ratio must be a number, got {type(ratio).__name__}")
-        if not math.isfinite(ratio) or ratio < 1:
-            raise ValueError(f"ratio must be a finite number >= 1, got {ratio!r}")
-        if min_tokens is not None:
-            raise ValueError(
-                "min_tokens applies to the threshold mode only; with ratio=... the floor is "
-                "max(1, floor(N / ratio))"
-            )
-        return Budget(floor=target_token_count(num_tokens, float(ratio)))
-    assert threshold is not None
-    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
-        raise TypeError(f"threshold must be a number, got {type(threshold).__name__}")
-    if not (-1.0 < threshold <= 1.0):
-        raise ValueError(f"threshold must lie in (-1, 1], got {threshold!r}")
-    if min_tokens is None:
-        floor = default_min_tokens(num_tokens)
-    else:
-        if isinstance(min_tokens, bool) or not isinstance(min_tokens, int):
-            raise TypeError(f"min_tokens must be an int, got {type(min_tokens).__name__}")
-        if min_tokens < 1:
-            raise ValueError(f"min_tokens must be >= 1, got {min_tokens}")
-        floor = min_tokens
-    return Budget(floor=floor, threshold=float(threshold))
+    return TokenBudget(ratio=ratio, threshold=threshold, min_tokens=min_tokens).resolve(num_tokens)
 
 
 def check_tokens(

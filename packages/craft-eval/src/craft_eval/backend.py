@@ -109,43 +109,6 @@ def build_model_inputs(processor: Any, frames: np.ndarray, fps: float, prompt: P
     return inputs
 
 
-class _TimedCompressor:
-    """Wraps a method: times each call (compression time, apart from prefill) and keeps the
-    last call's coords / kept_index / assignment for merge maps."""
-
-    def __init__(self, method: Any, device: torch.device) -> None:
-        self.method = method
-        self.device = device
-        self.elapsed_ms = 0.0
-        self.last: dict[str, Any] | None = None
-
-    @property
-    def hidden_size(self) -> int | None:
-        return getattr(self.method, "hidden_size", None)
-
-    @property
-    def needs_attention(self) -> bool:  # craft-adapters hands such methods the attention
-        return bool(getattr(self.method, "needs_attention", False))
-
-    def __call__(self, features: torch.Tensor, coords: torch.Tensor, **kwargs: Any) -> Any:
-        _sync(features.device)
-        start = time.perf_counter()
-        result = self.method(features, coords, **kwargs)
-        _sync(features.device)
-        self.elapsed_ms += (time.perf_counter() - start) * 1000.0
-        self.last = {
-            "coords": coords.detach().cpu(),
-            "kept_index": result.kept_index.detach().cpu(),
-            "assignment": result.assignment.detach().cpu(),
-        }
-        return result
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class _PrefillProbe:
     """Hooks the language model: the first forward of each generate() is the prefill;
     its duration and the size of the cache it returns are recorded."""
@@ -193,13 +156,6 @@ class _PrefillProbe:
             self.kv_bytes = cache_nbytes(cache, self.seq_len)[0]
 
 
-def _accepts(fn: Any, name: str) -> bool:
-    import inspect
-
-    params = inspect.signature(fn).parameters
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 def _language_model(model: Any) -> torch.nn.Module:
     inner = getattr(model, "model", model)
     lm = getattr(inner, "language_model", None)
@@ -235,24 +191,24 @@ class HFBackend:
         merge_maps: int = 0,
     ) -> None:
         import craft_adapters
-        from craft_eval.methods import get_method, get_method_info
+        from craft_core import TokenBudget
+        from craft_eval.methods.build import build_compressor
 
         self.processor = processor
         self.method = method
         self.fps = fps
         self.max_frames = max_frames
         self.device = next(model.parameters()).device
-        self.compressor: _TimedCompressor | None = None
-        if method != "none":
-            kwargs = dict(method_kwargs or {})
-            if _accepts(get_method_info(method).factory, "hidden_size"):
-                kwargs.setdefault("hidden_size", int(model.config.get_text_config().hidden_size))
-            self.compressor = _TimedCompressor(get_method(method, **kwargs), self.device)
-            self.model = craft_adapters.wrap(
-                model, self.compressor, ratio=ratio, threshold=threshold, min_tokens=min_tokens
-            )
-        else:
-            self.model = craft_adapters.wrap(model, None)
+        self.compressor = build_compressor(
+            method,
+            method_kwargs,
+            hidden_size=int(model.config.get_text_config().hidden_size),
+            allow_untrained=True,  # the command line refused untrained runs already
+        )
+        budget = None
+        if self.compressor is not None:
+            budget = TokenBudget(ratio=ratio, threshold=threshold, min_tokens=min_tokens)
+        self.model = craft_adapters.wrap(model, self.compressor, budget=budget)
         self.probe = _PrefillProbe(_language_model(model), self.device)
         self.merge_map_dir = None if merge_map_dir is None else Path(merge_map_dir)
         self.merge_maps = merge_maps
@@ -264,7 +220,7 @@ class HFBackend:
         )
         inputs = self._inputs(frames, sampled_fps, prompt)
         if self.compressor is not None:
-            self.compressor.elapsed_ms = 0.0
+            self.compressor.reset()
         self.probe.arm()
         with torch.inference_mode():
             out = self.model.generate(
@@ -281,6 +237,12 @@ class HFBackend:
         else:
             n_video = self._count_video_tokens(inputs)
             before = after = n_video or None
+        if self.compressor is not None and self.compressor.calls:
+            # which tokens and rows each video kept, and what ranked them (cross-path checks)
+            extra["kept_digests"] = [call.digest for call in self.compressor.calls]
+            sources = [call.importance for call in self.compressor.calls if call.importance]
+            if sources:
+                extra["importance"] = sources
         if self.probe.kv_bytes is not None:
             extra["kv_mb"] = self.probe.kv_bytes / 2**20
         if self.probe.seq_len is not None:
@@ -313,7 +275,7 @@ class HFBackend:
         compress: list[float] = []
         for i in range(warmup + repeats):
             if self.compressor is not None:
-                self.compressor.elapsed_ms = 0.0
+                self.compressor.reset()
             self.probe.arm()
             with torch.inference_mode():
                 self.model(**inputs, use_cache=True)
@@ -359,9 +321,9 @@ class HFBackend:
         save_merge_data(
             self.merge_map_dir / f"merge_map_{self._saved_maps}.npz",
             frames,
-            last["coords"],
-            last["assignment"],
-            last["kept_index"],
+            last.coords,
+            last.assignment,
+            last.kept_index,
             title=f"{self.method} on {item.id}",
         )
         self._saved_maps += 1

@@ -260,45 +260,19 @@ def _kv(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
-def _check_method(
-    method: str, kwargs: dict[str, Any], allow_untrained: bool, hidden_size: int | None = None
-) -> None:
-    """Method name, its option keys and its checkpoint, checked before any model loads."""
-    import inspect
+def _check_method(method: str, kwargs: dict[str, Any], allow_untrained: bool) -> None:
+    """Method name, its option keys and its checkpoint, checked before any model loads
+    (`craft_eval.methods.build`, the one check every path uses; a checkpoint is loaded)."""
+    from craft_eval.methods.build import CLI, build_compressor, check_method
 
-    from craft_eval.methods import get_method, get_method_info
-
-    if method == "none":
-        return
     try:
-        info = get_method_info(method)
-    except KeyError as error:
-        raise UsageError(f"--method {method}: {error.args[0]}") from None
-    params = inspect.signature(info.factory).parameters.values()
-    allowed = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
-    if any(p.kind is p.VAR_KEYWORD and p.name == "overrides" for p in params):
-        from craft_core import CraftConfig
-
-        allowed |= set(CraftConfig.model_fields) | {"device"}
-    unknown = sorted(set(kwargs) - allowed)
-    if unknown:
-        known = ", ".join(sorted(allowed - {"checkpoint", "hidden_size"})) or "none"
-        raise UsageError(f"--method-arg {unknown[0]}: {method} has no such option; known: {known}")
-    if "checkpoint" in info.needs and kwargs.get("checkpoint") is None:
-        if not allow_untrained:
-            raise UsageError(
-                f"--method {method} needs --checkpoint (a trained merge module); "
-                "--allow-untrained runs a fresh untrained one (G = 0.5) for plumbing checks"
-            )
+        info = check_method(method, kwargs, allow_untrained=allow_untrained, spelling=CLI)
+        if info is not None and kwargs.get("checkpoint") is not None:
+            build_compressor(method, kwargs, spelling=CLI)  # loads (and checks) it; cheap
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if info is not None and "checkpoint" in info.needs and kwargs.get("checkpoint") is None:
         print(f"craft-eval: warning: {method} runs UNTRAINED (no --checkpoint)", file=sys.stderr)
-    checkpoint = kwargs.get("checkpoint")
-    if checkpoint is not None:
-        if not Path(checkpoint).is_dir():
-            raise UsageError(f"--checkpoint {checkpoint}: no such folder")
-        try:
-            get_method(method, **kwargs)  # loads (and checks) the checkpoint; cheap
-        except Exception as error:
-            raise UsageError(f"--checkpoint {checkpoint}: cannot be loaded ({error})") from None
 
 
 def _configs(

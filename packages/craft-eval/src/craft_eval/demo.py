@@ -11,7 +11,8 @@
    trained CRAFT module ("craft-trained") at the same ratios,
 4. prints accuracy with its binomial standard error, the first-token KL to the
    uncompressed model (`craft_world.measure`, +- its standard error), retention, tokens,
-   prefill ms, KV MB and the FLOPs reduction; then, per ratio, the trained module against
+   prefill ms, the compression time next to the prefill time it saves (uncompressed
+   prefill minus this one), KV MB and the FLOPs reduction; then, per ratio, the trained module against
    every other method on the same questions (paired KL difference +- its standard error);
    plots accuracy and retention vs ratio per method; writes the Markdown report and merge
    maps.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +95,8 @@ def run_demo(
     """
     import torch
 
-    from craft_eval.backend import HFBackend, adapters_status
+    from craft_eval.backend import adapters_status
     from craft_eval.methods import list_methods
-    from craft_eval.report import write_report
-    from craft_eval.runner import RunConfig, run_benchmark
-    from craft_eval.tasks import get_benchmark
 
     start = time.perf_counter()
     out = Path(output)
@@ -115,7 +114,7 @@ def run_demo(
         raise ValueError(f"num_items must be positive, got {num_items}")
     grid = [float(ratio)] if ratio is not None else [float(r) for r in ratios]
 
-    from craft_world.measure import answer_logprobs, evaluate, load_items
+    from craft_world.measure import answer_logprobs, load_items
 
     data = craft_world.make_clips(out / "data" / "mvbench", num_items, seed=seed, split="test")
     n_items = 2 * num_items
@@ -135,111 +134,155 @@ def run_demo(
     _line(f"[3/4] {len(jobs)} configurations x {n_items} questions (ratios {grid})")
     from tqdm.auto import tqdm
 
-    mvbench = get_benchmark("mvbench")
-    first = mvbench.load(data, subset=DEMO_TASKS)[0]
-    runs = out / "runs"
+    world = _World(model, processor, tag, trained, data, items, reference, out / "runs")
     rows: list[dict[str, Any]] = []
     bar = tqdm(total=len(jobs) * n_items, unit="q", desc="demo", dynamic_ncols=True)
     for method, r in jobs:
-        is_trained = method == TRAINED
-        config = RunConfig(
-            benchmark="mvbench",
-            data_root=str(data),
-            model=tag,
-            method=method,
-            ratio=r,
-            checkpoint=trained if is_trained else None,
-            subset=DEMO_TASKS,
-            max_frames=DEMO_FRAMES,
-        )
-        run_dir = runs / tag / config.run_name()
-        try:
-            backend = HFBackend(
-                model,
-                processor,
-                method="craft" if is_trained else method,
-                ratio=r,
-                max_frames=DEMO_FRAMES,
-                method_kwargs={"checkpoint": trained} if is_trained else None,
-                merge_map_dir=run_dir,
-                merge_maps=1,
-            )
-            summary = run_benchmark(config, backend, run_dir, progress=False)
-            assert summary is not None
-            prof = backend.profile(first, mvbench.prompt(first), repeats=3)
-            prof["measured"] = evaluate(model, processor, items, reference, backend.compressor, r)
-        except Exception as error:  # one method failing must not hide the others' results
-            rows.append({"method": method, "ratio": r, "error": f"{type(error).__name__}: {error}"})
-            bar.update(n_items)
-            continue
+        rows.append(_run_job(world, method, r))
         bar.update(n_items)
-        rows.append({"method": method, "ratio": r, "scores": summary["scores"], **prof})
     bar.close()
+    _finish(world, rows, n_items, out)
+    _line(f"done in {time.perf_counter() - start:.0f} s")
+    return 0
 
-    _print_table(rows, model, n_items)
+
+@dataclass
+class _World:
+    """What every configuration of one demo run shares."""
+
+    model: Any
+    processor: Any
+    tag: str
+    trained: str | None  # the shipped trained module, or None
+    data: Path
+    items: Any  # craft_world.measure items (held-out questions)
+    reference: Any  # the uncompressed model's answer log-probabilities
+    runs: Path
+
+
+def _run_job(world: _World, method: str, ratio: float | None) -> dict[str, Any]:
+    """One configuration: the benchmark run (resumable records), the efficiency profile of
+    the first question and the KL / accuracy against the uncompressed answers. A failure is
+    this row's error, never the demo's: the other methods' results still print."""
+    from craft_eval.backend import HFBackend
+    from craft_eval.runner import RunConfig, run_benchmark
+    from craft_eval.tasks import get_benchmark
+    from craft_world.measure import evaluate
+
+    is_trained = method == TRAINED
+    config = RunConfig(
+        benchmark="mvbench",
+        data_root=str(world.data),
+        model=world.tag,
+        method=method,
+        ratio=ratio,
+        checkpoint=world.trained if is_trained else None,
+        subset=DEMO_TASKS,
+        max_frames=DEMO_FRAMES,
+    )
+    run_dir = world.runs / world.tag / config.run_name()
+    mvbench = get_benchmark("mvbench")
+    first = mvbench.load(world.data, subset=DEMO_TASKS)[0]
+    try:
+        backend = HFBackend(
+            world.model,
+            world.processor,
+            method="craft" if is_trained else method,
+            ratio=ratio,
+            max_frames=DEMO_FRAMES,
+            method_kwargs={"checkpoint": world.trained} if is_trained else None,
+            merge_map_dir=run_dir,
+            merge_maps=1,
+        )
+        summary = run_benchmark(config, backend, run_dir, progress=False)
+        assert summary is not None
+        prof = backend.profile(first, mvbench.prompt(first), repeats=3)
+        prof["measured"] = evaluate(
+            world.model, world.processor, world.items, world.reference, backend.compressor, ratio
+        )
+    except Exception as error:  # one method failing must not hide the others' results
+        return {"method": method, "ratio": ratio, "error": f"{type(error).__name__}: {error}"}
+    return {"method": method, "ratio": ratio, "scores": summary["scores"], **prof}
+
+
+def _finish(world: _World, rows: list[dict[str, Any]], n_items: int, out: Path) -> None:
+    """The table, the paired comparisons, the report and the plot."""
+    from craft_eval.report import write_report
+
+    _print_table(rows, world.model, n_items)
     _print_paired(rows)
-    report = write_report(runs / tag, out / "report")
+    report = write_report(world.runs / world.tag, out / "report")
     plot = plot_accuracy_and_retention(rows, out / "report" / "accuracy_retention_vs_ratio.png")
-    if tag == "world":
+    if world.tag == "world":
         _line(
             "\nAccuracy: micro over both tasks, +- its binomial standard error. craft = an "
             "UNTRAINED module (G = 0.5); craft-trained = the shipped module trained by "
             "`craft-train distill` on the frozen world backbone."
         )
-    if tag.startswith("tiny-"):
+    if world.tag.startswith("tiny-"):
         _line("\nAccuracy here is MEANINGLESS: a tiny model with random weights.")
     _line("FLOPs reduction: analytical, language-model prefill, formula in the README.")
+    _line(
+        "prefill saved: the uncompressed prefill minus this one (same question, medians); "
+        "compare it with compress ms, the time the compressor took to save it."
+    )
     _line(f"plot:     {plot}")
     _line(f"report:   {report['markdown']}")
     for path in report["merge_maps"][:2]:
         _line(f"merge map: {path}")
-    _line(f"records:  {runs / tag}  (JSONL per run; resumable)")
-    _line(f"done in {time.perf_counter() - start:.0f} s")
-    return 0
+    _line(f"records:  {world.runs / world.tag}  (JSONL per run; resumable)")
 
 
 def _print_table(rows: list[dict[str, Any]], model: Any, n_items: int) -> None:
-    from craft_eval.efficiency import prefill_flops
-
     text_config = model.config.get_text_config().to_dict()
     base = next((x for x in rows if x["method"] == "none" and "scores" in x), None)
-    base_len = base["prefill_len"] if base else None
-    base_acc = base["scores"]["micro_accuracy"] if base else None
     _line(f"\n[4/4] results ({n_items} questions; efficiency on the first one)\n")
     header = (
         f"{'method':<16} {'ratio':>5} {'video tokens':>13} {'prefill ms':>10} "
-        f"{'compress ms':>11} {'KV MB':>7} {'FLOPs red.':>10} {'accuracy':>12} "
-        f"{'KL to unc.':>15} {'retention':>9}"
+        f"{'compress ms':>11} {'prefill saved':>13} {'KV MB':>7} {'FLOPs red.':>10} "
+        f"{'accuracy':>12} {'KL to unc.':>15} {'retention':>9}"
     )
     _line(header)
     _line("-" * len(header))
     for row in rows:
-        method, r = row["method"], row["ratio"]
-        rtext = "-" if r is None else f"{r:g}x"
+        rtext = "-" if row["ratio"] is None else f"{row['ratio']:g}x"
         if "error" in row:
-            _line(f"{method:<16} {rtext:>5} failed: {row['error']}")
+            _line(f"{row['method']:<16} {rtext:>5} failed: {row['error']}")
             continue
-        s = row["scores"]
-        seq = row["prefill_len"]
-        flops = (
-            1 - prefill_flops(text_config, int(seq)) / prefill_flops(text_config, int(base_len))
-            if seq and base_len
-            else None
-        )
-        acc = s["micro_accuracy"]
-        se = binomial_se(acc, int(s["n_scored"]))
-        acc_text = "-" if acc is None else f"{acc:.1f} +- {se:.1f}"
-        keep = None if acc is None or not base_acc else 100.0 * acc / base_acc
-        m = row["measured"]
-        kl_text = f"{m.kl_mean:.3f} +- {m.kl_se:.3f}"
-        row["accuracy"], row["se"], row["retention"] = acc, se, keep
-        tokens = f"{_f(s['tokens_before_mean'], 0)} -> {_f(s['tokens_after_mean'], 0)}"
-        _line(
-            f"{method:<16} {rtext:>5} {tokens:>13} {_f(row['prefill_ms'], 1):>10} "
-            f"{_f(row['compress_ms'], 1):>11} {_f(row['kv_mb'], 3):>7} "
-            f"{_f(None if flops is None else 100 * flops, 1, '%'):>10} {acc_text:>12} "
-            f"{kl_text:>15} {_f(keep, 1, '%'):>9}"
-        )
+        _line(_table_row(row, base, text_config, rtext))
+
+
+def _table_row(
+    row: dict[str, Any], base: dict[str, Any] | None, text_config: dict[str, Any], rtext: str
+) -> str:
+    """One method's line; sets row["accuracy" / "se" / "retention"] for the plot."""
+    from craft_eval.efficiency import prefill_flops
+
+    s, seq = row["scores"], row["prefill_len"]
+    base_len = base["prefill_len"] if base else None
+    base_acc = base["scores"]["micro_accuracy"] if base else None
+    flops = (
+        1 - prefill_flops(text_config, int(seq)) / prefill_flops(text_config, int(base_len))
+        if seq and base_len
+        else None
+    )
+    base_ms = base.get("prefill_ms") if base is not None else None
+    saved = None  # the prefill time this compression saves (uncompressed minus this one)
+    if base_ms is not None and row.get("prefill_ms") is not None and row["method"] != "none":
+        saved = base_ms - row["prefill_ms"]
+    acc = s["micro_accuracy"]
+    se = binomial_se(acc, int(s["n_scored"]))
+    acc_text = "-" if acc is None else f"{acc:.1f} +- {se:.1f}"
+    keep = None if acc is None or not base_acc else 100.0 * acc / base_acc
+    m = row["measured"]
+    row["accuracy"], row["se"], row["retention"] = acc, se, keep
+    tokens = f"{_f(s['tokens_before_mean'], 0)} -> {_f(s['tokens_after_mean'], 0)}"
+    return (
+        f"{row['method']:<16} {rtext:>5} {tokens:>13} {_f(row['prefill_ms'], 1):>10} "
+        f"{_f(row['compress_ms'], 1):>11} {_f(saved, 1):>13} {_f(row['kv_mb'], 3):>7} "
+        f"{_f(None if flops is None else 100 * flops, 1, '%'):>10} {acc_text:>12} "
+        f"{f'{m.kl_mean:.3f} +- {m.kl_se:.3f}':>15} {_f(keep, 1, '%'):>9}"
+    )
 
 
 def _print_paired(rows: list[dict[str, Any]]) -> None:

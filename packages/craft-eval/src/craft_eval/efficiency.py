@@ -307,76 +307,20 @@ def measure_efficiency(
     progress: bool = True,
 ) -> dict[str, Any]:
     """Table 2 for `arch_name`: one row for the uncompressed prompt, one per method x ratio."""
-    from craft_eval.methods import get_method
+    from tqdm.auto import tqdm
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
     arch = load_arch(arch_name, overrides)
-    text_config = arch["text_config"]
     check_fits(arch, device, dtype)
-    model = build_text_model(arch, device, dtype)
-    hidden = int(text_config["hidden_size"])
-    n_video = video_tokens(arch, num_frames)
-    t, hh, ww = video_grid(arch, num_frames)
-    grid = torch.stack(
-        torch.meshgrid(torch.arange(t), torch.arange(hh), torch.arange(ww), indexing="ij"), -1
-    ).reshape(-1, 3)
-    # only the (t, h, w) grid is compressed; extra tokens (LLaVA-OV's newline) always survive
-    extra_tokens = n_video - int(grid.shape[0])
-    generator = torch.Generator().manual_seed(seed)
-    features = torch.randn(grid.shape[0], hidden, generator=generator).to(
-        device=device, dtype=dtype
-    )
-    coords = grid.to(device)
-    full_len = text_tokens + n_video
-    bytes_per = torch.finfo(dtype).bits // 8
-
-    def prefill(seq_len: int) -> tuple[float, int, int]:
-        embeds = torch.randn(1, seq_len, hidden, generator=generator).to(device=device, dtype=dtype)
-        mask = torch.ones(1, seq_len, dtype=torch.long, device=device)
-
-        def run() -> Any:
-            with torch.inference_mode():
-                return model(inputs_embeds=embeds, attention_mask=mask, use_cache=True)
-
-        ms, out = time_call(run, device, warmup=warmup, repeats=repeats)
-        total, growing = cache_nbytes(out.past_key_values, seq_len)
-        return ms, total, growing
-
-    from tqdm.auto import tqdm
-
-    jobs: list[tuple[str, float | None]] = [("none", None)] + [
-        (m, float(r)) for m in methods for r in ratios
+    bench = _Bench(arch, build_text_model(arch, device, dtype), num_frames, text_tokens,
+                   device, dtype, warmup, repeats, torch.Generator().manual_seed(seed))  # fmt: skip
+    jobs: list[tuple[str, float | None]] = [("none", None)]
+    jobs += [(m, float(r)) for m in methods for r in ratios]
+    rows = [
+        bench.row(method, ratio).as_dict()
+        for method, ratio in tqdm(jobs, desc=f"efficiency {arch['_name']}", disable=not progress)
     ]
-    rows: list[EfficiencyRow] = []
-    for method, ratio in tqdm(jobs, desc=f"efficiency {arch['_name']}", disable=not progress):
-        compress_ms = None
-        kept = n_video
-        if method != "none":
-            compressor = get_method(method)
-
-            def compress(c: Any = compressor, r: float | None = ratio) -> Any:
-                with torch.inference_mode():
-                    return c(features, coords, ratio=r)
-
-            compress_ms, result = time_call(compress, device, warmup=warmup, repeats=repeats)
-            kept = result.num_kept + extra_tokens
-        seq_len = text_tokens + kept
-        ms, total, growing = prefill(seq_len)
-        rows.append(
-            EfficiencyRow(
-                method=method,
-                ratio=ratio,
-                video_tokens=kept,
-                seq_len=seq_len,
-                prefill_ms=ms,
-                compress_ms=compress_ms,
-                kv_mb=total / 2**20,
-                kv_mb_growing=growing / 2**20,
-                kv_mb_analytical=kv_cache_bytes_analytical(text_config, seq_len, bytes_per) / 2**20,
-                flops_reduction=flops_reduction(text_config, full_len, seq_len),
-            )
-        )
     return {
         "arch": arch["_name"],
         "arch_key": arch["_key"],
@@ -385,12 +329,96 @@ def measure_efficiency(
         "dtype": str(dtype).replace("torch.", ""),
         "num_frames": num_frames,
         "text_tokens": text_tokens,
-        "video_tokens_full": n_video,
+        "video_tokens_full": bench.n_video,
         "warmup": warmup,
         "repeats": repeats,
         "timing": "CUDA events, median" if device.type == "cuda" else "wall clock, median",
-        "rows": [r.as_dict() for r in rows],
+        "rows": rows,
     }
+
+
+class _Bench:
+    """One architecture's language model and one video's random tokens, measured per
+    (method, ratio): the compression time, then the prefill of the compressed prompt."""
+
+    def __init__(
+        self,
+        arch: dict[str, Any],
+        model: Any,
+        num_frames: int,
+        text_tokens: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        warmup: int,
+        repeats: int,
+        generator: torch.Generator,
+    ) -> None:
+        self.arch, self.model, self.text_tokens = arch, model, text_tokens
+        self.device, self.dtype, self.warmup, self.repeats = device, dtype, warmup, repeats
+        self.generator = generator
+        self.hidden = int(arch["text_config"]["hidden_size"])
+        self.n_video = video_tokens(arch, num_frames)
+        t, hh, ww = video_grid(arch, num_frames)
+        grid = torch.stack(
+            torch.meshgrid(torch.arange(t), torch.arange(hh), torch.arange(ww), indexing="ij"), -1
+        ).reshape(-1, 3)
+        # only the (t, h, w) grid is compressed; extra tokens (LLaVA-OV's newline) survive
+        self.extra_tokens = self.n_video - int(grid.shape[0])
+        self.features = torch.randn(grid.shape[0], self.hidden, generator=generator).to(
+            device=device, dtype=dtype
+        )
+        self.coords = grid.to(device)
+
+    def compress(self, method: str, ratio: float | None) -> tuple[float, int]:
+        """(median compression ms, video tokens kept) of `method` at `ratio`."""
+        from craft_eval.methods.build import build_compressor
+
+        timed = build_compressor(method, hidden_size=self.hidden, allow_untrained=True)
+        assert timed is not None
+        bare = timed.method  # time the method alone (time_call has its own clock)
+
+        def run() -> Any:
+            with torch.inference_mode():
+                return bare(self.features, self.coords, ratio=ratio)
+
+        ms, result = time_call(run, self.device, warmup=self.warmup, repeats=self.repeats)
+        return ms, int(result.num_kept) + self.extra_tokens
+
+    def prefill(self, seq_len: int) -> tuple[float, int, int]:
+        """(median prefill ms, KV bytes, growing KV bytes) of a `seq_len` prompt."""
+        embeds = torch.randn(1, seq_len, self.hidden, generator=self.generator).to(
+            device=self.device, dtype=self.dtype
+        )
+        mask = torch.ones(1, seq_len, dtype=torch.long, device=self.device)
+
+        def run() -> Any:
+            with torch.inference_mode():
+                return self.model(inputs_embeds=embeds, attention_mask=mask, use_cache=True)
+
+        ms, out = time_call(run, self.device, warmup=self.warmup, repeats=self.repeats)
+        total, growing = cache_nbytes(out.past_key_values, seq_len)
+        return ms, total, growing
+
+    def row(self, method: str, ratio: float | None) -> EfficiencyRow:
+        compress_ms, kept = None, self.n_video
+        if method != "none":
+            compress_ms, kept = self.compress(method, ratio)
+        text_config = self.arch["text_config"]
+        seq_len = self.text_tokens + kept
+        ms, total, growing = self.prefill(seq_len)
+        bytes_per = torch.finfo(self.dtype).bits // 8
+        return EfficiencyRow(
+            method=method,
+            ratio=ratio,
+            video_tokens=kept,
+            seq_len=seq_len,
+            prefill_ms=ms,
+            compress_ms=compress_ms,
+            kv_mb=total / 2**20,
+            kv_mb_growing=growing / 2**20,
+            kv_mb_analytical=kv_cache_bytes_analytical(text_config, seq_len, bytes_per) / 2**20,
+            flops_reduction=flops_reduction(text_config, self.text_tokens + self.n_video, seq_len),
+        )
 
 
 def format_efficiency(result: dict[str, Any]) -> str:

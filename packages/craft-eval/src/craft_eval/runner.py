@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
 
+from craft_core import TokenBudget
 from craft_eval.scoring import summarize
 from craft_eval.tasks import Item, Prompt, get_benchmark
 
@@ -44,6 +45,9 @@ class RunLocked(RuntimeError):
 
 class CorruptRecords(ValueError):
     """A results file with a bad line that is not a torn last line: nothing is dropped."""
+
+
+_BUDGET_OPTIONS = ("--ratio", "--threshold", "--min-tokens")
 
 
 @dataclass
@@ -119,14 +123,14 @@ class RunConfig:
             return
         if (self.ratio is None) == (self.threshold is None):
             raise ValueError(f"--method {self.method} needs exactly one of --ratio, --threshold")
-        if self.ratio is not None and not (math.isfinite(self.ratio) and self.ratio >= 1):
-            raise ValueError(f"--ratio must be a finite number >= 1, got {self.ratio:g}")
-        if self.threshold is not None and not (
-            math.isfinite(self.threshold) and -1 <= self.threshold <= 1
-        ):
-            raise ValueError(f"--threshold must be a similarity in [-1, 1], got {self.threshold:g}")
-        if self.min_tokens is not None and self.min_tokens < 1:
-            raise ValueError(f"--min-tokens must be at least 1, got {self.min_tokens}")
+        self.token_budget()
+
+    def token_budget(self) -> TokenBudget | None:
+        """The run's budget (None for the uncompressed model); checked by craft-core's rules,
+        errors naming the command-line option."""
+        if self.method == "none":
+            return None
+        return TokenBudget.parse(self.ratio, self.threshold, self.min_tokens, names=_BUDGET_OPTIONS)
 
     def identity(self) -> dict[str, Any]:
         """The fields a resumed run must share with the interrupted one (JSON-normalised)."""

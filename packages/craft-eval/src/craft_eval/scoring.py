@@ -60,21 +60,7 @@ def summarize(records: list[dict[str, Any]], benchmark: Benchmark) -> dict[str, 
     else:
         headline = micro
 
-    per_video: dict[str, list[float]] = defaultdict(list)
-    tokens_in, tokens_out, compress_ms, prefill_ms = [], [], [], []
-    for r in ok:
-        if r.get("tokens_before") and r.get("tokens_after"):
-            key = f"{r.get('video')}|{r.get('segment')}"
-            per_video[key].append(r["tokens_before"] / r["tokens_after"])
-            tokens_in.append(r["tokens_before"])
-            tokens_out.append(r["tokens_after"])
-        if r.get("compress_ms") is not None:
-            compress_ms.append(r["compress_ms"])
-        if r.get("prefill_ms") is not None:
-            prefill_ms.append(r["prefill_ms"])
-    comp = mean(mean(v) for v in per_video.values()) if per_video else None
-    kv_mb = [r["extra"]["kv_mb"] for r in ok if r.get("extra", {}).get("kv_mb") is not None]
-    seq = [r["extra"]["prefill_len"] for r in ok if r.get("extra", {}).get("prefill_len")]
+    efficiency = _efficiency(ok)
     return {
         "benchmark": benchmark.name,
         "accuracy": headline,
@@ -85,14 +71,34 @@ def summarize(records: list[dict[str, Any]], benchmark: Benchmark) -> dict[str, 
         "n_errors": len(errors),
         "errors": [{"id": r.get("id"), "error": r.get("error")} for r in errors],
         "breakdowns": breakdowns,
-        "comp_ratio": comp,
+        **efficiency,
+        "frames_capped": sum(1 for r in ok if r.get("frames_capped")),
+    }
+
+
+def _efficiency(ok: list[dict[str, Any]]) -> dict[str, Any]:
+    """The per-run efficiency fields of the answered items: `comp_ratio` (N_f / N_c per
+    video, averaged over videos), token, time, KV and prefill-length means."""
+    per_video: dict[str, list[float]] = defaultdict(list)
+    tokens_in, tokens_out = [], []
+    for r in ok:
+        if r.get("tokens_before") and r.get("tokens_after"):
+            key = f"{r.get('video')}|{r.get('segment')}"
+            per_video[key].append(r["tokens_before"] / r["tokens_after"])
+            tokens_in.append(r["tokens_before"])
+            tokens_out.append(r["tokens_after"])
+    compress_ms = [r["compress_ms"] for r in ok if r.get("compress_ms") is not None]
+    prefill_ms = [r["prefill_ms"] for r in ok if r.get("prefill_ms") is not None]
+    kv_mb = [r["extra"]["kv_mb"] for r in ok if r.get("extra", {}).get("kv_mb") is not None]
+    seq = [r["extra"]["prefill_len"] for r in ok if r.get("extra", {}).get("prefill_len")]
+    return {
+        "comp_ratio": mean(mean(v) for v in per_video.values()) if per_video else None,
         "tokens_before_mean": mean(tokens_in) if tokens_in else None,
         "tokens_after_mean": mean(tokens_out) if tokens_out else None,
         "compress_ms_mean": mean(compress_ms) if compress_ms else None,
         "prefill_ms_mean": mean(prefill_ms) if prefill_ms else None,
         "kv_mb_mean": mean(kv_mb) if kv_mb else None,
         "prefill_len_mean": mean(seq) if seq else None,
-        "frames_capped": sum(1 for r in ok if r.get("frames_capped")),
     }
 
 

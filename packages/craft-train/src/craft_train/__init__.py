@@ -11,14 +11,13 @@ videos to match the uncompressed model (`craft_train.distill`). The command line
 `craft-train`.
 """
 
-from craft_train.budget import StepBudget, sample_budget
+from craft_train.budget import sample_budget
 from craft_train.config import ConfigError, TrainingConfig, check_paths, load_config
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "ConfigError",
-    "StepBudget",
     "TrainingConfig",
     "check_paths",
     "load_config",

@@ -21,8 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from craft_core import CraftCompressor, CraftConfig
-from craft_train.budget import StepBudget
+from craft_core import CraftCompressor, CraftConfig, TokenBudget
 from craft_train.config import ConfigError, TrainingConfig
 
 __all__ = [
@@ -61,9 +60,9 @@ class ModelBundle:
     processor: Any
     peft_model: Any | None = None
 
-    def set_budget(self, budget: StepBudget) -> None:
+    def set_budget(self, budget: TokenBudget) -> None:
         """The compression budget of the coming optimizer step."""
-        self.model.set_budget(**budget.kwargs())  # type: ignore[operator]
+        self.model.set_budget(budget=budget)  # type: ignore[operator]
 
     def craft_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.compressor.parameters() if p.requires_grad]

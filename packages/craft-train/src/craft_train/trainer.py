@@ -313,7 +313,6 @@ def train(
     check_paths(cfg)
     examples = load_examples(cfg)  # manifest errors surface before any model loads
     accelerator = make_accelerator(cfg)
-    rank, world = accelerator.process_index, accelerator.num_processes
     output_dir = Path(cfg.train.output_dir)
     resumed_from = _resume_folder(cfg)
     if resumed_from is not None:
@@ -322,70 +321,143 @@ def train(
         output_dir.mkdir(parents=True, exist_ok=True)
         (output_dir / CONFIG_FILE).write_text(dump_config(cfg))
         log.info("mixture: %d examples %s", len(examples), mixture_summary(examples))
+    plan = _plan(cfg, len(examples), accelerator.num_processes)
+    loop = _Loop.build(cfg, accelerator, examples, plan, encoder_factory)
+    start_step, loop.skipped_base = 0, 0
+    if resumed_from is not None:
+        start_step, loop.skipped_base = loop.resume(resumed_from)
+    progress = None
+    if cfg.train.progress_bar and accelerator.is_main_process:
+        from tqdm.auto import tqdm
 
+        progress = tqdm(
+            total=plan.total_steps, initial=start_step, desc=f"stage {cfg.stage}", unit="step"
+        )
+    result = TrainResult(output_dir, start_step, plan.total_steps, resumed_from=resumed_from)
+    step = loop.run(start_step, result, progress, on_step)
+    if progress is not None:
+        progress.close()
+    final = loop.state(step, finished=True)
+    loop.runner.save_weights(output_dir)
+    if accelerator.is_main_process:
+        final.save(output_dir)
+    accelerator.wait_for_everyone()
+    result.global_step = step
+    result.skipped_videos = final.skipped_videos
+    result.bundle = loop.bundle
+    # No accelerator.end_training(): it destroys the process group, which the caller (a
+    # second stage in the same process, a test) may still use.
+    return result
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How many optimizer steps the run takes."""
+
+    per_step: int  # examples per optimizer step on one rank
+    steps_per_epoch: int
+    total_steps: int
+
+
+def _plan(cfg: TrainingConfig, num_examples: int, world: int) -> _Plan:
     optim = cfg.optim
     per_step = optim.per_device_batch_size * optim.grad_accum
-    steps_per_epoch = len(examples) // (world * per_step)
+    steps_per_epoch = num_examples // (world * per_step)
     if steps_per_epoch == 0:
         raise ConfigError(
-            f"data.manifests: the mixture holds {len(examples)} examples, fewer than one "
+            f"data.manifests: the mixture holds {num_examples} examples, fewer than one "
             f"optimizer step needs ({world} processes x optim.per_device_batch_size "
             f"{optim.per_device_batch_size} x optim.grad_accum {optim.grad_accum})"
         )
     total_steps = steps_per_epoch * optim.epochs
     if optim.max_steps is not None:
         total_steps = min(total_steps, optim.max_steps)
+    return _Plan(per_step, steps_per_epoch, total_steps)
 
-    from accelerate.utils import set_seed
 
-    set_seed(optim.seed)  # LoRA's init and dropout; a resumed run restores its RNG states
-    bundle = build_model(cfg, accelerator.device)
-    distiller = None
-    if cfg.stage == "distill":  # the teacher's responses: generated once, cached on disk
-        from craft_train.distill import Distiller
+@dataclass
+class _Loop:
+    """Everything the step loop uses: model, optimizer, schedule, data, checkpoints."""
 
-        distiller = Distiller.prepare(cfg, accelerator, bundle, examples)
-        encoder_factory = encoder_factory or distiller.make_encoder
-    if encoder_factory is None:
-        from craft_train.inputs import make_encoder
+    cfg: TrainingConfig
+    accelerator: Any
+    plan: _Plan
+    examples: list[Example]
+    bundle: Any
+    dataset: VideoTextDataset
+    distiller: Any
+    scheduler: Any
+    optimizer: Any  # the plain one (checkpoints)
+    prepared_optimizer: Any
+    model: Any  # the prepared model
+    runner: _Runner
+    trainable: list[torch.nn.Parameter]
+    skipped_base: int = 0  # videos skipped before this process ran
+    skipped_local: int = 0  # this rank, this process
 
-        encoder_factory = make_encoder
-    dataset = VideoTextDataset(
-        examples,
-        encoder_factory(cfg, bundle.processor),
-        max_consecutive_failures=cfg.data.max_consecutive_failures,
-    )
-    optimizer = _optimizer(cfg, bundle)
-    scheduler = _schedule(cfg, optimizer, total_steps)
-    model, prepared_optimizer = accelerator.prepare(bundle.model, optimizer)
-    runner = _Runner(cfg, accelerator, bundle)
-    trainable = [p for p in bundle.model.parameters() if p.requires_grad]
+    @classmethod
+    def build(
+        cls,
+        cfg: TrainingConfig,
+        accelerator: Any,
+        examples: list[Example],
+        plan: _Plan,
+        encoder_factory: Any,
+    ) -> _Loop:
+        from accelerate.utils import set_seed
 
-    start_step, skipped_base = 0, 0  # skipped_base: videos skipped before this process ran
-    if resumed_from is not None:
-        state = runner.load_checkpoint(resumed_from, scheduler, optimizer, model)
-        if state.total_steps != total_steps or state.steps_per_epoch != steps_per_epoch:
+        set_seed(cfg.optim.seed)  # LoRA's init and dropout; a resumed run restores RNG states
+        bundle = build_model(cfg, accelerator.device)
+        distiller = None
+        if cfg.stage == "distill":  # the teacher's responses: generated once, cached on disk
+            from craft_train.distill import Distiller
+
+            distiller = Distiller.prepare(cfg, accelerator, bundle, examples)
+            encoder_factory = encoder_factory or distiller.make_encoder
+        if encoder_factory is None:
+            from craft_train.inputs import make_encoder
+
+            encoder_factory = make_encoder
+        dataset = VideoTextDataset(
+            examples,
+            encoder_factory(cfg, bundle.processor),
+            max_consecutive_failures=cfg.data.max_consecutive_failures,
+        )
+        optimizer = _optimizer(cfg, bundle)
+        scheduler = _schedule(cfg, optimizer, plan.total_steps)
+        model, prepared_optimizer = accelerator.prepare(bundle.model, optimizer)
+        runner = _Runner(cfg, accelerator, bundle)
+        trainable = [p for p in bundle.model.parameters() if p.requires_grad]
+        return cls(cfg, accelerator, plan, examples, bundle, dataset, distiller, scheduler,
+                   optimizer, prepared_optimizer, model, runner, trainable)  # fmt: skip
+
+    def resume(self, folder: Path) -> tuple[int, int]:
+        """(step, videos skipped so far) of the checkpoint in `folder`, loaded."""
+        state = self.runner.load_checkpoint(folder, self.scheduler, self.optimizer, self.model)
+        plan = self.plan
+        if state.total_steps != plan.total_steps or state.steps_per_epoch != plan.steps_per_epoch:
             raise ConfigError(
-                f"train.resume: {resumed_from} belongs to a run of {state.total_steps} steps "
-                f"({state.steps_per_epoch} per epoch); this config gives {total_steps} "
-                f"({steps_per_epoch}). Change train.output_dir or set train.resume=never"
+                f"train.resume: {folder} belongs to a run of {state.total_steps} steps "
+                f"({state.steps_per_epoch} per epoch); this config gives {plan.total_steps} "
+                f"({plan.steps_per_epoch}). Change train.output_dir or set train.resume=never"
             )
-        start_step, skipped_base = state.global_step, state.skipped_videos
-        runner.truncate_log(start_step)
-        log.info("resumed from %s at step %d", resumed_from, start_step)
+        self.runner.truncate_log(state.global_step)
+        log.info("resumed from %s at step %d", folder, state.global_step)
+        return state.global_step, state.skipped_videos
 
-    def loader(epoch: int, first_micro: int) -> Iterator[dict[str, Any]]:
-        order = epoch_order(len(examples), optim.seed, epoch)
-        mine = rank_indices(order, rank, world, per_step)[
-            first_micro * optim.per_device_batch_size :
-        ]
+    def loader(self, epoch: int, first_micro: int) -> Iterator[dict[str, Any]]:
+        """This rank's micro-batches of `epoch`, from micro-batch `first_micro` on."""
+        optim, acc = self.cfg.optim, self.accelerator
+        order = epoch_order(len(self.examples), optim.seed, epoch)
+        mine = rank_indices(order, acc.process_index, acc.num_processes, self.plan.per_step)
+        mine = mine[first_micro * optim.per_device_batch_size :]
         return iter(
             torch.utils.data.DataLoader(
-                torch.utils.data.Subset(dataset, mine),
+                torch.utils.data.Subset(self.dataset, mine),
                 batch_size=optim.per_device_batch_size,
                 shuffle=False,
-                num_workers=cfg.data.num_workers,
-                collate_fn=partial(collate, pad_token_id=bundle.pad_token_id),
+                num_workers=self.cfg.data.num_workers,
+                collate_fn=partial(collate, pad_token_id=self.bundle.pad_token_id),
                 drop_last=True,
                 # Its own generator: making the iterator must not draw from the global RNG
                 # (LoRA dropout's), or a resumed run would see other dropout masks.
@@ -393,42 +465,82 @@ def train(
             )
         )
 
-    progress = None
-    if cfg.train.progress_bar and accelerator.is_main_process:
-        from tqdm.auto import tqdm
+    def skipped_total(self) -> int:  # a collective: every rank calls it at the same step
+        return self.skipped_base + _sum_over_ranks(self.accelerator, self.skipped_local)
 
-        progress = tqdm(
-            total=total_steps, initial=start_step, desc=f"stage {cfg.stage}", unit="step"
+    def state(self, step: int, finished: bool) -> TrainState:
+        return TrainState(
+            global_step=step,
+            total_steps=self.plan.total_steps,
+            steps_per_epoch=self.plan.steps_per_epoch,
+            world_size=self.accelerator.num_processes,
+            examples=len(self.examples),
+            skipped_videos=self.skipped_total(),
+            finished=finished,
         )
 
-    result = TrainResult(output_dir, start_step, total_steps, resumed_from=resumed_from)
-    skipped_local = 0  # this rank, this process
+    def run(self, step: int, result: TrainResult, progress: Any, on_step: Any) -> int:
+        """Optimizer steps from `step` to the end; logs, checkpoints. -> the last step."""
+        cfg, plan = self.cfg, self.plan
+        batches: Iterator[dict[str, Any]] | None = None
+        self.model.train()
+        while step < plan.total_steps:
+            started = time.perf_counter()
+            epoch, in_epoch = divmod(step, plan.steps_per_epoch)
+            if batches is None or in_epoch == 0:
+                batches = self.loader(epoch, in_epoch * cfg.optim.grad_accum)
+            budget = sample_budget(cfg.budget, cfg.optim.seed, step)
+            self.bundle.set_budget(budget)
+            losses, skipped, before, after, grad_norm = self.step(batches, step)
+            self.scheduler.step()
+            step += 1
+            self.skipped_local += skipped
+            mean_loss = sum(losses) / len(losses)
+            _check_finite(self.accelerator, step, mean_loss, grad_norm, self.trainable)
+            result.losses.append(mean_loss)
+            info = StepInfo(
+                step=step,
+                loss=mean_loss,
+                lr=self.scheduler.get_last_lr()[0],
+                budget=budget.describe(),
+                grad_norm=grad_norm,
+                tokens_before=before,
+                tokens_after=after,
+                skipped_videos=self.skipped_local,
+                seconds=time.perf_counter() - started,
+            )
+            last = step == plan.total_steps
+            if step % cfg.train.logging_steps == 0 or last:
+                _log_step(self.runner, info, self.accelerator, self.scheduler, epoch,
+                          self.skipped_total())  # fmt: skip
+            if progress is not None:
+                progress.update(1)
+                progress.set_postfix(loss=f"{mean_loss:.4f}", budget=info.budget)
+            if step % cfg.train.save_steps == 0 or last:
+                state = self.state(step, finished=last)
+                self.runner.save_checkpoint(state, self.scheduler, self.optimizer, self.model)
+            if on_step is not None:
+                on_step(info)
+        return step
 
-    def skipped_total() -> int:  # a collective: every rank calls it at the same step
-        return skipped_base + _sum_over_ranks(accelerator, skipped_local)
-
-    step = start_step
-    batches: Iterator[dict[str, Any]] | None = None
-    model.train()
-    while step < total_steps:
-        started = time.perf_counter()
-        epoch, in_epoch = divmod(step, steps_per_epoch)
-        if batches is None or in_epoch == 0:
-            batches = loader(epoch, in_epoch * optim.grad_accum)
-        budget = sample_budget(cfg.budget, optim.seed, step)
-        bundle.set_budget(budget)
+    def step(
+        self, batches: Iterator[dict[str, Any]], step: int
+    ) -> tuple[list[float], int, int, int, float | None]:
+        """One optimizer step over `grad_accum` micro-batches.
+        -> (losses, videos skipped, tokens before / after compression, grad norm)."""
+        optim, acc = self.cfg.optim, self.accelerator
         losses, skipped, before, after = [], 0, 0, 0
         grad_norm = None
         for micro in range(optim.grad_accum):
             batch = next(batches)
             skipped += len(batch.pop("skipped_videos"))
-            batch = _to_device(batch, accelerator.device)
-            with accelerator.accumulate(model):
+            batch = _to_device(batch, acc.device)
+            with acc.accumulate(self.model):
                 try:
-                    if distiller is not None:  # KL to the uncompressed teacher on its response
-                        main_loss = distiller.loss(model, batch)
+                    if self.distiller is not None:  # KL to the teacher on its response
+                        main_loss = self.distiller.loss(self.model, batch)
                     else:
-                        main_loss = model(**batch).loss
+                        main_loss = self.model(**batch).loss
                 except NonFiniteOutput as error:  # the merge module's weights diverged
                     raise TrainingDiverged(
                         f"step {step + 1}: {error}; training stopped and nothing of this step "
@@ -436,78 +548,21 @@ def train(
                     ) from None
                 # Every trainable parameter joins the graph (with a zero gradient when, e.g.,
                 # a threshold merged nothing), so DDP / ZeRO always see the same parameters.
-                anchor = sum(p.reshape(-1)[0] * 0.0 for p in trainable)
-                loss = main_loss + anchor
-                accelerator.backward(loss)
-                if accelerator.sync_gradients != (micro == optim.grad_accum - 1):
+                anchor = sum(p.reshape(-1)[0] * 0.0 for p in self.trainable)
+                acc.backward(main_loss + anchor)
+                if acc.sync_gradients != (micro == optim.grad_accum - 1):
                     raise RuntimeError("gradient accumulation went out of step")
-                if accelerator.sync_gradients and optim.max_grad_norm is not None:
-                    norm = accelerator.clip_grad_norm_(trainable, optim.max_grad_norm)
+                if acc.sync_gradients and optim.max_grad_norm is not None:
+                    norm = acc.clip_grad_norm_(self.trainable, optim.max_grad_norm)
                     grad_norm = float(norm) if norm is not None else None
-                prepared_optimizer.step()
-                prepared_optimizer.zero_grad()
+                self.prepared_optimizer.step()
+                self.prepared_optimizer.zero_grad()
             losses.append(float(main_loss.detach()))
-            report = getattr(bundle.model, "last_compression", None)
+            report = getattr(self.bundle.model, "last_compression", None)
             if report is not None:
                 before += report.tokens_before
                 after += report.tokens_after
-        scheduler.step()
-        step += 1
-        skipped_local += skipped
-        mean_loss = sum(losses) / len(losses)
-        _check_finite(accelerator, step, mean_loss, grad_norm, trainable)
-        result.losses.append(mean_loss)
-        info = StepInfo(
-            step=step,
-            loss=mean_loss,
-            lr=scheduler.get_last_lr()[0],
-            budget=budget.describe(),
-            grad_norm=grad_norm,
-            tokens_before=before,
-            tokens_after=after,
-            skipped_videos=skipped_local,
-            seconds=time.perf_counter() - started,
-        )
-        if step % cfg.train.logging_steps == 0 or step == total_steps:
-            _log_step(runner, info, accelerator, scheduler, epoch, skipped_total())
-        if progress is not None:
-            progress.update(1)
-            progress.set_postfix(loss=f"{mean_loss:.4f}", budget=info.budget)
-        if step % cfg.train.save_steps == 0 or step == total_steps:
-            state = TrainState(
-                global_step=step,
-                total_steps=total_steps,
-                steps_per_epoch=steps_per_epoch,
-                world_size=world,
-                examples=len(examples),
-                skipped_videos=skipped_total(),
-                finished=step == total_steps,
-            )
-            runner.save_checkpoint(state, scheduler, optimizer, model)
-        if on_step is not None:
-            on_step(info)
-
-    if progress is not None:
-        progress.close()
-    final = TrainState(
-        global_step=step,
-        total_steps=total_steps,
-        steps_per_epoch=steps_per_epoch,
-        world_size=world,
-        examples=len(examples),
-        skipped_videos=skipped_total(),
-        finished=True,
-    )
-    runner.save_weights(output_dir)
-    if accelerator.is_main_process:
-        final.save(output_dir)
-    accelerator.wait_for_everyone()
-    result.global_step = step
-    result.skipped_videos = final.skipped_videos
-    result.bundle = bundle
-    # No accelerator.end_training(): it destroys the process group, which the caller (a
-    # second stage in the same process, a test) may still use.
-    return result
+        return losses, skipped, before, after, grad_norm
 
 
 def _check_same_run(folder: Path, cfg: TrainingConfig) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from craft_world.clips import make_clips
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = ["WORLD_CRAFT", "backbone_path", "craft_path", "load_backbone", "make_clips"]
 
@@ -45,7 +45,7 @@ def backbone_path() -> Path:
 def craft_path() -> Path:
     """Folder of the shipped merge module (`CraftCompressor.from_pretrained`), trained in
     the world by `craft-train distill` on the frozen backbone (`recipe.DISTILL`)."""
-    return _shipped("craft", "python packages/craft-world/scripts/train_craft.py")
+    return _shipped("craft", "python packages/craft-train/scripts/train_world_craft.py")
 
 
 def load_backbone() -> tuple[Any, Any]:

@@ -12,8 +12,9 @@ answer position (right after the assistant prompt): for MVBench prompts, the opt
 Accuracy is its most likely option letter (what a greedy reply starts with); the first-token
 KL(uncompressed || compressed) says how much of the answer a compressor changed. Both are per
 item, so two methods on the same items are compared by the paired difference, whose standard
-error is far smaller than either method's own. The demo, `scripts/world_table.py` and
-craft-train's world learning test all measure through this module.
+error is far smaller than either method's own. The demo, craft-eval's
+`scripts/world_table.py` and craft-train's `distill_world` benchmark all measure through this
+module.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
     train(load_config(data=craft_train_config(root / "captions.jsonl", "runs/s1", stage=1)))
 
 The shipped merge module (`craft_world.craft_path()`) was made by
-`packages/craft-world/scripts/train_craft.py` with `STAGE1` then `STAGE2`.
+`packages/craft-train/scripts/train_world_craft.py` with `STAGE1` then `STAGE2`.
 """
 
 from __future__ import annotations

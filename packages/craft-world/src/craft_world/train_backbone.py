@@ -286,16 +286,7 @@ def train_backbone(
     params = [*model.parameters(), *probe.parameters()]
     opt = _optimizer(params, recipe.lr)
     state_path, log_path = work / "state.pt", work / "log.jsonl"
-    phase, step = 0, 0
-    if state_path.is_file():
-        state = torch.load(state_path, weights_only=False)
-        if state["recipe"] != asdict(recipe):
-            raise ValueError(f"{state_path} is of another recipe: {state['recipe']}")
-        model.load_state_dict(state["model"])
-        probe.load_state_dict(state["probe"])
-        opt.load_state_dict(state["optimizer"])
-        phase, step = int(state["phase"]), int(state["step"])
-        print(f"resumed at phase {'AB'[phase]} step {step}", flush=True)
+    phase, step = _resume(state_path, recipe, model, probe, opt)
     t0 = time.perf_counter()
     while phase < 2:
         steps = recipe.steps_a if phase == 0 else recipe.steps_b
@@ -336,6 +327,24 @@ def train_backbone(
     acc = heldout_accuracy(model, test, cache, pad, final_clips)
     _save_backbone(out, model, processor, log_path, recipe, acc, final_clips)
     return acc
+
+
+def _resume(
+    path: Path, recipe: Recipe, model: Any, probe: torch.nn.Module, opt: Any
+) -> tuple[int, int]:
+    """(phase, step) of the state saved at `path`, loaded into the modules; (0, 0) without
+    one. A state of another recipe is refused."""
+    if not path.is_file():
+        return 0, 0
+    state = torch.load(path, weights_only=False)
+    if state["recipe"] != asdict(recipe):
+        raise ValueError(f"{path} is of another recipe: {state['recipe']}")
+    model.load_state_dict(state["model"])
+    probe.load_state_dict(state["probe"])
+    opt.load_state_dict(state["optimizer"])
+    phase, step = int(state["phase"]), int(state["step"])
+    print(f"resumed at phase {'AB'[phase]} step {step}", flush=True)
+    return phase, step
 
 
 def _save_state(path: Path, recipe: Recipe, state: dict[str, Any]) -> None:

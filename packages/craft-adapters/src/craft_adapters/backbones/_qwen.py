@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import copy
+import itertools
+import sys
 from typing import Any
 
 import torch
 
+from craft_adapters.attention import Recorder, received_attention
 from craft_adapters.registry import BackboneAdapter, VideoLayout
 
 
@@ -19,6 +22,28 @@ def group_mean(rows: torch.Tensor, assignment: torch.Tensor, num_groups: int) ->
     out = out.index_add(0, assignment, rows)
     counts = torch.bincount(assignment, minlength=num_groups).clamp_min(1)
     return out / counts.to(rows.dtype).unsqueeze(-1)
+
+
+def _qwen_hook(recorder: Recorder) -> Any:
+    def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        hidden = args[0] if args else kwargs["hidden_states"]
+        cu = kwargs["cu_seqlens"] if "cu_seqlens" in kwargs else args[1]
+        cos, sin = kwargs["position_embeddings"]
+        n = hidden.shape[0]
+        with torch.no_grad():
+            q, k, _ = module.qkv(hidden).reshape(n, 3, module.num_heads, -1).permute(1, 0, 2, 3)
+            rope = sys.modules[type(module).__module__].apply_rotary_pos_emb_vision
+            q, k = rope(q, k, cos, sin)
+            q, k = q.transpose(0, 1), k.transpose(0, 1)  # [H, n, d]
+            bounds = [int(b) for b in cu.tolist()]
+            parts = [
+                received_attention(q[:, a:b], k[:, a:b], module.scaling)
+                for a, b in itertools.pairwise(bounds)
+                if b > a
+            ]
+        recorder.calls.append(torch.cat(parts))
+
+    return hook
 
 
 class QwenAdapter(BackboneAdapter):
@@ -107,3 +132,38 @@ class QwenAdapter(BackboneAdapter):
         new = copy.copy(output)
         new.pooler_output = tuple(new_features)
         return new
+
+    def attention_hooks(self, recorder: Recorder) -> list[Any]:
+        """Pre-hooks recording the last ViT block's received attention and each call's
+        `grid_thw` (craft_adapters.attention)."""
+        visual = self.model.model.visual
+
+        def grid_hook(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            recorder.grid_thw.append(args[1] if len(args) > 1 else kwargs["grid_thw"])
+
+        return [
+            visual.blocks[-1].attn.register_forward_pre_hook(
+                _qwen_hook(recorder), with_kwargs=True
+            ),
+            visual.register_forward_pre_hook(grid_hook, with_kwargs=True),
+        ]
+
+    def received_attention(self, recorder: Recorder) -> torch.Tensor:
+        """`[total merged tokens]` received attention in the order of the merged features."""
+        visual = self.model.model.visual
+        unit = visual.spatial_merge_size**2
+        out = []
+        for received, grid in zip(recorder.calls, recorder.grid_thw):
+            merged = received.view(-1, unit).mean(dim=1)
+            if hasattr(visual, "window_size"):  # Qwen2.5-VL: blocks run in window order
+                from transformers.vision_utils import get_vision_window_index
+
+                window_index, _ = get_vision_window_index(
+                    grid,
+                    spatial_merge_size=visual.spatial_merge_size,
+                    window_size=visual.window_size,
+                    patch_size=visual.patch_size,
+                )
+                merged = merged[torch.argsort(window_index.to(merged.device))]
+            out.append(merged)
+        return torch.cat(out)

@@ -13,9 +13,40 @@ import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
+from craft_adapters.attention import Recorder, received_attention
+from craft_adapters.backbones._tiny import SPECIAL_IDS, text_common
 from craft_adapters.registry import BackboneAdapter, VideoLayout, register_backbone
+
+
+def _siglip_hook(recorder: Recorder) -> Any:
+    def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        hidden = args[0] if args else kwargs["hidden_states"]
+        b, length, _ = hidden.shape
+        heads = module.num_heads
+        with torch.no_grad():
+            q = module.q_proj(hidden).view(b, length, heads, -1).transpose(1, 2)
+            k = module.k_proj(hidden).view(b, length, heads, -1).transpose(1, 2)
+            rows = [received_attention(q[i], k[i], module.scale) for i in range(b)]
+        recorder.calls.append(torch.stack(rows))
+
+    return hook
+
+
+def _siglip_layer(model: Any) -> Any:
+    config = model.config
+    layer = getattr(config, "vision_feature_layer", -1)
+    if not isinstance(layer, int):
+        raise ValueError(
+            f"received attention needs one vision_feature_layer, got {layer!r} (a list)"
+        )
+    tower = model.model.vision_tower
+    layers = getattr(tower, "vision_model", tower).encoder.layers
+    if layer == 0 or abs(layer) > len(layers):
+        raise ValueError(f"vision_feature_layer {layer} selects no attention layer")
+    return layers[len(layers) + layer if layer < 0 else layer - 1].self_attn
 
 
 @register_backbone
@@ -98,3 +129,49 @@ class LlavaOnevisionAdapter(BackboneAdapter):
         # The model flattens pooler_output (videos x rows); one [1, total, D] tensor holds
         # videos of different kept lengths.
         return BaseModelOutputWithPooling(pooler_output=torch.cat(new_features, dim=0).unsqueeze(0))
+
+    fixed_rows_per_video = 1  # the newline row: never compressed, never scored
+
+    def attention_hooks(self, recorder: Recorder) -> list[Any]:
+        """A pre-hook recording the received attention of the SigLIP layer whose output is
+        the selected feature (`vision_feature_layer`)."""
+        layer = _siglip_layer(self.model)
+        return [layer.register_forward_pre_hook(_siglip_hook(recorder), with_kwargs=True)]
+
+    def received_attention(self, recorder: Recorder) -> torch.Tensor:
+        """`[total grid rows]` received attention pooled like the features (no newline)."""
+        config = self.model.config
+        side = config.vision_config.image_size // config.vision_config.patch_size
+        out = []
+        for received in recorder.calls:
+            if getattr(config, "vision_feature_select_strategy", "full") == "default":
+                received = received[:, 1:]
+            grid = received.view(-1, 1, side, side)
+            pooled = F.interpolate(grid, size=[math.ceil(side / 2)] * 2, mode="bilinear")
+            out.append(pooled.flatten())
+        return torch.cat(out)
+
+    @staticmethod
+    def tiny_config() -> Any:
+        """A tiny random config of this backbone (`craft_adapters.tiny.build_tiny_vlm`)."""
+        from transformers import LlavaOnevisionConfig
+
+        text = {**text_common(), "model_type": "qwen2"}
+        vision = {
+            "model_type": "siglip_vision_model",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "image_size": 56,
+            "patch_size": 14,
+        }
+        return LlavaOnevisionConfig(
+            text_config=text,
+            vision_config=vision,
+            image_token_index=SPECIAL_IDS["<image>"],
+            video_token_index=SPECIAL_IDS["<video>"],
+            vision_feature_select_strategy="full",
+            vision_feature_layer=-1,
+            image_grid_pinpoints=[[56, 56]],
+        )

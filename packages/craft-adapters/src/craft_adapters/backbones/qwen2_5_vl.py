@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from craft_adapters.backbones._qwen import QwenAdapter
+from craft_adapters.backbones._tiny import qwen_token_ids, text_common
 from craft_adapters.registry import register_backbone
 
 
@@ -23,3 +26,31 @@ class Qwen25VLAdapter(QwenAdapter):
     def _video_coords(self, pos: torch.Tensor) -> torch.Tensor:
         start = pos[1, 0]
         return (pos - start).T.contiguous()
+
+    @staticmethod
+    def tiny_config() -> Any:
+        """A tiny random config of this backbone (`craft_adapters.tiny.build_tiny_vlm`)."""
+        from transformers import Qwen2_5_VLConfig
+
+        text = {
+            **text_common(),
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [2, 3, 3],
+            },
+        }
+        vision = {
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "patch_size": 14,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "out_hidden_size": 64,
+            "window_size": 56,
+            "fullatt_block_indexes": [1],
+            "tokens_per_second": 2,
+        }
+        return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **qwen_token_ids())

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from craft_adapters.backbones._qwen import QwenAdapter
+from craft_adapters.backbones._tiny import qwen3_vision, qwen_token_ids, text_common
 from craft_adapters.backbones.qwen3_vl import timestamp_coords
 from craft_adapters.registry import register_backbone
 
@@ -18,3 +21,28 @@ class Qwen35Adapter(QwenAdapter):
 
     def _video_coords(self, pos: torch.Tensor) -> torch.Tensor:
         return timestamp_coords(pos)
+
+    @staticmethod
+    def tiny_config() -> Any:
+        """A tiny random config of this backbone (`craft_adapters.tiny.build_tiny_vlm`)."""
+        from transformers import Qwen3_5Config
+
+        text = {
+            **text_common(),
+            "num_hidden_layers": 4,
+            "head_dim": 32,
+            "partial_rotary_factor": 0.25,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "mrope_section": [2, 1, 1],
+                "mrope_interleaved": True,
+                "partial_rotary_factor": 0.25,
+            },
+        }
+        vision = qwen3_vision()
+        return Qwen3_5Config(text_config=text, vision_config=vision, **qwen_token_ids())

@@ -9,14 +9,14 @@ input dtype.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from craft_core import Budget, CompressionResult, check_tokens, resolve_budget
+from craft_core import Budget, CompressionResult, TokenBudget, check_tokens
 from craft_eval.methods.base import fixed_budget, prune_result
 
 #: Rows per block when a method needs "most similar token" over many candidates.
@@ -44,8 +44,8 @@ def prepare(
         )
         return Budget(floor=floor)
     check_tokens(features, coords)
-    budget = resolve_budget(
-        features.shape[0], ratio=ratio, threshold=threshold, min_tokens=min_tokens
+    budget = TokenBudget(ratio=ratio, threshold=threshold, min_tokens=min_tokens).resolve(
+        features.shape[0]
     )
     return Budget(floor=min(budget.floor, features.shape[0]), threshold=budget.threshold)
 
@@ -218,3 +218,45 @@ def identity(
     """Every token kept as it is (a budget of N tokens, e.g. ratio 1)."""
     everything = torch.arange(features.shape[0], device=features.device)
     return finish(name, features, coords, everything, everything, rounds=0, info=info)
+
+
+ATTENTION_NOTE = " Ranks by attention=[N] (received attention); L2-norm proxy without it."
+ATTENTION = "attention (ViT last layer, received); L2-norm fallback"
+
+
+class BaselineMethod:
+    """A registered baseline: the function with its settings bound (a `TokenCompressor`)."""
+
+    def __init__(
+        self,
+        function: Callable[..., CompressionResult],
+        *,
+        needs_attention: bool = False,
+        **settings: Any,
+    ) -> None:
+        self.function = function
+        self.settings = settings
+        #: craft-adapters hands `importance=` (received attention) to compressors that ask
+        self.needs_attention = needs_attention
+
+    def __call__(
+        self,
+        features: torch.Tensor,
+        coords: torch.Tensor,
+        *,
+        ratio: float | None = None,
+        threshold: float | None = None,
+        min_tokens: int | None = None,
+        importance: torch.Tensor | None = None,
+        attention: torch.Tensor | None = None,
+        **extras: Any,
+    ) -> CompressionResult:
+        return self.function(
+            features,
+            coords,
+            ratio=ratio,
+            threshold=threshold,
+            min_tokens=min_tokens,
+            importance=importance if importance is not None else attention,
+            **self.settings,
+        )

@@ -24,12 +24,14 @@ dropped tokens come back). A dropped token is assigned to where its predecessor 
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from craft_core import CompressionResult
 from craft_eval.baselines._common import (
+    BaselineMethod,
     apportion,
     finish,
     frames_of,
@@ -38,6 +40,7 @@ from craft_eval.baselines._common import (
     prepare,
     top_indices,
 )
+from craft_eval.methods.registry import register_method
 
 NAME = "dtd"
 
@@ -146,3 +149,16 @@ def dtd(
         "importance": None,
     }
     return finish(NAME, features, coords, kept, representative, info=info)
+
+
+# registered here: adding a baseline touches this one file (and its test)
+@register_method(
+    "dtd",
+    kind="prune",
+    needs=(),
+    saliency="token features (cosine with the same patch of the previous frame)",
+    description="TimeChat-Online DTD: drop tokens too similar to the same patch of the "
+    "previous frame (threshold=, or ratio= drops each later frame's most redundant).",
+)
+def build_dtd(**_: Any) -> BaselineMethod:
+    return BaselineMethod(dtd)

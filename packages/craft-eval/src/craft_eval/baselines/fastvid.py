@@ -38,11 +38,15 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import torch
 
 from craft_core import CompressionResult
 from craft_eval.baselines._common import (
+    ATTENTION,
+    ATTENTION_NOTE,
+    BaselineMethod,
     apportion,
     finish,
     frames_of,
@@ -53,6 +57,7 @@ from craft_eval.baselines._common import (
     prepare,
     top_indices,
 )
+from craft_eval.methods.registry import register_method
 
 NAME = "fastvid"
 
@@ -191,16 +196,8 @@ def fastvid(
     )
     n = features.shape[0]
     scores, proxy = importance_scores(features, importance)
-    settings = {
-        "segments": segments,
-        "tau": tau,
-        "d": d,
-        "p": p,
-        "beta": beta,
-        "knn": knn,
-        "include_anchor": include_anchor,
-        "exact_budget": exact_budget,
-    }
+    settings = dict(segments=segments, tau=tau, d=d, p=p, beta=beta, knn=knn)
+    settings |= {"include_anchor": include_anchor, "exact_budget": exact_budget}
     info: dict = {"settings": settings, "importance": proxy}
     k = budget.floor
     if k >= n:
@@ -213,42 +210,15 @@ def fastvid(
     assert ratio is not None
     salient, anchor_counts = _plan(frames.sizes, segs, k, float(ratio), d, p, exact_budget)
 
-    kept_parts: list[torch.Tensor] = []
-    row_parts: list[torch.Tensor] = []
-    rest: list[torch.Tensor] = []  # non-salient tokens per frame, ascending
-    for f, members in enumerate(frames.members):
-        pos = top_indices(scores[members], salient[f])
-        mask = torch.ones(members.numel(), dtype=torch.bool, device=x.device)
-        mask[pos] = False
-        kept_parts.append(members[pos])
-        row_parts.append(x[members[pos]])
-        rest.append(members[mask])
-
+    kept_parts, row_parts, rest = _salient(x, scores, frames.members, salient)
     representative = torch.arange(n, device=x.device)
     best = torch.full((n,), -math.inf, device=x.device)  # similarity to the chosen anchor
     for seg in segs:
-        per_frame = all(f in anchor_counts for f in seg)  # one frame, or p = 1
-        chosen = {
-            f: rest[f][density_peaks(x[rest[f]], anchor_counts[f], knn)]
-            for f in seg
-            if anchor_counts.get(f, 0) > 0
-        }
-        seg_pool = torch.cat([rest[f] for f in seg])
-        if not include_anchor and chosen:  # LLaVA-Video: kept tokens do not merge
-            is_anchor = torch.zeros(n, dtype=torch.bool, device=x.device)
-            is_anchor[torch.cat(list(chosen.values()))] = True
-        for f, anchors in chosen.items():
-            pool = rest[f] if per_frame else seg_pool
-            if not include_anchor:
-                pool = pool[~is_anchor[pool]]
-            row, rep = _merge(x, e, pool, anchors, beta)
-            kept_parts.append(anchors)
-            row_parts.append(row)
-            if pool.numel():
-                sims, owner = rep
-                better = sims > best[pool]
-                best[pool[better]] = sims[better]
-                representative[pool[better]] = anchors[owner[better]]
+        anchors, rows = _segment_anchors(
+            x, e, seg, rest, anchor_counts, knn, include_anchor, beta, representative, best
+        )
+        kept_parts += anchors
+        row_parts += rows
 
     kept = torch.cat(kept_parts)
     representative[kept] = kept
@@ -260,3 +230,94 @@ def fastvid(
         representative[lost] = kept[most_similar(e[lost], e[kept])]
     info["segments"] = [len(s) for s in segs]
     return finish(NAME, features, coords, kept, representative, torch.cat(row_parts), info=info)
+
+
+def _salient(
+    x: torch.Tensor, scores: torch.Tensor, members: list[torch.Tensor], salient: list[int]
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+    """Per frame: its `salient[f]` top-scored tokens (kept as they are) and the rest.
+    -> (kept indices, their rows, the non-salient tokens, ascending) per frame."""
+    kept_parts, row_parts, rest = [], [], []
+    for f, frame in enumerate(members):
+        pos = top_indices(scores[frame], salient[f])
+        mask = torch.ones(frame.numel(), dtype=torch.bool, device=x.device)
+        mask[pos] = False
+        kept_parts.append(frame[pos])
+        row_parts.append(x[frame[pos]])
+        rest.append(frame[mask])
+    return kept_parts, row_parts, rest
+
+
+def _segment_anchors(
+    x: torch.Tensor,
+    e: torch.Tensor,
+    seg: list[int],
+    rest: list[torch.Tensor],
+    anchor_counts: dict[int, int],
+    knn: int,
+    include_anchor: bool,
+    beta: float,
+    representative: torch.Tensor,
+    best: torch.Tensor,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """One segment's density-peak anchors and their merged rows; updates `representative`
+    and `best` (`[N]`: each token's similarity to the anchor it merged into) in place."""
+    n = x.shape[0]
+    per_frame = all(f in anchor_counts for f in seg)  # one frame, or p = 1
+    chosen = {
+        f: rest[f][density_peaks(x[rest[f]], anchor_counts[f], knn)]
+        for f in seg
+        if anchor_counts.get(f, 0) > 0
+    }
+    seg_pool = torch.cat([rest[f] for f in seg])
+    if not include_anchor and chosen:  # LLaVA-Video: kept tokens do not merge
+        is_anchor = torch.zeros(n, dtype=torch.bool, device=x.device)
+        is_anchor[torch.cat(list(chosen.values()))] = True
+    kept_parts, row_parts = [], []
+    for f, anchors in chosen.items():
+        pool = rest[f] if per_frame else seg_pool
+        if not include_anchor:
+            pool = pool[~is_anchor[pool]]
+        row, rep = _merge(x, e, pool, anchors, beta)
+        kept_parts.append(anchors)
+        row_parts.append(row)
+        if pool.numel():
+            sims, owner = rep
+            better = sims > best[pool]
+            best[pool[better]] = sims[better]
+            representative[pool[better]] = anchors[owner[better]]
+    return kept_parts, row_parts
+
+
+# registered here: adding a baseline touches this one file (and its test)
+@register_method(
+    "fastvid",
+    kind="merge",
+    needs=("attention",),
+    saliency=ATTENTION,
+    description="FastVID (published OneVision code): dynamic segments, salient tokens + "
+    "density-peak anchors merging segment tokens per anchor frame." + ATTENTION_NOTE,
+)
+def build_fastvid(
+    segments: int = 8,
+    tau: float = 0.9,
+    d: float = 0.4,
+    p: int = 4,
+    beta: float = 0.6,
+    knn: int = 4,
+    include_anchor: bool = True,
+    exact_budget: bool = True,
+    **_: Any,
+) -> BaselineMethod:
+    return BaselineMethod(
+        fastvid,
+        needs_attention=True,
+        segments=segments,
+        tau=tau,
+        d=d,
+        p=p,
+        beta=beta,
+        knn=knn,
+        include_anchor=include_anchor,
+        exact_budget=exact_budget,
+    )

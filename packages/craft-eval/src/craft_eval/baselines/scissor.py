@@ -26,6 +26,7 @@ import torch
 
 from craft_core import CompressionResult
 from craft_eval.baselines._common import (
+    BaselineMethod,
     Frames,
     finish,
     frames_of,
@@ -35,6 +36,7 @@ from craft_eval.baselines._common import (
     prepare,
     top_indices,
 )
+from craft_eval.methods.registry import register_method
 
 NAME = "llava-scissor"
 
@@ -307,3 +309,16 @@ def _final_rows(x: torch.Tensor, plan: ScissorPlan) -> torch.Tensor:
     sums = torch.zeros(k, x.shape[1], device=x.device).index_add(0, target, x)
     counts = torch.bincount(target, minlength=k).float()
     return (plan.reps + sums) / (counts + 1.0)[:, None]
+
+
+# registered here: adding a baseline touches this one file (and its test)
+@register_method(
+    "llava-scissor",
+    kind="merge",
+    needs=(),
+    description="LLaVA-Scissor: semantic connected components (threshold=tau, published 0.9, "
+    "no floor unless min_tokens=; ratio= searches tau for the exact count).",
+)
+def build_llava_scissor(search_steps: int | None = None, **_: Any) -> BaselineMethod:
+    settings: dict[str, Any] = {} if search_steps is None else {"search_steps": search_steps}
+    return BaselineMethod(llava_scissor, **settings)

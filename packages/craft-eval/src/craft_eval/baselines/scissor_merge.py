@@ -9,11 +9,15 @@ checkpoint gives the learned merge; a fresh module gives G = 0.5 everywhere.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import torch
 
 from craft_core import CompressionResult, CraftCompressor
 from craft_eval.baselines._common import finish, identity, normalized
 from craft_eval.baselines.scissor import SEARCH_STEPS, plan_groups
+from craft_eval.methods.registry import register_method
 
 NAME = "scissor-merge"
 
@@ -64,4 +68,67 @@ def scissor_merge(
         fused[plan.anchors],
         rounds=1,
         info=info,
+    )
+
+
+class ScissorMergeMethod:
+    """Scissor-Merge with its `CraftCompressor`: from `checkpoint`, or fresh (built on the
+    first call from the features' width when `hidden_size` is not given). The module is
+    loaded and placed exactly as for the `craft` method."""
+
+    def __init__(
+        self,
+        checkpoint: str | Path | None = None,
+        hidden_size: int | None = None,
+        search_steps: int | None = None,
+        **overrides: Any,
+    ) -> None:
+        from craft_eval.methods.craft import CraftMethod
+
+        self.craft = CraftMethod(
+            name="scissor-merge", checkpoint=checkpoint, hidden_size=hidden_size, **overrides
+        )
+        self.checkpoint = self.craft.checkpoint
+        self.search_steps = SEARCH_STEPS if search_steps is None else int(search_steps)
+
+    def __call__(
+        self,
+        features: torch.Tensor,
+        coords: torch.Tensor,
+        *,
+        ratio: float | None = None,
+        threshold: float | None = None,
+        min_tokens: int | None = None,
+        importance: torch.Tensor | None = None,
+        **extras: Any,
+    ) -> CompressionResult:
+        result = scissor_merge(
+            features,
+            coords,
+            compressor=self.craft.module_for(features),
+            ratio=ratio,
+            threshold=threshold,
+            min_tokens=min_tokens,
+            search_steps=self.search_steps,
+        )
+        result.info["checkpoint"] = self.checkpoint
+        return result
+
+
+# registered here: adding a baseline touches this one file (and its test)
+@register_method(
+    "scissor-merge",
+    kind="merge",
+    needs=("checkpoint",),
+    description="Scissor-Merge: LLaVA-Scissor's grouping fused by CRAFT's GatedMerge "
+    "(checkpoint=PATH; fresh untrained module without one).",
+)
+def build_scissor_merge(
+    checkpoint: str | Path | None = None,
+    hidden_size: int | None = None,
+    search_steps: int | None = None,
+    **overrides: Any,
+) -> ScissorMergeMethod:
+    return ScissorMergeMethod(
+        checkpoint=checkpoint, hidden_size=hidden_size, search_steps=search_steps, **overrides
     )

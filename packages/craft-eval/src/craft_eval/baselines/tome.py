@@ -9,10 +9,13 @@ A merged token keeps its destination's original position.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from craft_core import CompressionResult
-from craft_eval.baselines._common import finish, identity, normalized, prepare
+from craft_eval.baselines._common import BaselineMethod, finish, identity, normalized, prepare
+from craft_eval.methods.registry import register_method
 
 NAME = "tome"
 
@@ -72,3 +75,14 @@ def tome(
         steps += 1
 
     return finish(NAME, features, coords, active, representative, x, rounds=steps, info=info)
+
+
+# registered here: adding a baseline touches this one file (and its test)
+@register_method(
+    "tome",
+    kind="merge",
+    needs=(),
+    description="ToMe (video): bipartite soft matching over all tokens, size-weighted means.",
+)
+def build_tome(**_: Any) -> BaselineMethod:
+    return BaselineMethod(tome)

@@ -17,6 +17,7 @@ import torch
 
 from craft_core import CompressionResult
 from craft_eval.baselines._common import (
+    BaselineMethod,
     apportion,
     finish,
     frames_of,
@@ -27,6 +28,7 @@ from craft_eval.baselines._common import (
     prepare,
     top_indices,
 )
+from craft_eval.methods.registry import register_method
 
 NAME = "vidcom2"
 
@@ -107,15 +109,38 @@ def vidcom2(
     ]
     kept = torch.cat(kept_parts)
 
-    e = normalized(x)
-    representative = torch.arange(n, device=x.device)
-    is_kept = torch.zeros(n, dtype=torch.bool, device=x.device)
+    representative = _assign_in_frame(normalized(x), frames.members, kept_parts, kept)
+    info["frame_budgets"] = budgets
+    return finish(NAME, features, coords, kept, representative, info=info)
+
+
+def _assign_in_frame(
+    e: torch.Tensor, members: list[torch.Tensor], kept_parts: list[torch.Tensor], kept: torch.Tensor
+) -> torch.Tensor:
+    """`[N]` representative of every token: itself when kept, else the most similar kept
+    token of its frame (of the whole video when its frame keeps none). `e`: `[N, D]` unit."""
+    n = e.shape[0]
+    representative = torch.arange(n, device=e.device)
+    is_kept = torch.zeros(n, dtype=torch.bool, device=e.device)
     is_kept[kept] = True
-    for members, kept_f in zip(frames.members, kept_parts):
-        dropped = members[~is_kept[members]]
+    for frame, kept_f in zip(members, kept_parts):
+        dropped = frame[~is_kept[frame]]
         if dropped.numel() == 0:
             continue
         pool = kept_f if kept_f.numel() else kept
         representative[dropped] = pool[most_similar(e[dropped], e[pool])]
-    info["frame_budgets"] = budgets
-    return finish(NAME, features, coords, kept, representative, info=info)
+    return representative
+
+
+# registered here: adding a baseline touches this one file (and its test)
+@register_method(
+    "vidcom2",
+    kind="prune",
+    needs=(),
+    saliency="token features (Gaussian similarity to video / frame means)",
+    description="VidCom2: frame-adaptive budgets, keeps each frame's most distinctive tokens.",
+)
+def build_vidcom2(
+    channel_fraction: float = 0.5, temperature: float = 0.01, **_: Any
+) -> BaselineMethod:
+    return BaselineMethod(vidcom2, channel_fraction=channel_fraction, temperature=temperature)

@@ -15,108 +15,31 @@ a logging view of `task_dict` records that order, so batches of any size map bac
 
 from __future__ import annotations
 
-import inspect
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from craft_core import TokenBudget
+from craft_eval.methods.build import MODEL_ARGS, TimedCompressor, build_compressor, check_method
 
-def parse_budget(
-    method: str, ratio: Any, threshold: Any, min_tokens: Any
-) -> tuple[float | None, float | None, int | None]:
-    """(ratio, threshold, min_tokens) from model_args values; clear errors naming the argument."""
+_BUDGET_NAMES = ("model_args ratio", "model_args threshold", "model_args min_tokens")
 
-    def number(name: str, value: Any, kind: type) -> Any:
-        if value is None or value == "":
-            return None
-        try:
-            return kind(value)
-        except (TypeError, ValueError):
-            raise ValueError(f"model_args {name}={value!r} is not a number") from None
 
-    r = number("ratio", ratio, float)
-    t = number("threshold", threshold, float)
-    m = number("min_tokens", min_tokens, int)
+def parse_budget(method: str, ratio: Any, threshold: Any, min_tokens: Any) -> TokenBudget | None:
+    """The budget from model_args values (None for method=none); errors name the argument."""
     if method == "none":
-        if r is not None or t is not None:
-            raise ValueError("model_args ratio/threshold need a method (method=craft, ...)")
-        return None, None, None
-    if (r is None) == (t is None):
-        raise ValueError(f"method={method}: give exactly one of model_args ratio= or threshold=")
-    from craft_core.budget import resolve_budget
-
-    resolve_budget(100, ratio=r, threshold=t, min_tokens=m)  # validates ranges
-    return r, t, m
-
-
-class TimedCompressor:
-    """A registered method, timed per call (one call = one video): `calls_ms` lists them."""
-
-    def __init__(self, method: Any) -> None:
-        self.method = method
-        self.calls_ms: list[float] = []
-
-    @property
-    def hidden_size(self) -> int | None:
-        return getattr(self.method, "hidden_size", None)
-
-    def __call__(self, features: torch.Tensor, coords: torch.Tensor, **kwargs: Any) -> Any:
-        if features.device.type == "cuda":
-            torch.cuda.synchronize(features.device)
-        start = time.perf_counter()
-        result = self.method(features, coords, **kwargs)
-        if features.device.type == "cuda":
-            torch.cuda.synchronize(features.device)
-        self.calls_ms.append((time.perf_counter() - start) * 1000.0)
-        return result
-
-
-def check_method(method: str, checkpoint: str | None, allow_untrained: bool = False) -> Any:
-    """The registry entry of `method` (None for "none"); errors name the model_arg.
-
-    A method that needs a trained checkpoint (craft, scissor-merge) without `checkpoint=` is
-    refused unless `allow_untrained` (plumbing checks with a fresh random module)."""
-    if method == "none":
-        if checkpoint:
-            raise ValueError("model_args checkpoint= needs a method (method=craft)")
+        if any(v not in (None, "") for v in (ratio, threshold, min_tokens)):
+            raise ValueError(
+                "model_args ratio/threshold/min_tokens need a method (method=craft, ...)"
+            )
         return None
-    from craft_eval.methods import get_method_info, list_methods
-
-    try:
-        info = get_method_info(method)
-    except KeyError:
-        names = ", ".join(m.name for m in list_methods())
-        raise ValueError(f"model_args method={method!r} is unknown; known: none, {names}") from None
-    if "checkpoint" in info.needs and not checkpoint and not allow_untrained:
-        raise ValueError(
-            f"model_args method={method} needs checkpoint=PATH (a trained merge module); "
-            "allow_untrained=true runs a fresh random one"
-        )
-    if checkpoint and "checkpoint" not in inspect.signature(info.factory).parameters:
-        raise ValueError(f"model_args checkpoint= is not used by method={method}")
-    if checkpoint and not Path(str(checkpoint)).exists():
-        raise ValueError(f"model_args checkpoint={checkpoint}: no such file or folder")
-    return info
+    return TokenBudget.parse(ratio, threshold, min_tokens, names=_BUDGET_NAMES)
 
 
-def build_compressor(
-    method: str, checkpoint: str | None, model: Any, allow_untrained: bool = False
-) -> TimedCompressor | None:
-    """The registered `method` (None for "none"), sized to the model's language model."""
-    info = check_method(method, checkpoint, allow_untrained)
-    if info is None:
-        return None
-    from craft_eval.methods import get_method
-
-    kwargs: dict[str, Any] = {"checkpoint": str(checkpoint)} if checkpoint else {}
-    params = inspect.signature(info.factory).parameters
-    if "hidden_size" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        kwargs.setdefault("hidden_size", int(model.config.get_text_config().hidden_size))
-    return TimedCompressor(get_method(method, **kwargs))
+def _options(checkpoint: str | None) -> dict[str, Any]:
+    return {"checkpoint": str(checkpoint)} if checkpoint else {}
 
 
 @dataclass
@@ -126,14 +49,21 @@ class RowRecord:
     tokens_before: int
     tokens_after: int
     compression_ms: float
+    kept_digests: list[str] = field(default_factory=list)  # per video: tokens + rows kept
+    importance: list[str] = field(default_factory=list)  # per video: what ranked the tokens
 
     def fields(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "visual_tokens_before": self.tokens_before,
             "visual_tokens_after": self.tokens_after,
             "realized_ratio": round(self.tokens_before / max(1, self.tokens_after), 4),
             "compression_ms": round(self.compression_ms, 3),
         }
+        if self.kept_digests:
+            out["kept_digests"] = list(self.kept_digests)
+        if self.importance:
+            out["importance"] = list(self.importance)
+        return out
 
 
 class CompressedGenerate:
@@ -142,12 +72,14 @@ class CompressedGenerate:
     `rows` holds one `RowRecord` per row of the last `generate` call.
     """
 
-    def __init__(self, model: Any, compressor: TimedCompressor | None, budget: dict[str, Any]):
+    def __init__(
+        self, model: Any, compressor: TimedCompressor | None, budget: TokenBudget | None
+    ) -> None:
         import craft_adapters
 
         self._hf = model
         self._compressor = compressor
-        self._wrapped = craft_adapters.wrap(model, compressor, **budget)
+        self._wrapped = craft_adapters.wrap(model, compressor, budget=budget)
         self._video_token_id = self._wrapped.adapter.video_token_id
         self.rows: list[RowRecord] = []
 
@@ -163,7 +95,7 @@ class CompressedGenerate:
             raise TypeError("craft plugin: pass processor outputs to generate() as keywords")
         ids = kwargs.get("input_ids")
         if self._compressor is not None:
-            self._compressor.calls_ms = []
+            self._compressor.reset()
         out = self._wrapped.generate(**kwargs)
         self.rows = self._records(ids)
         return out
@@ -176,12 +108,17 @@ class CompressedGenerate:
             counts = (ids == self._video_token_id).sum(dim=1).tolist()
             return [RowRecord(int(n), int(n), 0.0) for n in counts]
         rows = [RowRecord(0, 0, 0.0) for _ in range(ids.shape[0])]
-        times = self._compressor.calls_ms if self._compressor is not None else []
+        calls = self._compressor.calls if self._compressor is not None else []
         for k, video in enumerate(report.videos):
             row = rows[video.batch_index]
             row.tokens_before += video.tokens_before
             row.tokens_after += video.tokens_after
-            row.compression_ms += times[k] if k < len(times) else 0.0
+            if k < len(calls):
+                row.compression_ms += calls[k].ms
+                row.kept_digests.append(calls[k].digest)
+                source = calls[k].importance
+                if source:
+                    row.importance.append(source)
         return rows
 
 
@@ -229,15 +166,22 @@ class CraftLMMixin:
         **kwargs: Any,
     ) -> None:
         method = str(method).lower()
-        r, t, m = parse_budget(method, ratio, threshold, min_tokens)
-        check_method(method, checkpoint, allow_untrained is True)  # before the model loads
+        untrained = allow_untrained is True or str(allow_untrained).lower() == "true"
+        budget = parse_budget(method, ratio, threshold, min_tokens)
+        # checked before the model loads; built (sized to the model) after
+        check_method(method, _options(checkpoint), allow_untrained=untrained, spelling=MODEL_ARGS)
         super().__init__(**kwargs)
         hf_model = getattr(self, "model", self._model)  # unwrapped from accelerate's wrappers
-        compressor = build_compressor(method, checkpoint, hf_model, allow_untrained is True)
-        budget = {"ratio": r, "threshold": t, "min_tokens": m} if compressor is not None else {}
+        compressor = build_compressor(
+            method,
+            _options(checkpoint),
+            hidden_size=int(hf_model.config.get_text_config().hidden_size),
+            allow_untrained=untrained,
+            spelling=MODEL_ARGS,
+        )
         self._model = CompressedGenerate(hf_model, compressor, budget)
         self.craft_method = method
-        self.craft_budget = {k: v for k, v in budget.items() if v is not None}
+        self.craft_budget = {} if budget is None else budget.kwargs()
 
     def generate_until(self, requests: list[Any]) -> list[Any]:
         from lmms_eval.api.instance import GenerationResult

@@ -1,7 +1,9 @@
 """Every compression method behind one interface (see `craft_eval.methods.registry`).
 
-Importing this package registers the CRAFT family, random and uniform, and then the
-published baselines of `craft_eval.baselines` when that package is present.
+Importing this package registers the CRAFT family, random and uniform; the published
+baselines of `craft_eval.baselines` register themselves, each in its own module, when the
+registry is first asked for a method (`registry.PLUGIN_PACKAGES`). Layering: baselines
+import this package, never the reverse.
 """
 
 from __future__ import annotations
@@ -17,12 +19,6 @@ from craft_eval.methods.registry import (
     list_methods,
     register_method,
 )
-
-try:  # the published baselines register themselves on import (issue 5)
-    import craft_eval.baselines as _baselines  # noqa: F401
-except ModuleNotFoundError as error:  # only a MISSING baselines package is tolerated
-    if error.name not in ("craft_eval.baselines",):
-        raise
 
 del _craft, _simple
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from craft_core import CompressionResult, check_tokens, resolve_budget
+from craft_core import CompressionResult, TokenBudget, check_tokens
 
 
 def fixed_budget(
@@ -27,10 +27,8 @@ def fixed_budget(
         raise ValueError(
             f"method {method!r} has no threshold mode; give ratio=... (a fixed token budget)"
         )
-    budget = resolve_budget(
-        int(features.shape[0]), ratio=ratio, threshold=threshold, min_tokens=min_tokens
-    )
-    return budget.floor
+    budget = TokenBudget(ratio=ratio, threshold=threshold, min_tokens=min_tokens)
+    return budget.resolve(int(features.shape[0])).floor
 
 
 def nearest_kept_assignment(num_tokens: int, kept_index: torch.Tensor) -> torch.Tensor:

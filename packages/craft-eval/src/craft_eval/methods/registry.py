@@ -22,6 +22,8 @@ and build it with `get_method("my-method", **kwargs)`. `list_methods()` is what
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -81,6 +83,22 @@ class MethodInfo:
 
 _REGISTRY: dict[str, MethodInfo] = {}
 
+PLUGIN_PACKAGES = ("craft_eval.baselines",)
+"""Packages whose every module may register methods: imported (all their modules) on the
+first lookup, so a new method is one new file there and the registry names no module."""
+_discovered = False
+
+
+def _discover() -> None:
+    global _discovered
+    if _discovered:
+        return
+    for package in PLUGIN_PACKAGES:
+        module = importlib.import_module(package)
+        for info in pkgutil.iter_modules(module.__path__):
+            importlib.import_module(f"{package}.{info.name}")
+    _discovered = True
+
 
 def register_method(
     name: str,
@@ -128,6 +146,7 @@ def _qualname(obj: Any) -> str:
 
 def get_method_info(name: str) -> MethodInfo:
     """The `MethodInfo` of `name`; KeyError listing the known names when absent."""
+    _discover()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -142,6 +161,7 @@ def get_method(name: str, **kwargs: Any) -> TokenCompressor:
 
 def list_methods() -> list[MethodInfo]:
     """Every registered method, sorted by name."""
+    _discover()
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]
 
 

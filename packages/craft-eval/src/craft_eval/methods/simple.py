@@ -11,63 +11,67 @@ from craft_eval.methods.base import fixed_budget, prune_result
 from craft_eval.methods.registry import register_method
 
 
-class RandomCompressor:
+class _Pruner:
+    """A fixed-ratio pruning method: `pick(n, keep)` chooses the `keep` indices of `n`."""
+
+    name = ""
+
+    def pick(self, n: int, keep: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def info(self) -> dict[str, Any]:
+        return {"method": self.name}
+
+    def __call__(
+        self,
+        features: torch.Tensor,
+        coords: torch.Tensor,
+        *,
+        ratio: float | None = None,
+        threshold: float | None = None,
+        min_tokens: int | None = None,
+        **extras: Any,
+    ) -> CompressionResult:
+        keep = fixed_budget(
+            features,
+            coords,
+            ratio=ratio,
+            threshold=threshold,
+            min_tokens=min_tokens,
+            method=self.name,
+        )
+        kept = self.pick(int(features.shape[0]), keep)
+        return prune_result(features, coords, kept, info=self.info())
+
+
+class RandomCompressor(_Pruner):
     """Keep a uniformly random subset of exactly the budget's size.
 
     The generator is re-seeded from `seed` on every call, so a video gets the same subset
     whatever ran before it (results do not depend on evaluation order or sharding).
     """
 
+    name = "random"
+
     def __init__(self, seed: int = 0) -> None:
         self.seed = int(seed)
 
-    def __call__(
-        self,
-        features: torch.Tensor,
-        coords: torch.Tensor,
-        *,
-        ratio: float | None = None,
-        threshold: float | None = None,
-        min_tokens: int | None = None,
-        **extras: Any,
-    ) -> CompressionResult:
-        keep = fixed_budget(
-            features,
-            coords,
-            ratio=ratio,
-            threshold=threshold,
-            min_tokens=min_tokens,
-            method="random",
-        )
+    def pick(self, n: int, keep: int) -> torch.Tensor:
         generator = torch.Generator().manual_seed(self.seed)
-        kept = torch.randperm(int(features.shape[0]), generator=generator)[:keep]
-        return prune_result(features, coords, kept, info={"method": "random", "seed": self.seed})
+        return torch.randperm(n, generator=generator)[:keep]
+
+    def info(self) -> dict[str, Any]:
+        return {"method": "random", "seed": self.seed}
 
 
-class UniformCompressor:
+class UniformCompressor(_Pruner):
     """Keep an evenly strided subset: indices `floor((i + 0.5) * N / k)`, i = 0..k-1."""
 
-    def __call__(
-        self,
-        features: torch.Tensor,
-        coords: torch.Tensor,
-        *,
-        ratio: float | None = None,
-        threshold: float | None = None,
-        min_tokens: int | None = None,
-        **extras: Any,
-    ) -> CompressionResult:
-        keep = fixed_budget(
-            features,
-            coords,
-            ratio=ratio,
-            threshold=threshold,
-            min_tokens=min_tokens,
-            method="uniform",
-        )
-        n = int(features.shape[0])
+    name = "uniform"
+
+    def pick(self, n: int, keep: int) -> torch.Tensor:
         kept = ((torch.arange(keep, dtype=torch.float64) + 0.5) * n / keep).floor().long()
-        return prune_result(features, coords, kept.clamp(max=n - 1), info={"method": "uniform"})
+        return kept.clamp(max=n - 1)
 
 
 @register_method(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -126,6 +127,10 @@ class Benchmark:
             f"mean of per-{self.macro_over} accuracies" if self.macro_over else "accuracy"
         )
         return info
+
+    def write_fixture(self, root: Path, video: Callable[[Path, int], str], num_items: int) -> None:
+        """A tiny dataset in this benchmark's distributed layout (`craft_eval.fixtures`)."""
+        raise NotImplementedError(f"no fixture writer for {self.name!r}")
 
     def rules(self, protocol: str) -> str:
         """One line naming the prompt and parser of `protocol` (for result files)."""

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from craft_eval.synthetic import VideoWriter, direction_question, write_parquet
 from craft_eval.tasks.base import (
     LETTERS,
     Benchmark,
@@ -72,6 +73,25 @@ class EgoSchema(Benchmark):
 
     def rules(self, protocol: str) -> str:
         return 'lmms-eval prompt; MMMU-style parser ("(A)", "A ", "A.", option texts)'
+
+    def write_fixture(self, root: Path, video: VideoWriter, num_items: int) -> None:
+        rows: list[dict[str, Any]] = []
+        for i in range(num_items):
+            q, cands, gold = direction_question(i)
+            uid = f"0000{i:04d}-aaaa-bbbb-cccc-{i:012d}"
+            video(root / "videos" / f"{uid}.mp4", i)
+            opts = [f"{LETTERS[k]}. The square moves {c}." for k, c in enumerate(cands)]
+            opts.append("E. The square stays still.")
+            rows.append(
+                {
+                    "question_idx": uid,
+                    "question": q,
+                    "video_idx": uid,
+                    "option": opts,
+                    "answer": str(gold),
+                }
+            )
+        write_parquet(root / "Subset" / "test-00000-of-00001.parquet", rows)
 
 
 def _answer_letter(raw: Any, n_options: int, path: Path) -> str:

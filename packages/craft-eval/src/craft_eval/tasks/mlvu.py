@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from craft_eval.synthetic import LETTERS, VideoWriter, direction_question, write_parquet
 from craft_eval.tasks.base import (
     Benchmark,
     Item,
@@ -60,3 +62,32 @@ class MLVU(Benchmark):
 
     def rules(self, protocol: str) -> str:
         return 'lmms-eval prompt ending "Best option: ("; multiple-choice extractor A-D'
+
+    def write_fixture(self, root: Path, video: VideoWriter, num_items: int) -> None:
+        rows: list[dict[str, Any]] = []
+        task_types = [
+            "plotQA",
+            "needle",
+            "ego",
+            "count",
+            "order",
+            "anomaly_reco",
+            "topic_reasoning",
+        ]
+        for i in range(num_items):
+            q, cands, gold = direction_question(i)
+            name = f"mlvu_{i:03d}.mp4"
+            video(root / "video" / name, i)
+            text = q + "\n" + "\n".join(f"({LETTERS[k]}) {c}" for k, c in enumerate(cands))
+            rows.append(
+                {
+                    "video_name": name,
+                    "duration": 4.0,
+                    "question": text,
+                    "candidates": cands,
+                    "answer": LETTERS[gold],
+                    "task_type": task_types[i % 7],
+                    "question_id": f"mlvu-{i}",
+                }
+            )
+        write_parquet(root / "dev-00000-of-00001.parquet", rows)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from typing import Any
 
+from craft_eval.synthetic import VideoWriter, clip_of, direction_question, write_json
 from craft_eval.tasks.base import LETTERS, Benchmark, Item, Prompt, first_existing, read_records
 from craft_eval.tasks.parsing import mvbench_extract, mvbench_original_extract, strip_reasoning
 
@@ -119,3 +121,24 @@ class MVBench(Benchmark):
                 'system prompt + reply forced to start "Best option:("; first word names the option'
             )
         return 'lmms-eval prompt; "A. text" form, else first standalone a-e word (any case)'
+
+    def write_fixture(self, root: Path, video: VideoWriter, num_items: int) -> None:
+        tasks = ["moving_direction", "object_existence"]
+        for t, task in enumerate(tasks):
+            task_rows: list[dict[str, Any]] = []
+            for j in range(num_items):
+                i = t * num_items + j
+                name = f"{task}_{j:03d}.mp4"
+                video(root / "video" / "clevrer" / "video_validation" / name, i)
+                if task == "moving_direction":
+                    q, cands, gold = direction_question(i)
+                    cands = [f"The square moves {c}." for c in cands]
+                else:
+                    colour = clip_of(i)["colour"]
+                    q = f"Is there a {colour} square in the video?"
+                    cands = ["yes", "no"] if i % 2 == 0 else ["no", "yes"]
+                    gold = cands.index("yes")
+                task_rows.append(
+                    {"video": name, "question": q, "candidates": cands, "answer": cands[gold]}
+                )
+            write_json(root / "json" / f"{task}.json", task_rows)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
+from craft_eval.synthetic import LETTERS, VideoWriter, direction_question, write_parquet
 from craft_eval.tasks.base import Benchmark, Item, Prompt, find_annotation, read_records
 from craft_eval.tasks.parsing import strip_reasoning, tempcompass_extract
 
@@ -67,3 +69,21 @@ class TempCompass(Benchmark):
             "lmms-eval rules: reply == answer, or one of A-D, or starts with 'X.'/'X)' (X in "
             "A-D); otherwise 0 where lmms-eval would ask an LLM judge (offline)"
         )
+
+    def write_fixture(self, root: Path, video: VideoWriter, num_items: int) -> None:
+        rows: list[dict[str, Any]] = []
+        dims = ["action", "speed", "direction", "order", "attribute_change"]
+        for i in range(num_items):
+            q, cands, gold = direction_question(i)
+            vid = f"{1034419625 + i}" + ("_reverse" if i % 3 == 2 else "")
+            video(root / "videos" / f"{vid}.mp4", i)
+            lines = [f"{LETTERS[k]}. {c}" for k, c in enumerate(cands)]
+            rows.append(
+                {
+                    "video_id": vid,
+                    "dim": dims[i % 5],
+                    "question": q + "\n" + "\n".join(lines),
+                    "answer": lines[gold],
+                }
+            )
+        write_parquet(root / "multi-choice" / "test-00000-of-00001.parquet", rows)

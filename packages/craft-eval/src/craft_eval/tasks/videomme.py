@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from craft_eval.synthetic import LETTERS, VideoWriter, direction_question, write_parquet
 from craft_eval.tasks.base import (
     Benchmark,
     Item,
@@ -86,3 +88,26 @@ class VideoMME(Benchmark):
         if protocol == "original":
             return 'prompt ends "The best answer is:"; first A-D after removing answer prefixes'
         return "lmms-eval prompt; multiple-choice extractor A-D (preference order, benchmarks.md)"
+
+    def write_fixture(self, root: Path, video: VideoWriter, num_items: int) -> None:
+        rows: list[dict[str, Any]] = []
+        for i in range(num_items):
+            q, cands, gold = direction_question(i)
+            vid = f"vid{i:03d}"
+            video(root / "data" / f"{vid}.mp4", i)
+            rows.append(
+                {
+                    "video_id": f"{i:03d}",
+                    "duration": ["short", "medium", "long"][i % 3],
+                    "domain": ["Knowledge", "Life Record"][i % 2],
+                    "sub_category": ["Humanity & History", "Daily Life"][i % 2],
+                    "url": f"https://www.youtube.com/watch?v={vid}",
+                    "videoID": vid,
+                    "question_id": f"{i:03d}-1",
+                    "task_type": ["Counting Problem", "Action Recognition"][i % 2],
+                    "question": q,
+                    "options": [f"{LETTERS[k]}. {c.capitalize()}." for k, c in enumerate(cands)],
+                    "answer": LETTERS[gold],
+                }
+            )
+        write_parquet(root / "videomme" / "test-00000-of-00001.parquet", rows)

@@ -1,6 +1,6 @@
 """Make the shipped merge module: craft-train in the world, on the frozen world backbone.
 
-    uv run python packages/craft-world/scripts/train_craft.py --work /tmp/world-craft \
+    uv run python packages/craft-train/scripts/train_world_craft.py --work /tmp/world-craft \
         [--method distill|stage12] [--ship packages/craft-world/src/craft_world/checkpoints/craft]
 
 Clips: split "craft" (disjoint from the backbone's and the held-out ones), `--clips` of them.

@@ -1,7 +1,7 @@
 """The held-out table of the world: every registered craft-eval method and given CRAFT
 checkpoints at every ratio, first-token accuracy and KL to the uncompressed model, paired.
 
-    uv run python packages/craft-world/scripts/world_table.py --clips 300 \
+    uv run python packages/craft-eval/scripts/world_table.py --clips 300 \
         --checkpoint trained=packages/craft-world/src/craft_world/checkpoints/craft \
         --out /tmp/world-table.json --markdown /tmp/world-table.md
 
@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
 
     from craft_core import CraftCompressor
-    from craft_eval.methods import get_method, get_method_info, list_methods
+    from craft_eval.methods import list_methods
+    from craft_eval.methods.build import build_compressor
     from craft_world import load_backbone, make_clips
     from craft_world.measure import Score, answer_logprobs, evaluate, load_items
 
@@ -110,9 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     rows["uncompressed"] = evaluate(model, processor, items, ref)
     names = args.methods if args.methods is not None else [m.name for m in list_methods()]
     compressors: dict[str, Any] = {}
-    for name in names:
-        takes_width = "hidden_size" in get_method_info(name).factory.__code__.co_varnames
-        compressors[name] = get_method(name, **({"hidden_size": 128} if takes_width else {}))
+    width = int(model.config.get_text_config().hidden_size)
+    for name in names:  # untrained CRAFT family: a fresh module, as the demo's "craft"
+        compressors[name] = build_compressor(name, hidden_size=width, allow_untrained=True)
     for name, folder in specs:
         compressors[name] = CraftCompressor.from_pretrained(folder).eval()
     summary: dict[str, Any] = {"items": len(items), "uncompressed": rows["uncompressed"].accuracy}

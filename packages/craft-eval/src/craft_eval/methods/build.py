@@ -1,0 +1,221 @@
+"""One way from a method name to a compressor: `check_method` and `build_compressor`.
+
+`craft-eval run` (HFBackend), the lmms-eval plugin, the demo and `craft-eval efficiency`
+all build their compressor here:
+
+    compressor = build_compressor("visionzip", hidden_size=2560)   # a TimedCompressor
+    model = craft_adapters.wrap(hf_model, compressor, budget=TokenBudget(ratio=8))
+
+One registry lookup, one argument check (`check_method`: the name, the option keys, the
+checkpoint) and one timing wrapper. `TimedCompressor` forwards every attribute of the method
+it wraps (`needs_attention`, `hidden_size`, ...) and the method's call signature, so
+craft-adapters sees exactly what the bare method declares: an attention-using method gets the
+vision tower's attention through every path. Errors name the argument as the caller spells
+it (`Spelling`: `--method-arg` on the command line, `model_args` in lmms-eval).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from craft_eval.methods.registry import MethodInfo, get_method_info, list_methods
+
+__all__ = [
+    "CLI",
+    "MODEL_ARGS",
+    "CallRecord",
+    "Spelling",
+    "TimedCompressor",
+    "build_compressor",
+    "check_method",
+    "result_digest",
+]
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How a caller names the method arguments in its error messages."""
+
+    method: str = "method="
+    checkpoint: str = "checkpoint="
+    option: str = "option "
+    untrained: str = "allow_untrained=True"
+
+
+CLI = Spelling("--method ", "--checkpoint ", "--method-arg ", "--allow-untrained")
+MODEL_ARGS = Spelling(
+    "model_args method=", "model_args checkpoint=", "model_args ", "allow_untrained=true"
+)
+
+
+def _options_of(info: MethodInfo) -> set[str]:
+    """The option names `info.factory` takes (CRAFT's factories: every CraftConfig field)."""
+    params = inspect.signature(info.factory).parameters.values()
+    allowed = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    if any(p.kind is p.VAR_KEYWORD and p.name == "overrides" for p in params):
+        from craft_core import CraftConfig
+
+        allowed |= set(CraftConfig.model_fields) | {"device"}
+    return allowed
+
+
+def check_method(
+    method: str,
+    options: dict[str, Any] | None = None,
+    *,
+    allow_untrained: bool = False,
+    spelling: Spelling = Spelling(),
+) -> MethodInfo | None:
+    """The registry entry of `method` (None for "none") after checking its arguments.
+
+    `options` are the factory's keyword arguments (`checkpoint` among them). Refused, with a
+    ValueError naming the argument: an unknown method, an option the factory does not take,
+    a method that needs a trained checkpoint without one (unless `allow_untrained`: plumbing
+    checks with a fresh random module), a checkpoint that is not an existing folder.
+    """
+    options = dict(options or {})
+    if method == "none":
+        if options.get("checkpoint") is not None:
+            raise ValueError(f"{spelling.checkpoint.strip()} needs a method (not 'none')")
+        if options:
+            raise ValueError(f"{spelling.option}{sorted(options)[0]} needs a method (not 'none')")
+        return None
+    try:
+        info = get_method_info(method)
+    except KeyError:
+        known = ", ".join(m.name for m in list_methods())
+        raise ValueError(f"{spelling.method}{method} is unknown; known: none, {known}") from None
+    allowed = _options_of(info)
+    unknown = sorted(set(options) - allowed)
+    if unknown == ["checkpoint"]:
+        raise ValueError(f"{spelling.checkpoint.strip()} is not used by {method}")
+    if unknown:
+        known = ", ".join(sorted(allowed - {"checkpoint", "hidden_size"})) or "none"
+        raise ValueError(
+            f"{spelling.option}{unknown[0]}: {method} has no such option; known: {known}"
+        )
+    checkpoint = options.get("checkpoint")
+    if "checkpoint" in info.needs and checkpoint is None and not allow_untrained:
+        raise ValueError(
+            f"{spelling.method}{method} needs {spelling.checkpoint}PATH (a trained merge "
+            f"module); {spelling.untrained} runs a fresh untrained one for plumbing checks"
+        )
+    if checkpoint is not None and not Path(str(checkpoint)).is_dir():
+        raise ValueError(f"{spelling.checkpoint}{checkpoint}: no such folder")
+    return info
+
+
+def build_compressor(
+    method: str,
+    options: dict[str, Any] | None = None,
+    *,
+    hidden_size: int | None = None,
+    allow_untrained: bool = False,
+    spelling: Spelling = Spelling(),
+) -> TimedCompressor | None:
+    """The registered `method` built with `options`, timed (None for "none").
+
+    `hidden_size` (the language model's width) goes to factories that take it. A checkpoint
+    that cannot be loaded raises a ValueError naming it.
+    """
+    info = check_method(method, options, allow_untrained=allow_untrained, spelling=spelling)
+    if info is None:
+        return None
+    kwargs = dict(options or {})
+    if hidden_size is not None and "hidden_size" in _options_of(info):
+        kwargs.setdefault("hidden_size", int(hidden_size))
+    try:
+        built = info.factory(**kwargs)
+    except Exception as error:
+        checkpoint = kwargs.get("checkpoint")
+        if checkpoint is None:
+            raise
+        raise ValueError(
+            f"{spelling.checkpoint}{checkpoint}: cannot be loaded ({error})"
+        ) from error
+    return TimedCompressor(built)
+
+
+def result_digest(result: Any) -> str:
+    """sha256 (16 hex) of a result's kept indices and its features (as float32): equal
+    digests mean the same tokens were kept with the same rows."""
+    h = hashlib.sha256()
+    h.update(result.kept_index.detach().to("cpu", torch.int64).contiguous().numpy().tobytes())
+    h.update(result.features.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+@dataclass
+class CallRecord:
+    """One compressor call (one video): its time and what it kept (on the CPU)."""
+
+    ms: float
+    coords: torch.Tensor
+    kept_index: torch.Tensor
+    assignment: torch.Tensor
+    digest: str
+    importance: str | None = None  # what ranked the tokens, where the method records it
+
+
+class TimedCompressor:
+    """A built method, timed per call (one call = one video); `calls` records each.
+
+    Everything else is the method's: attributes (`needs_attention`, `hidden_size`, ...)
+    and the call signature are forwarded, so callers cannot tell it from the bare method.
+    """
+
+    def __init__(self, method: Any) -> None:
+        self.method = method
+        self.calls: list[CallRecord] = []
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "method":  # not yet set (copy / unpickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.method, name)
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        return inspect.signature(self.method)
+
+    @property
+    def elapsed_ms(self) -> float:
+        """Total time of the calls since the last `reset()`."""
+        return sum(call.ms for call in self.calls)
+
+    @property
+    def last(self) -> CallRecord | None:
+        return self.calls[-1] if self.calls else None
+
+    def reset(self) -> None:
+        self.calls = []
+
+    def __call__(self, features: torch.Tensor, coords: torch.Tensor, **kwargs: Any) -> Any:
+        _sync(features.device)
+        start = time.perf_counter()
+        result = self.method(features, coords, **kwargs)
+        _sync(features.device)
+        ms = (time.perf_counter() - start) * 1000.0
+        info = getattr(result, "info", None) or {}
+        self.calls.append(
+            CallRecord(
+                ms=ms,
+                coords=coords.detach().cpu(),
+                kept_index=result.kept_index.detach().cpu(),
+                assignment=result.assignment.detach().cpu(),
+                digest=result_digest(result),
+                importance=info.get("importance"),
+            )
+        )
+        return result
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
