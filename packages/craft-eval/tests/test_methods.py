@@ -152,3 +152,37 @@ def test_attention_methods_record_the_source_that_ran(name: str) -> None:
     proxy = method(feats, coords, ratio=4.0, importance=feats.norm(dim=-1))
     assert torch.equal(proxy.kept_index, fallback.kept_index)
     assert not torch.equal(given.kept_index, fallback.kept_index)
+
+
+def test_craft_checkpoint_by_hub_id_offline(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`checkpoint=org/name[@rev]` is resolved by huggingface_hub (offline, from its cache);
+    an uncached id fails naming the id, a missing folder or a file is refused before loading."""
+    from huggingface_hub import constants
+
+    from craft_core import CraftCompressor, CraftConfig
+    from craft_eval.methods.build import build_compressor
+
+    module = CraftCompressor(CraftConfig(hidden_size=16))
+    commit = "c" * 40
+    snapshot = tmp_path / "hub" / "models--org--tiny-craft" / "snapshots" / commit
+    module.save_pretrained(snapshot)
+    (snapshot.parent.parent / "refs").mkdir()
+    (snapshot.parent.parent / "refs" / "v1").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.chdir(tmp_path)  # no local folder named "org/..."
+
+    feats, coords = _tokens(50, d=16)
+    got = build_compressor("craft", {"checkpoint": "org/tiny-craft@v1"})
+    assert got is not None
+    assert torch.equal(
+        got(feats, coords, ratio=5.0).features, module(feats, coords, ratio=5.0).features
+    )
+    with pytest.raises(ValueError, match=r"org/tiny-craft@nope.*cannot be loaded"):
+        build_compressor("craft", {"checkpoint": "org/tiny-craft@nope"})
+    with pytest.raises(ValueError, match=r"org/other.*cannot be loaded.*HF_HUB_OFFLINE"):
+        build_compressor("craft", {"checkpoint": "org/other"})
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    for bad in ("weights.bin", "runs/a/b", "/no/such/folder"):
+        with pytest.raises(ValueError, match="no such folder, and not a Hub id"):
+            build_compressor("craft", {"checkpoint": bad})

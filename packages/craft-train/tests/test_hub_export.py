@@ -130,3 +130,14 @@ def test_summary_skips_a_torn_last_line(tmp_path: Path) -> None:
     log.write_text("")
     with pytest.raises(ValueError, match="no logged step"):
         summarize_log(log)
+
+
+def test_train_ends_with_its_hub_folder(run: Path) -> None:
+    """`train()` exports the finished run itself: run/hub holds the run's weights byte for byte."""
+    folder = run / "hub"
+    assert {"README.md", "config.json", "model.safetensors", SUMMARY_FILE} <= {
+        p.name for p in folder.iterdir()
+    }
+    for name in ("config.json", "model.safetensors"):
+        assert (folder / name).read_bytes() == (run / "craft" / name).read_bytes()
+    assert json.loads((folder / SUMMARY_FILE).read_text())["train_state"]["finished"] is True

@@ -56,6 +56,7 @@ from craft_train.data import (
     read_manifest,
 )
 from craft_train.distributed import make_accelerator
+from craft_train.hub_export import export_hub_folder
 from craft_train.model import CRAFT_DIR, LORA_DIR, ModelBundle, build_model
 
 __all__ = ["StepInfo", "TrainResult", "TrainingDiverged", "load_examples", "train"]
@@ -341,6 +342,7 @@ def train(
     loop.runner.save_weights(output_dir)
     if accelerator.is_main_process:
         final.save(output_dir)
+        export_hub_folder(output_dir)  # reads the finished train_state: after final.save
     accelerator.wait_for_everyone()
     result.global_step = step
     result.skipped_videos = final.skipped_videos

@@ -107,9 +107,29 @@ def check_method(
             f"{spelling.method}{method} needs {spelling.checkpoint}PATH (a trained merge "
             f"module); {spelling.untrained} runs a fresh untrained one for plumbing checks"
         )
-    if checkpoint is not None and not Path(str(checkpoint)).is_dir():
-        raise ValueError(f"{spelling.checkpoint}{checkpoint}: no such folder")
+    if checkpoint is not None and not _folder_or_hub_id(str(checkpoint)):
+        raise ValueError(
+            f"{spelling.checkpoint}{checkpoint}: no such folder, and not a Hub id "
+            "('org/name' or 'org/name@revision')"
+        )
     return info
+
+
+def _folder_or_hub_id(checkpoint: str) -> bool:
+    """True for an existing folder or a well-formed Hub id ("org/name", "org/name@rev");
+    whether the id exists (or is cached, offline) is huggingface_hub's to say when loading."""
+    if Path(checkpoint).is_dir():
+        return True
+    if Path(checkpoint).exists():
+        return False  # a file: a checkpoint is a folder
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    repo_id = checkpoint.partition("@")[0]
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        return False
+    return repo_id.count("/") == 1
 
 
 def build_compressor(

@@ -70,7 +70,9 @@ class CraftMethod:
     def _load(self, path: str) -> Any:
         from craft_core import CraftCompressor
 
-        module = CraftCompressor.from_pretrained(path).eval()
+        # "org/name@rev" pins a Hub revision; a local folder is never split.
+        name, _, revision = (path, "", "") if Path(path).is_dir() else path.partition("@")
+        module = CraftCompressor.from_pretrained(name, revision=revision or None).eval()
         if self.overrides:
             from craft_core import CraftConfig
 
