@@ -260,3 +260,28 @@ def test_timed_compressor_declares_what_the_method_declares() -> None:
             assert accepts(timed, option) is accepts(bare, option), (name, option)
     assert wants_attention(TimedCompressor(get_method("visionzip")))
     assert wants_attention(TimedCompressor(get_method("fastvid")))
+
+
+def test_run_reads_the_annotations_once(
+    world: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`craft-eval run` checks the items before loading the model and evaluates those same
+    items: the benchmark's annotations are read once per run, not once per check."""
+    from craft_eval import cli
+    from craft_eval.tasks import get_benchmark
+
+    bench_cls = type(get_benchmark("videomme"))
+    real = bench_cls.load
+    reads: list[str] = []
+
+    def counted(self: Any, root: Any, *, subset: str | None = None) -> Any:
+        reads.append(str(root))
+        return real(self, root, subset=subset)
+
+    monkeypatch.setattr(bench_cls, "load", counted)
+    out = world["root"] / "runs-once"
+    argv = ["run", "--model", str(world["model"]), "-b", "videomme", "--data-root"]
+    argv += [str(world["data"]), "-o", str(out), "--fps", "8", "--frames", "4", "--no-progress"]
+    assert cli.main(argv) == 0
+    assert len(reads) == 1, reads  # was 2: the check and the run each read them
+    assert len(list(out.rglob("records.jsonl"))) == 1

@@ -283,8 +283,12 @@ def _configs(
     threshold: float | None,
     method_kwargs: dict[str, Any],
     min_tokens: int | None = None,
+    loaded: dict[tuple[Any, ...], list[Any]] | None = None,
 ) -> list[RunConfig]:
-    """One checked RunConfig per benchmark (arguments, annotations, videos, protocol)."""
+    """One checked RunConfig per benchmark (arguments, annotations, videos, protocol).
+
+    The items each config reads are loaded (checked) once and kept in `loaded` under
+    `_items_key(config)`, so that the run does not read the annotations again."""
     from craft_eval.runner import load_items
     from craft_eval.tasks import get_benchmark
 
@@ -317,13 +321,21 @@ def _configs(
         try:
             config.validate()
             get_benchmark(bench).describe_protocol(config.protocol, config.fallback)
-            load_items(config)
+            key = _items_key(config)
+            items = loaded[key] if loaded and key in loaded else load_items(config)
         except (ValueError, FileNotFoundError) as error:
             raise UsageError(str(error)) from None
+        if loaded is not None:
+            loaded[key] = items
         configs.append(config)
     if args.merge_maps < 0:
         raise UsageError(f"--merge-maps must be >= 0, got {args.merge_maps}")
     return configs
+
+
+def _items_key(config: RunConfig) -> tuple[Any, ...]:
+    """What decides a config's items: benchmark, data root, subset and limit."""
+    return (config.benchmark, str(config.data_root), config.subset, config.limit)
 
 
 def _evaluate(
@@ -332,6 +344,7 @@ def _evaluate(
     processor: Any,
     configs: list[RunConfig],
     progress: bool = True,
+    loaded: dict[tuple[Any, ...], list[Any]] | None = None,
 ) -> list[dict[str, Any]]:
     from craft_eval.backend import HFBackend
 
@@ -360,7 +373,11 @@ def _evaluate(
             )
 
         summary = run_benchmark(
-            config, backend, run_dir, progress=progress and not args.no_progress
+            config,
+            backend,
+            run_dir,
+            progress=progress and not args.no_progress,
+            items=(loaded or {}).get(_items_key(config)),
         )
         if summary is not None:
             summaries.append(summary)
@@ -386,18 +403,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
     method_kwargs = _kv(args.method_arg)
     if args.checkpoint:
         method_kwargs["checkpoint"] = args.checkpoint
+    loaded: dict[tuple[Any, ...], list[Any]] = {}
     configs = _configs(
-        args, tag, args.method, args.ratio, args.threshold, method_kwargs, args.min_tokens
+        args, tag, args.method, args.ratio, args.threshold, method_kwargs, args.min_tokens, loaded
     )
     _check_method(args.method, method_kwargs, args.allow_untrained)
     model, processor, tag = _load_model(args)
-    _evaluate(args, model, processor, [replace(c, model=tag) for c in configs])
+    _evaluate(args, model, processor, [replace(c, model=tag) for c in configs], loaded=loaded)
     return 0
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     tag = _check_model_args(args)
-    plan = _configs(args, tag, "none", None, None, {})
+    loaded: dict[tuple[Any, ...], list[Any]] = {}
+    plan = _configs(args, tag, "none", None, None, {}, loaded=loaded)
     for method in args.methods:
         kwargs = (
             {"checkpoint": args.checkpoint}
@@ -406,9 +425,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         )
         _check_method(method, kwargs, args.allow_untrained)
         for ratio in args.ratios:
-            plan += _configs(args, tag, method, ratio, None, kwargs)
+            plan += _configs(args, tag, method, ratio, None, kwargs, loaded=loaded)
     model, processor, tag = _load_model(args)
-    _evaluate(args, model, processor, [replace(c, model=tag) for c in plan])
+    _evaluate(args, model, processor, [replace(c, model=tag) for c in plan], loaded=loaded)
     if int(os.environ.get("RANK", "0")) == 0:
         from craft_eval.report import write_report
 

@@ -224,11 +224,13 @@ def run_benchmark(
     progress: bool = True,
     merge_timeout_s: float = 24 * 3600.0,
     stop_after: int | None = None,
+    items: list[Item] | None = None,
 ) -> dict[str, Any] | None:
     """Evaluate `config` with `backend`; return the merged summary (rank 0) or None.
 
     Args:
         backend: a Backend, or a zero-argument factory (called only if work remains).
+        items: `load_items(config)` when the caller already loaded (and so checked) them.
         rank, world_size: default from the environment (torchrun); simulate ranks in tests.
         stop_after: stop after this many NEW items without writing "done" (tests use it
             to simulate a killed run).
@@ -240,7 +242,7 @@ def run_benchmark(
         rank, world_size = shard_from_env()
     run_dir = Path(run_dir)
 
-    items = load_items(config)
+    items = load_items(config) if items is None else items
     order = {item.id: i for i, item in enumerate(items)}
     shard = items[rank::world_size]
 
