@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
+import httpx2 as httpx  # huggingface_hub 2.x builds its errors on httpx2
 import pytest
 import torch
 from huggingface_hub import ModelCard, PyTorchModelHubMixin, constants, scan_cache_dir
