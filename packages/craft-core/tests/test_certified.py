@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from core_testkit import grid_coords, live_weights, noise
 
 from craft_core import CraftCompressor, CraftConfig
 from craft_core.certify import NORM_MAX, certified_partners, similarity_bound
 from craft_core.selection import full_partners, grid_projection, make_projection, row_keys
-
-
-def noise(*shape: int, generator: torch.Generator) -> torch.Tensor:
-    """Zero-mean noise of unit scale, the same bits on every CPU path."""
-    return (torch.rand(4, *shape, generator=generator) - 0.5).sum(0) * 1.7
 
 
 def clip(kind: str, seed: int, frames: int = 12, grid: int = 6, dim: int = 32):
@@ -44,21 +40,13 @@ def clip(kind: str, seed: int, frames: int = 12, grid: int = 6, dim: int = 32):
         if kind == "ulp" and t % 2:
             frame[:, 0] = torch.nextafter(frame[:, 0], torch.full_like(frame[:, 0], 10.0))
         rows.append(frame)
-    t, h, w = torch.meshgrid(
-        torch.arange(frames), torch.arange(grid), torch.arange(grid), indexing="ij"
-    )
-    return torch.cat(rows), torch.stack([t.flatten(), h.flatten(), w.flatten()], dim=1)
+    return torch.cat(rows), grid_coords(frames, grid, grid)
 
 
 def live(config: CraftConfig) -> CraftCompressor:
     """A compressor with path-independent, non-trivial merge weights (a live gate)."""
     torch.manual_seed(0)
-    compressor = CraftCompressor(config)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for param in compressor.merge.parameters():
-            param.copy_(0.2 * noise(*param.shape, generator=gen))
-    return compressor
+    return live_weights(CraftCompressor(config), 1)
 
 
 def run(x, coords, budget, **config):

@@ -16,17 +16,10 @@ import textwrap
 
 import pytest
 import torch
+from core_testkit import grid_coords, live_weights, noise
 
 from craft_core import CraftCompressor, CraftConfig
 from craft_core.opcount import OpCounter
-
-
-def noise(*shape: int, generator: torch.Generator) -> torch.Tensor:
-    """Zero-mean noise of unit scale that is the same bits on every CPU path.
-
-    (`torch.randn` is not: its vectorised Box-Muller rounds differently with AVX2/AVX-512.)
-    """
-    return (torch.rand(4, *shape, generator=generator) - 0.5).sum(0) * 1.7
 
 
 def static_video(seed: int, frames: int = 12, grid: int = 6, dim: int = 32):
@@ -44,20 +37,12 @@ def static_video(seed: int, frames: int = 12, grid: int = 6, dim: int = 32):
             rows.append(rows[-1] + 0.2 * noise(per_frame, dim, generator=gen))
     x = torch.cat(rows)
     x[5] = x[17]  # duplicates inside one frame
-    t, h, w = torch.meshgrid(
-        torch.arange(frames), torch.arange(grid), torch.arange(grid), indexing="ij"
-    )
-    return x, torch.stack([t.flatten(), h.flatten(), w.flatten()], dim=1)
+    return x, grid_coords(frames, grid, grid)
 
 
 def trained_looking(config: CraftConfig, seed: int = 0) -> CraftCompressor:
     torch.manual_seed(seed)
-    compressor = CraftCompressor(config)
-    with torch.no_grad():
-        gen = torch.Generator().manual_seed(seed)
-        for param in compressor.merge.parameters():  # path-independent weights, live gate
-            param.copy_(0.2 * noise(*param.shape, generator=gen))
-    return compressor
+    return live_weights(CraftCompressor(config), seed)
 
 
 def signature(out) -> tuple:

@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from core_testkit import grid_coords
 
 from craft_core import CraftCompressor, CraftConfig
 from craft_core.certify import certified_partners
@@ -33,10 +34,7 @@ def video(frames: int, grid: int, dim: int, seed: int = 0) -> tuple[torch.Tensor
         elif t % 3:
             base = base + 0.2 * (torch.rand(per_frame, dim, generator=gen) - 0.5)
         rows.append(base)  # every third frame repeats the last one exactly
-    t, h, w = torch.meshgrid(
-        torch.arange(frames), torch.arange(grid), torch.arange(grid), indexing="ij"
-    )
-    return torch.cat(rows), torch.stack([t.flatten(), h.flatten(), w.flatten()], dim=1)
+    return torch.cat(rows), grid_coords(frames, grid, grid)
 
 
 @needs_cuda

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from core_testkit import noise
 
 from craft_core import CraftCompressor, CraftConfig
 
@@ -164,12 +165,6 @@ def reference_compress(module, features, coords, floor, threshold):
             owner = [t if o == src else o for o in owner]
         active = [i for i in active if i not in chosen]
     return active, owner, torch.stack([rows[i] for i in active]), rounds
-
-
-def noise(*shape: int, generator: torch.Generator) -> torch.Tensor:
-    """Zero-mean noise of about unit scale, the same bits on every CPU instruction path
-    (`torch.randn` is not), so every case is the same case on every machine."""
-    return (torch.rand(4, *shape, generator=generator) - 0.5).sum(0) * 1.7
 
 
 def make_tokens(seed: int, n: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
