@@ -25,15 +25,13 @@ from torch import nn
 from craft_core.budget import Budget, check_tokens, resolve_budget
 from craft_core.config import CraftConfig
 from craft_core.merge import GatedMerge, group_edges
-from craft_core.pairing import FullPairing, PairingState
+from craft_core.pairing import FullPairing, PairingState, ranked_edges
 from craft_core.result import CompressionResult
 from craft_core.selection import (
-    RankedEdges,
     RoundPlan,
     grid_projection,
     lay_out,
     make_projection,
-    rank_edges,
     row_keys,
 )
 
@@ -136,18 +134,10 @@ def _plan_round(
     sizes = edges.sizes.tolist()  # the round's one host sync
     if not pairing.settle(active_ids, sizes[3] if len(sizes) > 3 else 0):
         partner, sim = pairing.fallback(active_ids)
-        edges = _require(
-            rank_edges(active_ids, partner, sim, square_norms, budget.floor, budget.threshold)
-        )
+        edges = ranked_edges(active_ids, partner, sim, square_norms, budget.floor, budget.threshold)
         sizes = edges.sizes.tolist()
     num_edges, num_targets, num_lone = sizes[:3]
     return lay_out(edges, num_edges, num_targets, num_lone) if num_edges else None
-
-
-def _require(edges: RankedEdges | None) -> RankedEdges:
-    if edges is None:  # _room() > 0 was checked before the round
-        raise RuntimeError("rank_edges found no room for a round")
-    return edges
 
 
 def _retire(

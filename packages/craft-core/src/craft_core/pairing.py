@@ -101,7 +101,7 @@ class FullPairing:
         with `in_doubt` (certified check) for the caller's one host sync."""
         if self.check != "certified":
             partner, sim = self.fallback(active_ids)
-            return _ranked(active_ids, partner, sim, square_norms, floor, threshold)
+            return ranked_edges(active_ids, partner, sim, square_norms, floor, threshold)
         n = active_ids.numel()
         self.full_rows += n**2 / self.embed.shape[0]
         *edges, self.in_doubt = fixed_round(
@@ -124,7 +124,7 @@ class FullPairing:
         self.embed[targets] = new_embed
 
 
-def _ranked(
+def ranked_edges(
     active_ids: torch.Tensor,
     partner: torch.Tensor,
     partner_sim: torch.Tensor,
@@ -132,6 +132,7 @@ def _ranked(
     floor: int,
     threshold: float | None,
 ) -> RankedEdges:
+    """`selection.rank_edges` for a round known to have room (`min(n - floor, n // 2) >= 1`)."""
     edges = rank_edges(active_ids, partner, partner_sim, square_norms, floor, threshold)
     if edges is None:
         raise ValueError("a round needs min(n - floor, n // 2) >= 1; check before pairing")
@@ -163,7 +164,7 @@ def fixed_round(
         then the rows in doubt (0-d): the selection is exact if they are at most `spare`.
     """
     sim, pos, in_doubt = buffered_partners(embed[active_ids], block, delta, spare)
-    edges = _ranked(active_ids, active_ids[pos], sim, square_norms, floor, threshold)
+    edges = ranked_edges(active_ids, active_ids[pos], sim, square_norms, floor, threshold)
     sizes = torch.cat([edges.sizes, in_doubt.view(1)])
     return (
         edges.targets,
@@ -248,7 +249,7 @@ class PairingState:
     ) -> RankedEdges:
         """Pairing and selection of one round (`FullPairing.round_edges`); `sizes` `[3]`."""
         partner, sim = self.partners(active_ids)
-        return _ranked(active_ids, partner, sim, square_norms, floor, threshold)
+        return ranked_edges(active_ids, partner, sim, square_norms, floor, threshold)
 
     def settle(self, active_ids: torch.Tensor, in_doubt: int) -> bool:
         """Nothing to settle: the partners are always exact (see `FullPairing.settle`)."""
