@@ -162,7 +162,10 @@ def main() -> None:
         help="torch threads (0: torch's default); 1 on shared cores",
     )
     parser.add_argument(
-        "--part", choices=["all", "ratio", "cost", "ops"], default="all", help="what to run"
+        "--part",
+        choices=["all", "ratio", "cost", "ops", "small", "compile"],
+        default="all",
+        help="what to run",
     )
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -176,6 +179,10 @@ def main() -> None:
         return exactness_cost(device, dim, repeats)
     if args.part == "ops":
         return count_ops(device)
+    if args.part == "small":
+        return small_n(device, repeats)
+    if args.part == "compile":
+        return compile_round(device, repeats)
     params = sum(p.numel() for p in CraftCompressor(CraftConfig(hidden_size=2560)).parameters())
     print(f"learnable parameters at D = 2560: {params:,} ({params / 1e6:.2f}M)")
 
@@ -229,6 +236,8 @@ def main() -> None:
     if args.part == "all":
         exactness_cost(device, dim, repeats)
         count_ops(device)
+        small_n(device, repeats)
+        compile_round(device, repeats)
 
 
 def exactness_cost(device: torch.device, dim: int, repeats: int) -> None:
@@ -285,6 +294,84 @@ def count_ops(device: torch.device) -> None:
                     f"{count.ops / out.rounds:>11.1f}{count.syncs / out.rounds:>13.2f}"
                 )
     print("full = the GPU path (fixed shapes); incremental = the CPU path (fewer multiply-adds)")
+
+
+def _time_small(compressor, features, coords, repeats):  # type: ignore[no-untyped-def]
+    """Rounds, and seconds of CRAFT / DivPrune / ToMe at ratio 8 (interleaved pairs)."""
+    from craft_eval.baselines.divprune import divprune
+    from craft_eval.baselines.tome import tome
+
+    device = features.device
+    rounds = compressor(features, coords, ratio=8.0).rounds
+    craft, prune = timed_pair(
+        lambda: compressor(features, coords, ratio=8.0),
+        lambda: divprune(features, coords, ratio=8.0),
+        repeats,
+        device,
+    )
+    _, merge = timed_pair(
+        lambda: compressor(features, coords, ratio=8.0),
+        lambda: tome(features, coords, ratio=8.0),
+        repeats,
+        device,
+    )
+    return rounds, craft, prune, merge
+
+
+def small_n(device: torch.device, repeats: int) -> None:
+    """CRAFT's whole compression beside DivPrune and ToMe (craft-eval's), ratio 8, one run."""
+    try:
+        import craft_eval.baselines  # noqa: F401  (the baselines, installed by `nox -s bench`)
+    except ImportError:
+        print("small N: craft-eval is not installed here; DivPrune and ToMe not timed")
+        return
+    print(f"{'N':>6}{'D':>6}{'rounds':>7}{'CRAFT ms':>10}{'DivPrune ms':>13}{'ToMe ms':>9}", end="")
+    print(f"{'CRAFT/DivPrune':>16}{'target':>8}")
+    for frames, grid, dim, target in ((4, 6, 128, 4.0), (8, 16, 1024, 1.5), (16, 16, 1024, 1.5)):
+        features, coords = video_like(frames, grid, grid, dim)
+        features, coords = features.to(device), coords.to(device)
+        compressor = CraftCompressor(CraftConfig(hidden_size=dim)).to(device).eval()
+        with torch.no_grad():
+            rounds, craft, prune, merge = _time_small(compressor, features, coords, repeats)
+        ratio = statistics.median(c / p for c, p in zip(craft, prune))
+        ms = [1e3 * statistics.median(t) for t in (craft, prune, merge)]
+        print(f"{features.shape[0]:>6}{dim:>6}{rounds:>7}{ms[0]:>10.1f}{ms[1]:>13.1f}", end="")
+        print(f"{ms[2]:>9.1f}{ratio:>16.2f}{'<= ' + str(target):>8}")
+
+
+def compile_round(device: torch.device, repeats: int) -> None:
+    """One round's pairing and selection (`pairing.fixed_round`, fixed shapes, no host sync)
+    compiled whole (`fullgraph=True`): compile time, then compiled vs eager time."""
+    from craft_core.certify import similarity_bound
+    from craft_core.pairing import fixed_round
+
+    features, _ = video_like(16, 16, 16, 256)
+    compressor = CraftCompressor(CraftConfig(hidden_size=256)).to(device)
+    weight = grid_projection(compressor.projection)
+    embed, norms = row_keys(features.to(device), weight)
+    n = embed.shape[0]
+    args = (
+        embed,
+        torch.arange(n, device=device),
+        norms,
+        n // 8,
+        None,
+        2048,
+        similarity_bound(128),
+        64,
+    )
+    compiled = torch.compile(fixed_round, fullgraph=True, dynamic=True)
+    start = time.perf_counter()
+    compiled(*args)
+    seconds = time.perf_counter() - start
+    with torch.no_grad():
+        eager, fast = timed_pair(
+            lambda: fixed_round(*args), lambda: compiled(*args), repeats, device
+        )
+    print(
+        f"one round (N = {n:,}, pairing + selection) compiled whole: compile {seconds:.1f} s, "
+        f"eager {1e3 * statistics.median(eager):.1f} ms, compiled {1e3 * statistics.median(fast):.1f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from core_testkit import grid_coords, live_weights, noise
 
 from craft_core import CraftCompressor, CraftConfig
-from craft_core.certify import NORM_MAX, certified_partners, similarity_bound
+from craft_core.certify import (
+    NORM_MAX,
+    buffered_partners,
+    certified_partners,
+    similarity_bound,
+)
 from craft_core.selection import full_partners, grid_projection, make_projection, row_keys
-
-
-def noise(*shape: int, generator: torch.Generator) -> torch.Tensor:
-    """Zero-mean noise of unit scale, the same bits on every CPU path."""
-    return (torch.rand(4, *shape, generator=generator) - 0.5).sum(0) * 1.7
 
 
 def clip(kind: str, seed: int, frames: int = 12, grid: int = 6, dim: int = 32):
@@ -44,21 +45,13 @@ def clip(kind: str, seed: int, frames: int = 12, grid: int = 6, dim: int = 32):
         if kind == "ulp" and t % 2:
             frame[:, 0] = torch.nextafter(frame[:, 0], torch.full_like(frame[:, 0], 10.0))
         rows.append(frame)
-    t, h, w = torch.meshgrid(
-        torch.arange(frames), torch.arange(grid), torch.arange(grid), indexing="ij"
-    )
-    return torch.cat(rows), torch.stack([t.flatten(), h.flatten(), w.flatten()], dim=1)
+    return torch.cat(rows), grid_coords(frames, grid, grid)
 
 
 def live(config: CraftConfig) -> CraftCompressor:
     """A compressor with path-independent, non-trivial merge weights (a live gate)."""
     torch.manual_seed(0)
-    compressor = CraftCompressor(config)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for param in compressor.merge.parameters():
-            param.copy_(0.2 * noise(*param.shape, generator=gen))
-    return compressor
+    return live_weights(CraftCompressor(config), 1)
 
 
 def run(x, coords, budget, **config):
@@ -214,3 +207,44 @@ def test_certified_pass_at_16384_tokens_of_a_static_clip() -> None:
     fast_sim, fast_pos, rechecked = certified_partners(embed, 2048)
     assert rechecked == x.shape[0]
     assert torch.equal(fast_pos, pos) and torch.equal(fast_sim, sim)
+
+
+def _in_doubt(embed: torch.Tensor) -> torch.Tensor:
+    """Rows the float32 pass cannot decide (`[n]` bool), from the module's own helper."""
+    from craft_core.certify import _fast_listed
+
+    return _fast_listed(embed, 64, 3, similarity_bound(embed.shape[1]))[2]
+
+
+@pytest.mark.parametrize("spare", [0, 1, 5, 64])
+@pytest.mark.parametrize("n", [12, 300])
+def test_buffered_pass_is_exact_when_the_doubt_fits(spare: int, n: int) -> None:
+    embed = grid_embedding(n, 32, seed=n + spare)
+    embed[n // 2 : n // 2 + 6] = embed[0]  # 7 exact copies: more than a row lists
+    exact_sim, exact_pos = full_partners(embed, 64)
+    _, _, rechecked = certified_partners(embed, 64)
+    sim, pos, in_doubt = buffered_partners(embed, 64, similarity_bound(32), spare)
+    assert int(in_doubt) == rechecked > 0
+    if rechecked <= spare:
+        assert torch.equal(pos, exact_pos) and torch.equal(sim, exact_sim)
+    else:  # the caller reads the count and falls back; rows that fit are still exact
+        fits = torch.nonzero(~_in_doubt(embed)).squeeze(1)
+        assert torch.equal(pos[fits], exact_pos[fits])
+
+
+@pytest.mark.slow
+def test_one_round_compiles_whole_and_selects_like_eager() -> None:
+    from craft_core.pairing import fixed_round
+
+    embed = grid_embedding(200, 32, seed=3)
+    embed[50:56] = embed[:6]
+    active = torch.arange(0, 200, 2)
+    norms = (embed * embed).sum(1) * torch.linspace(1, 2, 200, dtype=torch.float64)
+    args = (embed, active, norms, 10, None, 64, similarity_bound(32), 16)
+    compiled = torch.compile(fixed_round, fullgraph=True, dynamic=True)  # no graph break
+    got, want = compiled(*args), fixed_round(*args)
+    assert torch.equal(got[5], want[5])  # sizes: edges, targets, lone targets, rows in doubt
+    edges, targets = want[5][:2].tolist()
+    for field in range(4):  # targets, sources, similarity, group of the kept edges
+        assert torch.equal(got[field][:edges], want[field][:edges])
+    assert torch.equal(got[4][:targets], want[4][:targets])  # the target of each row

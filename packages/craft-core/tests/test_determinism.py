@@ -16,17 +16,10 @@ import textwrap
 
 import pytest
 import torch
+from core_testkit import grid_coords, live_weights, noise
 
 from craft_core import CraftCompressor, CraftConfig
 from craft_core.opcount import OpCounter
-
-
-def noise(*shape: int, generator: torch.Generator) -> torch.Tensor:
-    """Zero-mean noise of unit scale that is the same bits on every CPU path.
-
-    (`torch.randn` is not: its vectorised Box-Muller rounds differently with AVX2/AVX-512.)
-    """
-    return (torch.rand(4, *shape, generator=generator) - 0.5).sum(0) * 1.7
 
 
 def static_video(seed: int, frames: int = 12, grid: int = 6, dim: int = 32):
@@ -44,20 +37,12 @@ def static_video(seed: int, frames: int = 12, grid: int = 6, dim: int = 32):
             rows.append(rows[-1] + 0.2 * noise(per_frame, dim, generator=gen))
     x = torch.cat(rows)
     x[5] = x[17]  # duplicates inside one frame
-    t, h, w = torch.meshgrid(
-        torch.arange(frames), torch.arange(grid), torch.arange(grid), indexing="ij"
-    )
-    return x, torch.stack([t.flatten(), h.flatten(), w.flatten()], dim=1)
+    return x, grid_coords(frames, grid, grid)
 
 
 def trained_looking(config: CraftConfig, seed: int = 0) -> CraftCompressor:
     torch.manual_seed(seed)
-    compressor = CraftCompressor(config)
-    with torch.no_grad():
-        gen = torch.Generator().manual_seed(seed)
-        for param in compressor.merge.parameters():  # path-independent weights, live gate
-            param.copy_(0.2 * noise(*param.shape, generator=gen))
-    return compressor
+    return live_weights(CraftCompressor(config), seed)
 
 
 def signature(out) -> tuple:
@@ -170,22 +155,40 @@ def test_compress_batch_equals_independent_calls() -> None:
 
 
 @pytest.mark.parametrize("budget", [{"ratio": 8.0}, {"threshold": 0.9}])
-def test_full_pairing_round_needs_at_most_three_host_syncs(budget: dict) -> None:
-    # N = 4,096 (16 frames of 16 x 16), the GPU path counted on the CPU.
-    x, coords = static_video(0, frames=16, grid=16, dim=64)
+def test_full_pairing_round_reads_the_host_once(budget: dict) -> None:
+    # N = 4,096 (16 frames of 16 x 16), the GPU path counted on the CPU. Drifting frames
+    # without exact copies: every row in doubt fits the exact recheck's buffer.
+    gen = torch.Generator().manual_seed(0)
+    x = noise(256, 64, generator=gen).repeat(16, 1) + 0.3 * noise(4096, 64, generator=gen)
+    coords = grid_coords(16, 16, 16)
     compressor = CraftCompressor(CraftConfig(hidden_size=64, pairing="full"))
     with torch.no_grad():
         compressor(x, coords, **budget)  # phi(m) is computed once per round index per process
         with OpCounter() as count:
             out = compressor(x, coords, **budget)
-    assert out.rounds >= 5
-    # Per round: how many rows the float32 pass left in doubt, one transfer of the round's
-    # sizes, one for the row store's new slots. Once per call: the input check's max |x|,
-    # and the last round that finds no edge (its pairing and its sizes).
-    assert count.syncs <= 3 * out.rounds + 3, dict(count.sync_ops)
-    # Measured 203 (ratio) and 234 (threshold, 7 rounds) ops per round, warm: a regression guard.
-    assert count.ops <= 240 * out.rounds, count.ops / out.rounds
-    assert set(count.sync_ops) <= {"tolist", "_local_scalar_dense", "nonzero"}, dict(count.sync_ops)
+    assert out.rounds >= 5 and out.info["fallbacks"] == 0
+    # Per round: one transfer of the round's sizes and rows in doubt. Once per call: the
+    # input check's max |x|, and the last round that finds no edge (threshold mode).
+    assert count.syncs <= out.rounds + 2, dict(count.sync_ops)
+    assert set(count.sync_ops) <= {"tolist", "_local_scalar_dense"}, dict(count.sync_ops)
+    # Measured 222 (ratio) and 242 (threshold) ops per round, warm: a regression guard.
+    # The issue's target of 60 is NOT met in eager mode (see the README).
+    assert count.ops <= 260 * out.rounds, count.ops / out.rounds
+
+
+def test_a_full_recheck_buffer_falls_back_exactly() -> None:
+    # A static clip: almost every row is in doubt, far more than the buffer holds.
+    x, coords = static_video(2, frames=12, grid=6, dim=32)
+    x = x[:36].repeat(12, 1)  # every token has 11 exact copies: 432 rows in doubt
+    results = {}
+    for pairing in ("full", "incremental"):
+        torch.manual_seed(0)
+        compressor = CraftCompressor(CraftConfig(hidden_size=32, pairing=pairing, sim_block=16))
+        with torch.no_grad():
+            results[pairing] = compressor(x, coords, ratio=6.0)
+    assert results["full"].info["fallbacks"] > 0
+    assert signature(results["full"]) == signature(results["incremental"])
+    assert torch.equal(results["full"].features, results["incremental"].features)
 
 
 def test_op_counter_sees_syncs_and_views() -> None:

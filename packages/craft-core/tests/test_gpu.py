@@ -11,6 +11,7 @@ import time
 
 import pytest
 import torch
+from core_testkit import grid_coords
 
 from craft_core import CraftCompressor, CraftConfig
 from craft_core.certify import certified_partners
@@ -33,10 +34,7 @@ def video(frames: int, grid: int, dim: int, seed: int = 0) -> tuple[torch.Tensor
         elif t % 3:
             base = base + 0.2 * (torch.rand(per_frame, dim, generator=gen) - 0.5)
         rows.append(base)  # every third frame repeats the last one exactly
-    t, h, w = torch.meshgrid(
-        torch.arange(frames), torch.arange(grid), torch.arange(grid), indexing="ij"
-    )
-    return torch.cat(rows), torch.stack([t.flatten(), h.flatten(), w.flatten()], dim=1)
+    return torch.cat(rows), grid_coords(frames, grid, grid)
 
 
 @needs_cuda
@@ -128,3 +126,31 @@ def test_real_size_bf16_timing_and_memory(frames: int, dim: int) -> None:
         f"{sum(out.info['rows_fast']) + sum(out.info['rows_rechecked'])}, "
         f"peak extra memory {peak_mb:.0f} MiB"
     )
+
+
+@needs_cuda
+def test_a_round_replays_as_a_cuda_graph() -> None:
+    # The fixed-shape round (pairing + selection, no host sync) captured once and replayed
+    # on new data gives what eager gives on that data. NOT run yet: no GPU in development.
+    from craft_core.certify import similarity_bound
+    from craft_core.pairing import fixed_round
+
+    x, _ = video(16, 16, 64)
+    weight = grid_projection(CraftCompressor(CraftConfig(hidden_size=64)).projection).cuda()
+    embed, norms = row_keys(x.cuda(), weight)
+    active = torch.arange(0, embed.shape[0], 2, device="cuda")
+    args = (embed.clone(), active, norms.clone(), 100, None, 2048, similarity_bound(128), 64)
+    fixed_round(*args)  # warm-up on a side stream, as CUDA graphs require
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fixed_round(*args)
+    other, other_norms = row_keys(x.flip(0).cuda(), weight)
+    args[0].copy_(other)
+    args[2].copy_(other_norms)
+    graph.replay()
+    want = fixed_round(*args)
+    assert torch.equal(captured[5], want[5])  # sizes
+    edges, targets = want[5][:2].tolist()
+    for field in range(4):
+        assert torch.equal(captured[field][:edges], want[field][:edges])
+    assert torch.equal(captured[4][:targets], want[4][:targets])

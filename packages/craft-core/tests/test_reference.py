@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from core_testkit import BUDGETS, SIZES, make_tokens, noise
 
 from craft_core import CraftCompressor, CraftConfig
 
@@ -164,34 +165,6 @@ def reference_compress(module, features, coords, floor, threshold):
             owner = [t if o == src else o for o in owner]
         active = [i for i in active if i not in chosen]
     return active, owner, torch.stack([rows[i] for i in active]), rounds
-
-
-def noise(*shape: int, generator: torch.Generator) -> torch.Tensor:
-    """Zero-mean noise of about unit scale, the same bits on every CPU instruction path
-    (`torch.randn` is not), so every case is the same case on every machine."""
-    return (torch.rand(4, *shape, generator=generator) - 0.5).sum(0) * 1.7
-
-
-def make_tokens(seed: int, n: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Frames of 4 tokens from a few clusters, with static (copied) frames and duplicates."""
-    gen = torch.Generator().manual_seed(seed)
-    centres = noise(max(1, n // 8), dim, generator=gen)
-    pick = torch.randint(0, centres.shape[0], (n,), generator=gen)
-    x = centres[pick] + 0.4 * noise(n, dim, generator=gen)
-    frames = n // 4
-    for f in range(1, frames):
-        if torch.rand(1, generator=gen).item() < 0.35:  # a static frame repeats the last one
-            x[4 * f : 4 * f + 4] = x[4 * f - 4 : 4 * f]
-    if n >= 6:
-        x[n - 1] = x[1]
-        x[n - 2] = x[1]
-    positions = torch.arange(n)
-    coords = torch.stack([positions // 4, (positions // 2) % 2, positions % 2], dim=1)
-    return x, coords
-
-
-SIZES = [2, 3, 5, 8, 12, 17, 20, 24, 33, 40, 48, 56, 64, 77, 90, 100]
-BUDGETS = [{"ratio": 4.0}, {"ratio": 1.7}, {"threshold": 0.6}]
 
 
 def check_against_reference(config: CraftConfig, seed: int, n: int, budget: dict, grad: bool):

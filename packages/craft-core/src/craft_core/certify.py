@@ -50,6 +50,9 @@ NORM_MAX = 1.0 + 2.0**-18
 """Upper bound on `||E_i||` of the exact embedding (d_sim <= 512: `sqrt(512) 2^-24 < 2^-19`)."""
 
 
+_PAST_END = 2**62
+"""An index past any row: masked entries that a min or a compare must never pick."""
+
 _INPUT_ROUNDOFF = {"highest": 0.0, "ieee": 0.0, "none": 0.0, "high": 2.0**-11, "tf32": 2.0**-11}
 
 
@@ -156,12 +159,48 @@ def exact_best(
     return sim, key_ids[pos]
 
 
+def _fast_listed(
+    embed: torch.Tensor, block: int, keep: int, delta: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One float32 pass and the exact similarities of each row's listed candidates.
+
+    Returns `(best [n] float64 exact, partner [n] position, doubt [n] bool)`: the best listed
+    column (ties: smallest position) and whether it fails to beat the bound on the rest.
+    """
+    n = embed.shape[0]
+    fast = embed.float()  # exact: 24 significant bits
+    if n <= 2 * block:  # one block; no loop over n, so a compiled round keeps n symbolic
+        sims = fast @ fast.T
+        sims.diagonal().fill_(float("-inf"))  # a row's own column never wins
+        top_val, top_pos = torch.topk(sims, min(keep + 1, n), dim=1)
+        return _decide(embed, top_val, top_pos, keep, delta)
+    values, positions = [], []
+    for start in range(0, n, 2 * block):
+        sims = fast[start : start + 2 * block] @ fast.T
+        sims.diagonal(offset=start).fill_(float("-inf"))  # a row's own column never wins
+        top = torch.topk(sims, min(keep + 1, n), dim=1)
+        values.append(top.values)
+        positions.append(top.indices)
+    return _decide(embed, torch.cat(values), torch.cat(positions), keep, delta)
+
+
+def _decide(
+    embed: torch.Tensor, top_val: torch.Tensor, top_pos: torch.Tensor, keep: int, delta: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Best listed partner of each row (`_fast_listed`'s result) from its fast top-k."""
+    exact, pos, left = listed_exact(embed, embed, top_val, top_pos, keep, delta)
+    best = exact.amax(dim=1)
+    # Exact ties among the listed: the smallest position (= smallest index) wins.
+    partner = pos.masked_fill(exact != best.unsqueeze(1), _PAST_END).amin(dim=1)
+    return best, partner, best <= left
+
+
 def certified_partners(
     embed: torch.Tensor, block: int, keep: int = 3, recheck_all: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """`selection.full_partners`' exact answer from one float32 pass plus exact rechecks.
 
-    Fixed shapes and one host sync (how many rows are in doubt): the GPU path.
+    One host sync (how many rows are in doubt); `buffered_partners` needs none.
 
     Args:
         embed: `[n, d]` float64 exact embeddings of the active tokens, ascending index.
@@ -175,25 +214,53 @@ def certified_partners(
         `(similarity [n] float64 exact, partner [n] position, rechecked rows)`.
     """
     n = embed.shape[0]
-    fast = embed.float()  # exact: 24 significant bits
-    values, positions = [], []
-    for start in range(0, n, 2 * block):
-        sims = fast[start : start + 2 * block] @ fast.T
-        sims.diagonal(offset=start).fill_(float("-inf"))  # a row's own column never wins
-        top = torch.topk(sims, min(keep + 1, n), dim=1)
-        values.append(top.values)
-        positions.append(top.indices)
-    top_val = values[0] if len(values) == 1 else torch.cat(values)
-    top_pos = positions[0] if len(positions) == 1 else torch.cat(positions)
-    exact, pos, left = listed_exact(
-        embed, embed, top_val, top_pos, keep, similarity_bound(embed.shape[1])
-    )
-    best = exact.amax(dim=1)
-    # Exact ties among the listed: the smallest position (= smallest index) wins.
-    partner = pos.masked_fill(exact != best.unsqueeze(1), n).amin(dim=1)
-    doubt = torch.ones_like(best, dtype=torch.bool) if recheck_all else best <= left
-    rows = torch.nonzero(doubt).squeeze(1)  # the pairing's one host sync
+    best, partner, doubt = _fast_listed(embed, block, keep, similarity_bound(embed.shape[1]))
+    if recheck_all:
+        doubt = torch.ones_like(doubt)
+    rows = torch.nonzero(doubt).squeeze(1)  # the host sync
     if rows.numel():
         ids = torch.arange(n, device=embed.device)
         best[rows], partner[rows] = exact_best(embed[rows], rows, embed, ids, block)
     return best, partner, rows.numel()
+
+
+def buffered_partners(
+    embed: torch.Tensor, block: int, delta: float, spare: int, keep: int = 3
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`certified_partners` with fixed shapes and no host sync: the GPU path's pairing.
+
+    The first `spare` rows in doubt (by position) are recomputed exactly against every
+    column, whether or not any row is in doubt (a fixed `[spare, n]` float64 product). If
+    more rows are in doubt, the answer is NOT exact: the caller reads the returned count at
+    its one sync and falls back to `certified_partners`.
+
+    Args:
+        embed: `[n, d]` float64 exact embeddings of the active tokens, ascending index.
+        block: rows per float64 block; the float32 pass takes `2 x block` rows at a time.
+        delta: `similarity_bound(d)` (read once by the caller: it queries global settings).
+        spare: rows the exact recheck holds (a fixed `[spare, n]` product).
+        keep: candidates per row that get an exact similarity.
+
+    Returns:
+        `(similarity [n] float64, partner [n] position, in_doubt 0-d long)`: exact whenever
+        `in_doubt <= spare`.
+    """
+    n = embed.shape[0]
+    best, partner, doubt = _fast_listed(embed, block, keep, delta)
+    # Row r in doubt goes to buffer slot (its rank among the rows in doubt); the rest, and
+    # rows past the buffer, to the spare slot `spare`, which is then dropped. No Python
+    # int that depends on n enters an op, so a compiled round keeps n symbolic.
+    rank = torch.cumsum(doubt, 0) - 1
+    slot = torch.where(doubt & (rank < spare), rank, spare)
+    ids = torch.arange(n, device=embed.device)
+    rows = torch.full((spare + 1,), _PAST_END, device=embed.device).scatter_(0, slot, ids)
+    used = rows[:spare] < _PAST_END
+    rows = torch.where(used, rows[:spare], 0)
+    sims = embed[rows] @ embed.T  # [spare, n] float64, exact
+    sims.scatter_(1, rows.unsqueeze(1), float("-inf"))  # the own column never wins
+    exact_sim, exact_pos = sims.max(dim=1)  # ties: the first maximum = smallest index
+    # Written one place to the right; unused slots write the spare entry 0, then dropped.
+    target = torch.where(used, rows + 1, 0)
+    best = torch.nn.functional.pad(best, (1, 0)).scatter_(0, target, exact_sim)[1:]
+    partner = torch.nn.functional.pad(partner, (1, 0)).scatter_(0, target, exact_pos)[1:]
+    return best, partner, doubt.sum()

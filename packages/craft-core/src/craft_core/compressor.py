@@ -28,9 +28,15 @@ from craft_core import hub
 from craft_core.budget import Budget, check_tokens, resolve_budget
 from craft_core.config import CraftConfig
 from craft_core.merge import GatedMerge, group_edges
-from craft_core.pairing import FullPairing, PairingState
+from craft_core.pairing import FullPairing, PairingState, ranked_edges
 from craft_core.result import CompressionResult
-from craft_core.selection import grid_projection, make_projection, row_keys, select_edges
+from craft_core.selection import (
+    RoundPlan,
+    grid_projection,
+    lay_out,
+    make_projection,
+    row_keys,
+)
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -42,19 +48,21 @@ class _SlotRows:
     Rows are carried in float32 whatever the input dtype (a bf16 row rounded back every round
     would select differently from its own float32 upcast) and cast once at the end. The input
     is never copied or modified: row i reads the input until it is first rewritten, then its
-    slot in a buffer that grows by doubling (a target rewritten again reuses its slot).
-    Gathers need no host sync.
+    slot in a buffer (a target rewritten again reuses its slot). The slot count lives on the
+    device; the host only keeps an upper bound (rows rewritten so far, at most N) to size the
+    buffer, which grows by doubling: no host sync.
     """
 
     def __init__(self, features: torch.Tensor) -> None:
         self.features = features
         self.slot = torch.full((features.shape[0],), -1, dtype=torch.long, device=features.device)
         self.buffer = torch.empty(0, features.shape[1], device=features.device)
-        self.used = 0
+        self.used = torch.zeros((), dtype=torch.long, device=features.device)
+        self.bound = 0  # host upper bound on `used`
 
     def gather(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` (`[k]` original indices) -> `[k, D]` float32."""
-        if self.used == 0:
+        if self.bound == 0:
             return self.features[ids].float()
         slot = self.slot[ids]
         rewritten = self.buffer[slot.clamp(min=0)]
@@ -64,15 +72,17 @@ class _SlotRows:
         """Rows `ids` (`[k]`, distinct) now read from `rows` (`[k, D]` float32)."""
         slot = self.slot[ids]
         fresh = slot < 0
-        count = int(fresh.sum())  # host sync: how many new slots
-        if self.used + count > self.buffer.shape[0]:
-            grown = max(2 * self.buffer.shape[0], self.used + count)
+        bound = min(self.bound + ids.numel(), self.features.shape[0])
+        if bound > self.buffer.shape[0]:
+            grown = min(max(2 * self.buffer.shape[0], bound), self.features.shape[0])
             buffer = torch.empty(grown, rows.shape[1], device=rows.device)
-            buffer[: self.used] = self.buffer[: self.used]
+            buffer[: self.bound] = self.buffer[: self.bound]
             self.buffer = buffer
-        slot = torch.where(fresh, self.used + torch.cumsum(fresh, 0) - 1, slot)
+        counted = torch.cumsum(fresh, 0)
+        slot = torch.where(fresh, self.used + counted - 1, slot)
         self.slot[ids] = slot
-        self.used += count
+        self.used = self.used + counted[-1]
+        self.bound = bound
         self.buffer[slot] = rows
 
 
@@ -108,6 +118,44 @@ class _PieceRows:
         self.piece[ids] = len(self.pieces)
         self.row[ids] = torch.arange(ids.numel(), device=ids.device)
         self.pieces.append(rows)
+
+
+def _room(active: int, floor: int) -> int:
+    """Edges a round may keep: at most half the active tokens, never below the floor."""
+    return min(active - floor, active // 2)
+
+
+def _plan_round(
+    pairing: FullPairing | PairingState,
+    active_ids: torch.Tensor,
+    square_norms: torch.Tensor,
+    budget: Budget,
+) -> RoundPlan | None:
+    """Pairing and selection of one round, with its one host sync (the round's sizes and the
+    rows in doubt); an overflow of the exact recheck's buffer falls back exactly."""
+    edges = pairing.round_edges(active_ids, square_norms, budget.floor, budget.threshold)
+    sizes = edges.sizes.tolist()  # the round's one host sync
+    if not pairing.settle(active_ids, sizes[3] if len(sizes) > 3 else 0):
+        partner, sim = pairing.fallback(active_ids)
+        edges = ranked_edges(active_ids, partner, sim, square_norms, budget.floor, budget.threshold)
+        sizes = edges.sizes.tolist()
+    num_edges, num_targets, num_lone = sizes[:3]
+    return lay_out(edges, num_edges, num_targets, num_lone) if num_edges else None
+
+
+def _retire(
+    owner: torch.Tensor, active_ids: torch.Tensor, plan: RoundPlan
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sources hand their tokens to their targets (targets are never sources) and leave the
+    active list (`[n]` ascending -> `[n - E]`), with fixed shapes: pushed past every id,
+    sorted, cut."""
+    n = owner.numel()
+    redirect = torch.arange(n, device=owner.device)
+    redirect[plan.sources] = plan.targets
+    leaving = redirect[active_ids] != active_ids
+    remaining = active_ids.numel() - plan.sources.numel()
+    active_ids = torch.sort(active_ids.masked_fill(leaving, n)).values[:remaining]
+    return redirect[owner], active_ids
 
 
 class CraftCompressor(
@@ -183,38 +231,21 @@ class CraftCompressor(
     def _compress(
         self, features: torch.Tensor, coords: torch.Tensor, budget: Budget
     ) -> CompressionResult:
+        """The loop: pair, select (one host sync), fuse, retire the sources; until the budget."""
         started = time.perf_counter()
         n, device = features.shape[0], features.device
-        track_grad = torch.is_grad_enabled() and (
-            features.requires_grad or any(p.requires_grad for p in self.merge.parameters())
-        )
-        store = _PieceRows(features) if track_grad else _SlotRows(features)
+        store = self._row_store(features)
         owner = torch.arange(n, device=device)  # the token each input token now belongs to
         active_ids = torch.arange(n, device=device)
         rounds = 0
         with torch.no_grad():
             weight = grid_projection(self.projection)
-            block = self.config.sim_block
-            pairing: FullPairing | PairingState | None = None
-            if n > budget.floor:
-                embed, square_norms = row_keys(features, weight, block)
-                use_full = self.config.pairing == "full" or (
-                    self.config.pairing == "auto" and device.type == "cuda"
-                )
-                check = self.config.selection
-                pairing = (
-                    FullPairing(embed, block, check=check)
-                    if use_full
-                    else PairingState(embed, block, check=check)
-                )
+            pairing, square_norms = self._start_pairing(features, weight, budget)
         counts: list[tuple[int, int]] = []
-        while pairing is not None and active_ids.numel() > budget.floor:
+        while pairing is not None and _room(active_ids.numel(), budget.floor) > 0:
             with torch.no_grad():
-                partner, partner_sim = pairing.partners(active_ids)
+                plan = _plan_round(pairing, active_ids, square_norms, budget)
                 counts.append(pairing.counts)
-                plan = select_edges(
-                    active_ids, partner, partner_sim, square_norms, budget.floor, budget.threshold
-                )
             if plan is None:
                 break
             rounds += 1
@@ -231,19 +262,9 @@ class CraftCompressor(
             )
             store.replace(targets, new_rows)
             with torch.no_grad():
-                # Sources hand their tokens to their targets; targets are never sources.
-                redirect = torch.arange(n, device=device)
-                redirect[sources] = plan.targets
-                owner = redirect[owner]
-                # Drop the sources from the active list (the redirected ones) with fixed
-                # shapes: push them past every id, sort, cut.
-                leaving = redirect[active_ids] != active_ids
-                remaining = active_ids.numel() - sources.numel()
-                active_ids = torch.sort(active_ids.masked_fill(leaving, n)).values[:remaining]
-                new_embed, square_norms[targets] = row_keys(new_rows, weight, block)
+                owner, active_ids = _retire(owner, active_ids, plan)
+                new_embed, square_norms[targets] = row_keys(new_rows, weight, self.config.sim_block)
                 pairing.update(targets, new_embed, active_ids)
-
-        kept = active_ids
         info: dict[str, object] = {
             "method": "craft",
             "mode": "ratio" if budget.threshold is None else "threshold",
@@ -256,14 +277,39 @@ class CraftCompressor(
             # Per round: rows whose partner the float32 pass decided, and rows rechecked exactly.
             info["rows_fast"] = [fast for fast, _ in counts]
             info["rows_rechecked"] = [rechecked for _, rechecked in counts]
+            info["fallbacks"] = getattr(pairing, "fallbacks", 0)
         return CompressionResult(
-            features=store.gather(kept).to(features.dtype),
-            coords=coords[kept],
-            kept_index=kept,
-            assignment=torch.searchsorted(kept, owner),
+            features=store.gather(active_ids).to(features.dtype),
+            coords=coords[active_ids],
+            kept_index=active_ids,
+            assignment=torch.searchsorted(active_ids, owner),
             rounds=rounds,
             info=info,
         )
+
+    def _row_store(self, features: torch.Tensor) -> _SlotRows | _PieceRows:
+        """In-place rows without autograd; stitched pieces when a gradient must flow."""
+        track_grad = torch.is_grad_enabled() and (
+            features.requires_grad or any(p.requires_grad for p in self.merge.parameters())
+        )
+        return _PieceRows(features) if track_grad else _SlotRows(features)
+
+    def _start_pairing(
+        self, features: torch.Tensor, weight: torch.Tensor, budget: Budget
+    ) -> tuple[FullPairing | PairingState | None, torch.Tensor]:
+        """The strategy choice: `full` (fixed shapes, one host sync a round: the CUDA default)
+        or `incremental` (fewer multiply-adds, data-dependent shapes: the CPU default)."""
+        n = features.shape[0]
+        if _room(n, budget.floor) <= 0:
+            return None, torch.empty(0, device=features.device)
+        config = self.config
+        embed, square_norms = row_keys(features, weight, config.sim_block)
+        use_full = config.pairing == "full" or (
+            config.pairing == "auto" and features.device.type == "cuda"
+        )
+        if use_full:
+            return FullPairing(embed, config.sim_block, check=config.selection), square_norms
+        return PairingState(embed, config.sim_block, check=config.selection), square_norms
 
     def compress_batch(
         self,

@@ -7,7 +7,7 @@ the exact partners of `selection.full_partners` (ties to the smallest index), wh
 as the plain, slow statement of the rule (`CraftConfig(selection="exact")` runs it).
 
 `FullPairing` is the plain loop: every round, one blockwise pass over the active set
-(`|A|^2 d_sim` multiply-adds), fixed shapes, one host sync: the GPU path.
+(`|A|^2 d_sim` multiply-adds), fixed shapes, no host sync of its own: the GPU path.
 
 `PairingState` recomputes only what a round changed (a round removes its sources and changes
 its targets, nothing else): on video-like input it does about 1.6 full passes in all where
@@ -19,31 +19,67 @@ from __future__ import annotations
 
 import torch
 
-from craft_core.certify import certified_partners, exact_best, listed_exact, similarity_bound
-from craft_core.selection import full_partners
+from craft_core.certify import (
+    buffered_partners,
+    certified_partners,
+    exact_best,
+    listed_exact,
+    similarity_bound,
+)
+from craft_core.selection import RankedEdges, full_partners, rank_edges
 
 
 class FullPairing:
     """Re-pairs the whole active set every round (the plain algorithm).
 
+    With `check="certified"` a round is fixed-shape and reads nothing back
+    (`certify.buffered_partners`): the caller reads `in_doubt` together with the round's
+    sizes in its one host sync, and calls `fallback` only if more rows were in doubt than
+    the exact recheck's buffer holds (counted in `fallbacks`).
+
     Attributes:
         embed: `[N, d_sim]` float64 exact embeddings (rows of inactive tokens are stale).
         check: "certified" (float32 + bound + exact rechecks), "recheck" (the same with every
             row rechecked: a test of the fallback) or "exact" (float64 everywhere: 0.2).
+        spare: rows in doubt that one round rechecks without a fallback.
+        in_doubt: 0-d long tensor, rows in doubt of the last `partners` call (None when the
+            call decided every row itself).
+        fallbacks: rounds that needed `fallback`.
         full_rows: pairing work so far, in rows of an N x N pass.
-        counts: `(fast, rechecked)` rows of the last call to `partners`.
+        counts: `(fast, rechecked)` rows of the last round (set by `settle`/`fallback`).
     """
 
-    def __init__(self, embed: torch.Tensor, block: int, check: str = "certified") -> None:
+    def __init__(
+        self,
+        embed: torch.Tensor,
+        block: int,
+        check: str = "certified",
+        spare: int = 64,
+    ) -> None:
         self.embed = embed
         self.block = block
         self.check = check
+        self.spare = spare
+        self.delta = similarity_bound(embed.shape[1])
+        self.in_doubt: torch.Tensor | None = None
+        self.fallbacks = 0
         self.full_rows = 0.0
         self.counts = (0, 0)
 
-    def partners(self, active_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(partner [n] original index, similarity [n] float64)` of each active token."""
+    def settle(self, active_ids: torch.Tensor, in_doubt: int) -> bool:
+        """Record the rows in doubt read on the host; False if `fallback` is needed."""
+        if self.in_doubt is None:  # decided by `fallback`, which set the counts
+            return True
         n = active_ids.numel()
+        self.counts = (n - in_doubt, in_doubt)
+        return in_doubt <= min(self.spare, n)
+
+    def fallback(self, active_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The exact partners with host syncs (data-dependent rechecks)."""
+        n = active_ids.numel()
+        if self.in_doubt is not None:
+            self.fallbacks += 1
+        self.in_doubt = None
         if self.check == "exact":
             sim, pos = full_partners(self.embed[active_ids], self.block)
             rechecked = n
@@ -52,8 +88,33 @@ class FullPairing:
                 self.embed[active_ids], self.block, recheck_all=self.check == "recheck"
             )
         self.counts = (n - rechecked, rechecked)
-        self.full_rows += n**2 / self.embed.shape[0]
         return active_ids[pos], sim
+
+    def round_edges(
+        self,
+        active_ids: torch.Tensor,
+        square_norms: torch.Tensor,
+        floor: int,
+        threshold: float | None,
+    ) -> RankedEdges:
+        """Pairing and selection of one round, fixed shapes, nothing read back: `sizes` ends
+        with `in_doubt` (certified check) for the caller's one host sync."""
+        if self.check != "certified":
+            partner, sim = self.fallback(active_ids)
+            return ranked_edges(active_ids, partner, sim, square_norms, floor, threshold)
+        n = active_ids.numel()
+        self.full_rows += n**2 / self.embed.shape[0]
+        *edges, self.in_doubt = fixed_round(
+            self.embed,
+            active_ids,
+            square_norms,
+            floor,
+            threshold,
+            self.block,
+            self.delta,
+            self.spare,
+        )
+        return RankedEdges(*edges)
 
     def update(
         self, targets: torch.Tensor, new_embed: torch.Tensor, active_ids: torch.Tensor
@@ -61,6 +122,59 @@ class FullPairing:
         """Apply one round: `targets` (`[T]`) take `new_embed` (`[T, d_sim]`)."""
         del active_ids  # every round re-pairs whatever is active
         self.embed[targets] = new_embed
+
+
+def ranked_edges(
+    active_ids: torch.Tensor,
+    partner: torch.Tensor,
+    partner_sim: torch.Tensor,
+    square_norms: torch.Tensor,
+    floor: int,
+    threshold: float | None,
+) -> RankedEdges:
+    """`selection.rank_edges` for a round known to have room (`min(n - floor, n // 2) >= 1`)."""
+    edges = rank_edges(active_ids, partner, partner_sim, square_norms, floor, threshold)
+    if edges is None:
+        raise ValueError("a round needs min(n - floor, n // 2) >= 1; check before pairing")
+    return edges
+
+
+def fixed_round(
+    embed: torch.Tensor,
+    active_ids: torch.Tensor,
+    square_norms: torch.Tensor,
+    floor: int,
+    threshold: float | None,
+    block: int,
+    delta: float,
+    spare: int,
+) -> tuple[torch.Tensor, ...]:
+    """One round's pairing and selection with fixed shapes and no host sync: what
+    `torch.compile(fullgraph=True)` and CUDA-graph capture take whole.
+
+    Args:
+        embed: `[N, d]` float64 exact embeddings; rows `active_ids` (`[n]`, ascending) count.
+        square_norms: `[N]` exact squared norms of the current rows.
+        floor, threshold: the budget (`min(n - floor, n // 2) >= 1`).
+        block, delta, spare: the float64 block, `similarity_bound`, the recheck buffer
+            (`min(spare, n)` rows).
+
+    Returns:
+        The fields of `RankedEdges` (sizes `[4]`: edges, targets, lone targets, rows in doubt),
+        then the rows in doubt (0-d): the selection is exact if they are at most `spare`.
+    """
+    sim, pos, in_doubt = buffered_partners(embed[active_ids], block, delta, spare)
+    edges = ranked_edges(active_ids, active_ids[pos], sim, square_norms, floor, threshold)
+    sizes = torch.cat([edges.sizes, in_doubt.view(1)])
+    return (
+        edges.targets,
+        edges.sources,
+        edges.similarity,
+        edges.group,
+        edges.row_target,
+        sizes,
+        in_doubt,
+    )
 
 
 def _order_candidates(sim: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,6 +239,25 @@ class PairingState:
         self._decided = [0, 0]
         ids = torch.arange(n, device=device)
         self._recompute(ids, ids)
+
+    def round_edges(
+        self,
+        active_ids: torch.Tensor,
+        square_norms: torch.Tensor,
+        floor: int,
+        threshold: float | None,
+    ) -> RankedEdges:
+        """Pairing and selection of one round (`FullPairing.round_edges`); `sizes` `[3]`."""
+        partner, sim = self.partners(active_ids)
+        return ranked_edges(active_ids, partner, sim, square_norms, floor, threshold)
+
+    def settle(self, active_ids: torch.Tensor, in_doubt: int) -> bool:
+        """Nothing to settle: the partners are always exact (see `FullPairing.settle`)."""
+        return True
+
+    def fallback(self, active_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Never needed (`settle` is always True): the partners, exact."""
+        return self.partners(active_ids)
 
     def partners(self, active_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`(partner [n] original index, similarity [n] float64)` of each active token."""

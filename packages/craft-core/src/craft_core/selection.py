@@ -4,7 +4,7 @@ Pure functions on tensors, no learnable state, run under `torch.no_grad()`:
 
     E = l2_normalize(X @ W_rand)            # similarity space, [N, d_sim], on an exact grid
     p(i) = argmax_{j in A, j != i} E_i.E_j   # pairing, blockwise: never an N x N matrix
-    edges = select_edges(...)               # budget, orientation, chains, one target per source
+    edges = rank_edges(...)                 # budget, orientation, chains, one target per source
 
 **Exact similarities.** Exact duplicate tokens are common in video, so mathematically equal
 similarities are common, and a floating-point dot product rounds them differently on every
@@ -25,9 +25,9 @@ Only IEEE operations that are correctly rounded (scaling by powers of two, `roun
 division) or exact take part, so `kept_index`, `assignment` and `rounds` are a pure function
 of (rows, coords, config, budget). The grids are far finer than the rounding of float32 rows.
 
-The full pairing (`full_partners`) and the selection (`select_edges`) have fixed shapes and no
+The full pairing (`full_partners`) and the selection (`rank_edges`) have fixed shapes and no
 host synchronisation: the only data-dependent sizes of a round (edges, targets, lone targets)
-reach the host in one transfer at the end of `select_edges`.
+reach the host in one transfer, after which `lay_out` only slices.
 """
 
 from __future__ import annotations
@@ -174,15 +174,37 @@ class RoundPlan:
     layout: GroupLayout
 
 
-def select_edges(
+@dataclass
+class RankedEdges:
+    """A round's candidate edges in layout order, fixed shapes: `m = min(n - floor, n // 2)`.
+
+    Kept edges come first (lone targets, then shared targets' edges contiguous), masked
+    edges last; `sizes` says how many of each, and is what the round reads on the host.
+
+    Attributes:
+        targets, sources, similarity: `[m]` each edge's target, source, exact similarity.
+        group: `[m]` target row of each edge (kept edges only are meaningful).
+        row_target: `[m]` target id of each target row (the first `num_targets`).
+        sizes: `[3]` long: kept edges, targets, lone targets (plus extra counts appended).
+    """
+
+    targets: torch.Tensor
+    sources: torch.Tensor
+    similarity: torch.Tensor
+    group: torch.Tensor
+    row_target: torch.Tensor
+    sizes: torch.Tensor
+
+
+def rank_edges(
     active_ids: torch.Tensor,
     partner: torch.Tensor,
     partner_sim: torch.Tensor,
     square_norms: torch.Tensor,
     floor: int,
     threshold: float | None,
-) -> RoundPlan | None:
-    """Steps 2-7 of one round on fixed-shape masks, then ONE host transfer of the sizes.
+) -> RankedEdges | None:
+    """Steps 2-7 of one round on fixed-shape masks, and the layout, with no host sync.
 
     Args:
         active_ids: `[n]` ascending original indices of the active tokens.
@@ -193,7 +215,7 @@ def select_edges(
         threshold: `s_theta` in threshold mode, None in fixed-ratio mode.
 
     Returns:
-        The round's edges, or None when no edge survives (no candidate, or k <= 0).
+        The round's ranked edges, or None when the budget allows none (k <= 0).
     """
     n, size = active_ids.numel(), square_norms.numel()
     budget = min(n - floor, n // 2)
@@ -233,38 +255,41 @@ def select_edges(
     slot = torch.where(keep, sources, size)
     lowest = torch.full((size + 1,), torch.iinfo(torch.long).max, device=keep.device)
     keep = keep & (key == lowest.scatter_reduce_(0, slot, key, "amin")[sources])
-    return _lay_out(keep, targets, sources, sim, size)
+    return _rank_layout(keep, targets, sources, sim, size)
 
 
-def _lay_out(
+def _rank_layout(
     keep: torch.Tensor,
     targets: torch.Tensor,
     sources: torch.Tensor,
     similarity: torch.Tensor,
     size: int,
-) -> RoundPlan | None:
-    """Group the kept edges (`keep [m]` mask) by target, lone targets first, for GatedMerge."""
-    device = keep.device
+) -> RankedEdges:
+    """Group the kept edges (`keep [m]` mask) by target, lone targets first, fixed shapes."""
     # Edges per target (masked edges count into the spare slot `size`, with weight 0).
-    count = torch.zeros(size + 1, dtype=torch.long, device=device)
+    count = torch.zeros(size + 1, dtype=torch.long, device=keep.device)
     count.scatter_add_(0, torch.where(keep, targets, size), keep.long())
     shared = count[targets] > 1
     # One stable sort: kept edges of lone targets (ascending target), then those of shared
-    # targets (ascending target, then by rank), then the masked edges.
+    # targets (ascending target, then by rank), then the masked edges (one group, last).
     key = torch.where(keep, targets + shared * (size + 1), 2 * size + 2)
     sorted_key, order = torch.sort(key, stable=True)
     group = torch.nn.functional.pad(torch.cumsum(sorted_key[1:] != sorted_key[:-1], 0), (1, 0))
-    sizes = torch.stack([keep.sum(), (count > 0).sum(), (count == 1).sum()])
-    num_edges, num_targets, num_lone = sizes.tolist()  # the one host sync of selection
-    if num_edges == 0:
-        return None
-    edges, edge_row = order[:num_edges], group[:num_edges]
-    edge_target = targets[edges]
-    row_target = torch.empty(num_targets, dtype=torch.long, device=device)
+    edge_target = targets[order]
+    # Edges of one target write the same id; the masked edges' row lies past every target's.
+    row_target = torch.empty_like(edge_target).scatter_(0, group, edge_target)
+    sizes = torch.stack([keep.sum(), (count[:size] > 0).sum(), (count[:size] == 1).sum()])
+    return RankedEdges(edge_target, sources[order], similarity[order], group, row_target, sizes)
+
+
+def lay_out(edges: RankedEdges, num_edges: int, num_targets: int, num_lone: int) -> RoundPlan:
+    """The kept edges of `edges` for GatedMerge, given its `sizes` read on the host."""
     layout = GroupLayout(
-        order=torch.arange(num_edges, device=device),
-        targets=row_target.scatter_(0, edge_row, edge_target),
-        group=edge_row,
+        order=torch.arange(num_edges, device=edges.targets.device),
+        targets=edges.row_target[:num_targets],
+        group=edges.group[:num_edges],
         lone=num_lone,
     )
-    return RoundPlan(edge_target, sources[edges], similarity[edges], layout)
+    return RoundPlan(
+        edges.targets[:num_edges], edges.sources[:num_edges], edges.similarity[:num_edges], layout
+    )

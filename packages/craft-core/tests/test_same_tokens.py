@@ -1,0 +1,105 @@
+"""craft-core 0.4 selects the same tokens as 0.3.0, bit for bit, on every CPU path.
+
+`tokens_0_3_0.json` holds, for each of the 216 reference cases of `test_reference.py`, a
+digest of 0.3.0's `(kept_index, assignment, rounds)` and (for the `target`/`mean` fusions,
+whose rows are sums and products only) of the output rows' bytes, written by 0.3.0 on this
+project's development CPU and identical there under `ATEN_CPU_CAPABILITY=default` and
+`MKL_CBWR=AVX2`. The gate's rows go through matmuls whose last bits depend on the CPU path,
+so only their selection is pinned. `nox -s core_paths` runs this under both settings.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from core_testkit import BUDGETS, SIZES, make_tokens, noise
+
+from craft_core import CraftCompressor, CraftConfig
+
+PINNED = json.loads((Path(__file__).parent / "tokens_0_3_0.json").read_text())
+
+
+def cases() -> list[tuple[CraftConfig, int, int, dict, bool]]:
+    """The reference cases, in `test_reference.py`'s configs, seeds and autograd modes."""
+    out = []
+    for pairing in ["incremental", "full"]:
+        for reduce in ["target", "mean"]:
+            for n in SIZES:
+                for budget in BUDGETS:
+                    config = CraftConfig(
+                        hidden_size=24,
+                        sim_dim=16,
+                        sim_block=16,
+                        weighting="uniform",
+                        reduce=reduce,
+                        pairing=pairing,
+                    )
+                    out.append((config, 100 * n + len(str(budget)), n, budget, n % 2 == 0))
+    for n in [8, 17, 33, 64]:
+        for budget in BUDGETS:
+            for pairing in ["incremental", "full"]:
+                config = CraftConfig(
+                    hidden_size=24,
+                    sim_dim=16,
+                    sim_block=16,
+                    rank=8,
+                    rope_sections=(2, 1, 1),
+                    gate_hidden=16,
+                    round_embed_dim=8,
+                    pairing=pairing,
+                )
+                out.append((config, 7 * n, n, budget, n % 2 == 1))
+    return out
+
+
+def digests(config: CraftConfig, seed: int, n: int, budget: dict, grad: bool) -> list[str]:
+    torch.manual_seed(seed)
+    compressor = CraftCompressor(config)
+    if config.reduce == "gate":
+        with torch.no_grad():
+            gen = torch.Generator().manual_seed(seed)
+            for layer in (compressor.merge.w_up, compressor.merge.w_mod):
+                layer.weight.copy_(0.3 * noise(*layer.weight.shape, generator=gen))
+                layer.bias.copy_(0.3 * noise(*layer.bias.shape, generator=gen))
+    x, coords = make_tokens(seed, n, config.hidden_size)
+    with torch.set_grad_enabled(grad):
+        out = compressor(x, coords, **budget)
+    selection = json.dumps([out.kept_index.tolist(), out.assignment.tolist(), out.rounds])
+    rows = out.features.detach().contiguous().numpy().tobytes()
+    return [
+        hashlib.sha256(selection.encode()).hexdigest()[:16],
+        hashlib.sha256(rows).hexdigest()[:16],
+    ]
+
+
+def test_every_reference_case_selects_what_0_3_0_selected() -> None:
+    all_cases = cases()
+    assert len(all_cases) == len(PINNED) == 216
+    wrong_selection, wrong_rows = [], []
+    for config, seed, n, budget, grad in all_cases:
+        key = f"{config.pairing}/{config.reduce}/{config.weighting}/{n}/{budget}"
+        selection, rows = digests(config, seed, n, budget, grad)
+        if selection != PINNED[key][0]:
+            wrong_selection.append(key)
+        if PINNED[key][1] is not None and rows != PINNED[key][1]:
+            wrong_rows.append(key)
+    assert not wrong_selection, wrong_selection
+    assert not wrong_rows, wrong_rows
+
+
+@pytest.mark.parametrize("pinned", [0, 1])
+def test_the_pin_can_fail(pinned: int) -> None:
+    # A changed input must not match its pin: one token scaled by 1.5.
+    config, seed, n, budget, _ = cases()[40 + pinned]
+    key = f"{config.pairing}/{config.reduce}/{config.weighting}/{n}/{budget}"
+    torch.manual_seed(seed)
+    x, coords = make_tokens(seed, n, config.hidden_size)
+    x[0] = x[0] * 1.5
+    with torch.no_grad():
+        out = CraftCompressor(config)(x, coords, **budget)
+    rows = hashlib.sha256(out.features.contiguous().numpy().tobytes()).hexdigest()[:16]
+    assert rows != PINNED[key][1]
