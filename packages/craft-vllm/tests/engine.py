@@ -146,3 +146,15 @@ def text_tokens(question: str = QUESTION) -> int:
     import tiny
 
     return len(tiny.processor().tokenizer(prompt(question))["input_ids"]) - 1
+
+
+def video_span(kept: int, question: str = QUESTION) -> tuple[int, int]:
+    """(tokens before the first video placeholder, tokens up to the end of the video's turn
+    part before the question) of the prompt with `kept` placeholders."""
+    import tiny
+
+    tokenizer = tiny.processor().tokenizer
+    head = prompt(question).split("<|video_pad|>")[0]
+    before = len(tokenizer(head)["input_ids"])
+    upto = prompt(question).split(question)[0]
+    return before, len(tokenizer(upto)["input_ids"]) - 1 + kept
