@@ -33,8 +33,8 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import engine  # noqa: E402
-import tiny  # noqa: E402
+import engine
+import tiny
 
 
 def _measure(llm, videos: list, ttft_videos: list) -> tuple[float, float, int]:
@@ -94,9 +94,11 @@ def main() -> None:
             results.append((name, length - engine.text_tokens(), rate, ttft))
             print(f"{name}: done", flush=True)
     base_rate, base_ttft = results[0][2], results[0][3]
-    print(f"\nvLLM {__import__('vllm').__version__} on the CPU, tiny Qwen2.5-VL, "
-          f"{args.frames} frames = {n_tokens} video tokens, {args.videos} requests, "
-          f"{os.cpu_count()} cores")
+    print(
+        f"\nvLLM {__import__('vllm').__version__} on the CPU, tiny Qwen2.5-VL, "
+        f"{args.frames} frames = {n_tokens} video tokens, {args.videos} requests, "
+        f"{os.cpu_count()} cores"
+    )
     print(f"{'config':<14} {'video tokens':>12} {'req/s':>8} {'x':>6} {'TTFT ms':>9} {'x':>6}")
     for name, kept, rate, ttft in results:
         print(

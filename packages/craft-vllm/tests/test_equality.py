@@ -10,12 +10,12 @@ the library side must disagree with vLLM, so a vLLM that ignored the checkpoint 
 
 from __future__ import annotations
 
-import pytest
-from conftest import small_config
-from craft_core import CraftCompressor
-
 import engine
+import pytest
 import tiny
+from conftest import small_config
+
+from craft_core import CraftCompressor
 
 RATIOS = [2, 4, 8, 16]
 TOKENS = [128, 80, 96]  # merged tokens of the three videos: 16 per frame pair

@@ -9,11 +9,11 @@
 
 from __future__ import annotations
 
-from craft_core import CraftCompressor
-
 import engine
 import tiny
 from craft_vllm import plugin
+
+from craft_core import CraftCompressor
 
 
 def test_prefix_cache_hit_equals_library(workdir) -> None:

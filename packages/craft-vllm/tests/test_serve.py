@@ -22,10 +22,9 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import engine
 import numpy as np
 import pytest
-
-import engine
 import tiny
 
 openai = pytest.importorskip("openai")
@@ -116,9 +115,7 @@ def _ask(base: str, model: str, video: Path, question: str):
 def test_served_counts_and_prefix_cache(server, workdir) -> None:
     model = str(workdir / "model")
     lengths = [8, 12, 16]
-    videos = [
-        _write_mp4(workdir / f"v{n}.mp4", tiny.video(n, seed=10 + n)) for n in lengths
-    ]
+    videos = [_write_mp4(workdir / f"v{n}.mp4", tiny.video(n, seed=10 + n)) for n in lengths]
     with ThreadPoolExecutor(len(videos)) as pool:  # all in flight together
         replies = list(pool.map(lambda v: _ask(server, model, v, engine.QUESTION), videos))
     text = engine.text_tokens()

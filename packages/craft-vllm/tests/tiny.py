@@ -47,8 +47,12 @@ def _byte_vocab() -> dict[str, int]:
 
 def processor() -> Any:
     from tokenizers import AddedToken
-    from transformers import Qwen2_5_VLProcessor, Qwen2Tokenizer, Qwen2VLImageProcessor
-    from transformers import Qwen2VLVideoProcessor
+    from transformers import (
+        Qwen2_5_VLProcessor,
+        Qwen2Tokenizer,
+        Qwen2VLImageProcessor,
+        Qwen2VLVideoProcessor,
+    )
 
     tok = Qwen2Tokenizer(vocab=_byte_vocab(), merges=[], chat_template=TEMPLATE)
     tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
@@ -79,7 +83,11 @@ def config() -> Any:
         "pad_token_id": IDS["<|endoftext|>"],
         "eos_token_id": IDS["<|im_end|>"],
         "bos_token_id": None,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 12, 12]},
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": [8, 12, 12],
+        },
     }
     vision = {
         "depth": 2,
@@ -94,7 +102,15 @@ def config() -> Any:
         "fullatt_block_indexes": [1],
         "tokens_per_second": 2,
     }
-    ids = {k: IDS[v] for k, v in (("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"), ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))}
+    ids = {
+        k: IDS[v]
+        for k, v in (
+            ("image_token_id", "<|image_pad|>"),
+            ("video_token_id", "<|video_pad|>"),
+            ("vision_start_token_id", "<|vision_start|>"),
+            ("vision_end_token_id", "<|vision_end|>"),
+        )
+    }
     return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids)
 
 
