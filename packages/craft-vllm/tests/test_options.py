@@ -6,7 +6,6 @@ import types
 
 import numpy as np
 import pytest
-
 from craft_vllm import CraftConfigError, kept_count, read_options
 from craft_vllm.positions import grid_positions, prompt_positions, pruned_position_columns
 
