@@ -13,29 +13,28 @@ from typing import Any
 import torch
 
 from craft_core import CompressionResult
-from craft_eval.baselines._common import BaselineMethod, finish, identity, normalized, prepare
+from craft_eval.baselines._common import (
+    BaselineMethod,
+    Checked,
+    baseline,
+    finish,
+    identity,
+    normalized,
+)
 from craft_eval.methods.registry import register_method
 
 NAME = "divprune"
 
 
+@baseline(NAME)
 def divprune(
-    features: torch.Tensor,
-    coords: torch.Tensor,
-    *,
-    ratio: float | None = None,
-    threshold: float | None = None,
-    min_tokens: int | None = None,
-    importance: torch.Tensor | None = None,
+    features: torch.Tensor, coords: torch.Tensor, budget: Checked, importance: torch.Tensor | None
 ) -> CompressionResult:
     """Keep the `max(1, floor(N / ratio))` most mutually diverse tokens (pure pruning).
 
     Ties go to the smaller index. The published loop can pick a token twice when distances
     tie at zero (e.g. identical tokens); here a picked token is never picked again.
     """
-    budget = prepare(
-        NAME, features, coords, ratio=ratio, threshold=threshold, min_tokens=min_tokens
-    )
     n = features.shape[0]
     info = {"settings": {"distance": "1 - cosine"}, "importance": None}
     k = budget.floor

@@ -32,12 +32,13 @@ import torch.nn.functional as F
 from craft_core import CompressionResult
 from craft_eval.baselines._common import (
     BaselineMethod,
+    Checked,
     apportion,
+    baseline,
     finish,
     frames_of,
     most_similar,
     normalized,
-    prepare,
     top_indices,
 )
 from craft_eval.methods.registry import register_method
@@ -82,14 +83,9 @@ def _fixed_ratio_keep(
     return kept
 
 
+@baseline(NAME, adaptive=True)
 def dtd(
-    features: torch.Tensor,
-    coords: torch.Tensor,
-    *,
-    ratio: float | None = None,
-    threshold: float | None = None,
-    min_tokens: int | None = None,
-    importance: torch.Tensor | None = None,
+    features: torch.Tensor, coords: torch.Tensor, budget: Checked, importance: torch.Tensor | None
 ) -> CompressionResult:
     """Drop tokens that repeat the same patch of the previous frame.
 
@@ -104,15 +100,6 @@ def dtd(
     A token with no predecessor (first frame, a patch new to its frame) counts as cosine
     `-inf`: never dropped before the others.
     """
-    budget = prepare(
-        NAME,
-        features,
-        coords,
-        ratio=ratio,
-        threshold=threshold,
-        min_tokens=min_tokens,
-        adaptive=True,
-    )
     n = features.shape[0]
     frames = frames_of(coords)
     pred = _predecessors(coords, frames.members)
@@ -124,7 +111,7 @@ def dtd(
 
     if budget.threshold is not None:
         kept_mask = ~has_pred | (cos <= budget.threshold)
-        missing = (0 if min_tokens is None else budget.floor) - int(kept_mask.sum())
+        missing = (0 if budget.given.min_tokens is None else budget.floor) - int(kept_mask.sum())
         if missing > 0:
             dropped = torch.nonzero(~kept_mask).squeeze(1)
             kept_mask[dropped[top_indices(cos[dropped], missing, largest=False)]] = True

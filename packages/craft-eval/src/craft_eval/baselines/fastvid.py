@@ -47,14 +47,15 @@ from craft_eval.baselines._common import (
     ATTENTION,
     ATTENTION_NOTE,
     BaselineMethod,
+    Checked,
     apportion,
+    baseline,
     finish,
     frames_of,
     identity,
     importance_scores,
     most_similar,
     normalized,
-    prepare,
     top_indices,
 )
 from craft_eval.methods.registry import register_method
@@ -150,14 +151,13 @@ def _merge(
     return w * x[anchors] + (1.0 - w) * mean, (best, owner)
 
 
+@baseline(NAME)
 def fastvid(
     features: torch.Tensor,
     coords: torch.Tensor,
+    budget: Checked,
+    importance: torch.Tensor | None,
     *,
-    ratio: float | None = None,
-    threshold: float | None = None,
-    min_tokens: int | None = None,
-    importance: torch.Tensor | None = None,
     segments: int = 8,
     tau: float = 0.9,
     d: float = 0.4,
@@ -191,9 +191,6 @@ def fastvid(
         raise ValueError(f"d must lie in [0, 1], got {d}")
     if p < 1 or segments < 1 or knn < 1:
         raise ValueError(f"p, segments and knn must be >= 1, got {p}, {segments}, {knn}")
-    budget = prepare(
-        NAME, features, coords, ratio=ratio, threshold=threshold, min_tokens=min_tokens
-    )
     n = features.shape[0]
     scores, proxy = importance_scores(features, importance)
     settings = dict(segments=segments, tau=tau, d=d, p=p, beta=beta, knn=knn)
@@ -207,7 +204,8 @@ def fastvid(
     x = features.float()
     e = normalized(x)
     segs = segment_frames(torch.stack([x[m].mean(dim=0) for m in frames.members]), segments, tau)
-    assert ratio is not None
+    ratio = budget.given.ratio
+    assert ratio is not None  # no threshold mode
     salient, anchor_counts = _plan(frames.sizes, segs, k, float(ratio), d, p, exact_budget)
 
     kept_parts, row_parts, rest = _salient(x, scores, frames.members, salient)

@@ -14,28 +14,27 @@ from typing import Any
 import torch
 
 from craft_core import CompressionResult
-from craft_eval.baselines._common import BaselineMethod, finish, identity, normalized, prepare
+from craft_eval.baselines._common import (
+    BaselineMethod,
+    Checked,
+    baseline,
+    finish,
+    identity,
+    normalized,
+)
 from craft_eval.methods.registry import register_method
 
 NAME = "tome"
 
 
+@baseline(NAME)
 def tome(
-    features: torch.Tensor,
-    coords: torch.Tensor,
-    *,
-    ratio: float | None = None,
-    threshold: float | None = None,
-    min_tokens: int | None = None,
-    importance: torch.Tensor | None = None,
+    features: torch.Tensor, coords: torch.Tensor, budget: Checked, importance: torch.Tensor | None
 ) -> CompressionResult:
     """Merge tokens by repeated bipartite soft matching down to `max(1, floor(N / ratio))`.
 
     `importance` is accepted for the common interface and ignored (ToMe needs none).
     """
-    budget = prepare(
-        NAME, features, coords, ratio=ratio, threshold=threshold, min_tokens=min_tokens
-    )
     n = features.shape[0]
     info = {"settings": {"metric": "features (L2-normalised)"}, "importance": None}
     target = budget.floor

@@ -18,14 +18,15 @@ import torch
 from craft_core import CompressionResult
 from craft_eval.baselines._common import (
     BaselineMethod,
+    Checked,
     apportion,
+    baseline,
     finish,
     frames_of,
     group_sum,
     identity,
     most_similar,
     normalized,
-    prepare,
     top_indices,
 )
 from craft_eval.methods.registry import register_method
@@ -40,14 +41,13 @@ def _gaussian(x: torch.Tensor, centre: torch.Tensor, alphas: tuple[float, ...]) 
     return sum((torch.exp(-dist_sq / (2 * a)) for a in alphas), torch.zeros_like(dist_sq))
 
 
+@baseline(NAME)
 def vidcom2(
     features: torch.Tensor,
     coords: torch.Tensor,
+    budget: Checked,
+    importance: torch.Tensor | None,
     *,
-    ratio: float | None = None,
-    threshold: float | None = None,
-    min_tokens: int | None = None,
-    importance: torch.Tensor | None = None,
     channel_fraction: float = 0.5,
     temperature: float = 0.01,
 ) -> CompressionResult:
@@ -63,9 +63,6 @@ def vidcom2(
         raise ValueError(f"channel_fraction must lie in (0, 1], got {channel_fraction}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    budget = prepare(
-        NAME, features, coords, ratio=ratio, threshold=threshold, min_tokens=min_tokens
-    )
     n, d = features.shape
     info: dict[str, Any] = {
         "settings": {
@@ -78,7 +75,8 @@ def vidcom2(
     k = budget.floor
     if k >= n:
         return identity(NAME, features, coords, info)
-    assert ratio is not None
+    ratio = budget.given.ratio
+    assert ratio is not None  # no threshold mode
 
     frames = frames_of(coords)
     x = features.float()

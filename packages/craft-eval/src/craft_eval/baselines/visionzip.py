@@ -19,7 +19,9 @@ from craft_eval.baselines._common import (
     ATTENTION,
     ATTENTION_NOTE,
     BaselineMethod,
+    Checked,
     apportion,
+    baseline,
     finish,
     frames_of,
     group_sum,
@@ -27,7 +29,6 @@ from craft_eval.baselines._common import (
     importance_scores,
     most_similar,
     normalized,
-    prepare,
     top_indices,
 )
 from craft_eval.methods.registry import register_method
@@ -35,14 +36,13 @@ from craft_eval.methods.registry import register_method
 NAME = "visionzip"
 
 
+@baseline(NAME)
 def visionzip(
     features: torch.Tensor,
     coords: torch.Tensor,
+    budget: Checked,
+    importance: torch.Tensor | None,
     *,
-    ratio: float | None = None,
-    threshold: float | None = None,
-    min_tokens: int | None = None,
-    importance: torch.Tensor | None = None,
     contextual_fraction: float = 10 / 64,
 ) -> CompressionResult:
     """Keep exactly `max(1, floor(N / ratio))` tokens: dominant + contextual, per frame.
@@ -57,9 +57,6 @@ def visionzip(
     """
     if not 0.0 <= contextual_fraction <= 1.0:
         raise ValueError(f"contextual_fraction must lie in [0, 1], got {contextual_fraction}")
-    budget = prepare(
-        NAME, features, coords, ratio=ratio, threshold=threshold, min_tokens=min_tokens
-    )
     n = features.shape[0]
     scores, proxy = importance_scores(features, importance)
     info = {"settings": {"contextual_fraction": contextual_fraction}, "importance": proxy}
