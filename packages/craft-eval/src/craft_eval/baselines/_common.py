@@ -10,6 +10,7 @@ input dtype.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 
 from craft_core import CompressionResult, TokenBudget, check_tokens
 from craft_eval.methods.base import Method, Request, fixed_budget, prune_result
+from craft_eval.methods.registry import register_method
 
 #: Rows per block when a method needs "most similar token" over many candidates.
 SIM_BLOCK = 2048
@@ -261,10 +263,41 @@ class Baseline(Method):
         return self.core(features, coords, checked, request.importance, **settings)
 
 
-def baseline(name: str, *, adaptive: bool = False) -> Callable[[Core], Baseline]:
-    """Decorator: the baseline `name` from its core (`Core`); `adaptive`: it has a threshold
-    mode (without one, `threshold=` is refused naming the method)."""
-    return lambda core: Baseline(name, core, adaptive=adaptive)
+def baseline(
+    name: str,
+    *,
+    kind: str,
+    description: str,
+    adaptive: bool = False,
+    needs: tuple[str, ...] = (),
+    saliency: str = "token features",
+) -> Callable[[Core], Baseline]:
+    """Decorator: the baseline `name` from its core, registered in `craft_eval.methods`.
+
+    `adaptive`: it has a threshold mode (without one, `threshold=` is refused naming the
+    method). The registered factory takes the core's keyword-only settings as its options
+    (`craft-eval --method-arg`); `needs=("attention",)` makes craft-adapters hand the
+    compressor the vision tower's received attention. The rest as `register_method`.
+    """
+
+    def decorate(core: Core) -> Baseline:
+        function = Baseline(name, core, adaptive=adaptive)
+        options = [
+            p for p in inspect.signature(core).parameters.values() if p.kind is p.KEYWORD_ONLY
+        ]
+
+        def factory(**given: Any) -> BaselineMethod:
+            settings = {p.name: given[p.name] for p in options if p.name in given}
+            return BaselineMethod(function, needs_attention="attention" in needs, **settings)
+
+        factory.__signature__ = inspect.Signature(options)  # type: ignore[attr-defined]
+        factory.__module__, factory.__qualname__ = core.__module__, core.__qualname__
+        register_method(name, kind=kind, needs=needs, description=description, saliency=saliency)(
+            factory
+        )
+        return function
+
+    return decorate
 
 
 class BaselineMethod(Method):

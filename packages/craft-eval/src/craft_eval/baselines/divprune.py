@@ -8,25 +8,19 @@ A pruned token is assigned to its nearest picked token (tracked for free by the 
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from craft_core import CompressionResult
-from craft_eval.baselines._common import (
-    BaselineMethod,
-    Checked,
-    baseline,
-    finish,
-    identity,
-    normalized,
-)
-from craft_eval.methods.registry import register_method
+from craft_eval.baselines._common import Checked, baseline, finish, identity, normalized
 
 NAME = "divprune"
 
 
-@baseline(NAME)
+@baseline(
+    NAME,
+    kind="prune",
+    description="DivPrune: greedy max-min diversity (1 - cosine) pruning.",
+)
 def divprune(
     features: torch.Tensor, coords: torch.Tensor, budget: Checked, importance: torch.Tensor | None
 ) -> CompressionResult:
@@ -64,14 +58,3 @@ def divprune(
         min_dist = torch.minimum(min_dist, row)
     nearest[picked] = picked
     return finish(NAME, features, coords, picked, nearest, info=info)
-
-
-# registered here: adding a baseline touches this one file (and its test)
-@register_method(
-    "divprune",
-    kind="prune",
-    needs=(),
-    description="DivPrune: greedy max-min diversity (1 - cosine) pruning.",
-)
-def build_divprune(**_: Any) -> BaselineMethod:
-    return BaselineMethod(divprune)

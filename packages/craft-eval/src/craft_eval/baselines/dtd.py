@@ -24,14 +24,12 @@ dropped tokens come back). A dropped token is assigned to where its predecessor 
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from craft_core import CompressionResult
 from craft_eval.baselines._common import (
-    BaselineMethod,
     Checked,
     apportion,
     baseline,
@@ -41,7 +39,6 @@ from craft_eval.baselines._common import (
     normalized,
     top_indices,
 )
-from craft_eval.methods.registry import register_method
 
 NAME = "dtd"
 
@@ -83,7 +80,14 @@ def _fixed_ratio_keep(
     return kept
 
 
-@baseline(NAME, adaptive=True)
+@baseline(
+    NAME,
+    kind="prune",
+    saliency="token features (cosine with the same patch of the previous frame)",
+    description="TimeChat-Online DTD: drop tokens too similar to the same patch of the "
+    "previous frame (threshold=, or ratio= drops each later frame's most redundant).",
+    adaptive=True,
+)
 def dtd(
     features: torch.Tensor, coords: torch.Tensor, budget: Checked, importance: torch.Tensor | None
 ) -> CompressionResult:
@@ -136,16 +140,3 @@ def dtd(
         "importance": None,
     }
     return finish(NAME, features, coords, kept, representative, info=info)
-
-
-# registered here: adding a baseline touches this one file (and its test)
-@register_method(
-    "dtd",
-    kind="prune",
-    needs=(),
-    saliency="token features (cosine with the same patch of the previous frame)",
-    description="TimeChat-Online DTD: drop tokens too similar to the same patch of the "
-    "previous frame (threshold=, or ratio= drops each later frame's most redundant).",
-)
-def build_dtd(**_: Any) -> BaselineMethod:
-    return BaselineMethod(dtd)

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
 
 import torch
 
@@ -46,7 +45,6 @@ from craft_core import CompressionResult
 from craft_eval.baselines._common import (
     ATTENTION,
     ATTENTION_NOTE,
-    BaselineMethod,
     Checked,
     apportion,
     baseline,
@@ -58,7 +56,6 @@ from craft_eval.baselines._common import (
     normalized,
     top_indices,
 )
-from craft_eval.methods.registry import register_method
 
 NAME = "fastvid"
 
@@ -151,7 +148,14 @@ def _merge(
     return w * x[anchors] + (1.0 - w) * mean, (best, owner)
 
 
-@baseline(NAME)
+@baseline(
+    NAME,
+    kind="merge",
+    needs=("attention",),
+    saliency=ATTENTION,
+    description="FastVID (published OneVision code): dynamic segments, salient tokens + "
+    "density-peak anchors merging segment tokens per anchor frame." + ATTENTION_NOTE,
+)
 def fastvid(
     features: torch.Tensor,
     coords: torch.Tensor,
@@ -285,37 +289,3 @@ def _segment_anchors(
             best[pool[better]] = sims[better]
             representative[pool[better]] = anchors[owner[better]]
     return kept_parts, row_parts
-
-
-# registered here: adding a baseline touches this one file (and its test)
-@register_method(
-    "fastvid",
-    kind="merge",
-    needs=("attention",),
-    saliency=ATTENTION,
-    description="FastVID (published OneVision code): dynamic segments, salient tokens + "
-    "density-peak anchors merging segment tokens per anchor frame." + ATTENTION_NOTE,
-)
-def build_fastvid(
-    segments: int = 8,
-    tau: float = 0.9,
-    d: float = 0.4,
-    p: int = 4,
-    beta: float = 0.6,
-    knn: int = 4,
-    include_anchor: bool = True,
-    exact_budget: bool = True,
-    **_: Any,
-) -> BaselineMethod:
-    return BaselineMethod(
-        fastvid,
-        needs_attention=True,
-        segments=segments,
-        tau=tau,
-        d=d,
-        p=p,
-        beta=beta,
-        knn=knn,
-        include_anchor=include_anchor,
-        exact_budget=exact_budget,
-    )

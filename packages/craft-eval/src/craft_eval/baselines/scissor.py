@@ -26,7 +26,6 @@ import torch
 
 from craft_core import CompressionResult
 from craft_eval.baselines._common import (
-    BaselineMethod,
     Checked,
     Frames,
     baseline,
@@ -37,7 +36,6 @@ from craft_eval.baselines._common import (
     normalized,
     top_indices,
 )
-from craft_eval.methods.registry import register_method
 
 NAME = "llava-scissor"
 
@@ -256,7 +254,13 @@ def plan_groups(
     return plan, info
 
 
-@baseline(NAME, adaptive=True)
+@baseline(
+    NAME,
+    kind="merge",
+    description="LLaVA-Scissor: semantic connected components (threshold=tau, published 0.9, "
+    "no floor unless min_tokens=; ratio= searches tau for the exact count).",
+    adaptive=True,
+)
 def llava_scissor(
     features: torch.Tensor,
     coords: torch.Tensor,
@@ -285,16 +289,3 @@ def _final_rows(x: torch.Tensor, plan: ScissorPlan) -> torch.Tensor:
     sums = torch.zeros(k, x.shape[1], device=x.device).index_add(0, target, x)
     counts = torch.bincount(target, minlength=k).float()
     return (plan.reps + sums) / (counts + 1.0)[:, None]
-
-
-# registered here: adding a baseline touches this one file (and its test)
-@register_method(
-    "llava-scissor",
-    kind="merge",
-    needs=(),
-    description="LLaVA-Scissor: semantic connected components (threshold=tau, published 0.9, "
-    "no floor unless min_tokens=; ratio= searches tau for the exact count).",
-)
-def build_llava_scissor(search_steps: int | None = None, **_: Any) -> BaselineMethod:
-    settings: dict[str, Any] = {} if search_steps is None else {"search_steps": search_steps}
-    return BaselineMethod(llava_scissor, **settings)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from craft_core import CompressionResult, CraftCompressor
-from craft_eval.baselines._common import Checked, baseline, finish, identity, normalized
+from craft_eval.baselines._common import Baseline, Checked, finish, identity, normalized
 from craft_eval.baselines.scissor import SEARCH_STEPS, plan_groups
 from craft_eval.methods.base import Method, Request
 from craft_eval.methods.registry import register_method
@@ -23,8 +23,7 @@ from craft_eval.methods.registry import register_method
 NAME = "scissor-merge"
 
 
-@baseline(NAME, adaptive=True)
-def scissor_merge(
+def _scissor_merge(
     features: torch.Tensor,
     coords: torch.Tensor,
     budget: Checked,
@@ -61,6 +60,10 @@ def scissor_merge(
         rounds=1,
         info=info,
     )
+
+
+#: the public call: `scissor_merge(features, coords, ratio=..., compressor=module)`
+scissor_merge = Baseline(NAME, _scissor_merge, adaptive=True)
 
 
 class ScissorMergeMethod(Method):

@@ -9,25 +9,19 @@ A merged token keeps its destination's original position.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from craft_core import CompressionResult
-from craft_eval.baselines._common import (
-    BaselineMethod,
-    Checked,
-    baseline,
-    finish,
-    identity,
-    normalized,
-)
-from craft_eval.methods.registry import register_method
+from craft_eval.baselines._common import Checked, baseline, finish, identity, normalized
 
 NAME = "tome"
 
 
-@baseline(NAME)
+@baseline(
+    NAME,
+    kind="merge",
+    description="ToMe (video): bipartite soft matching over all tokens, size-weighted means.",
+)
 def tome(
     features: torch.Tensor, coords: torch.Tensor, budget: Checked, importance: torch.Tensor | None
 ) -> CompressionResult:
@@ -74,14 +68,3 @@ def tome(
         steps += 1
 
     return finish(NAME, features, coords, active, representative, x, rounds=steps, info=info)
-
-
-# registered here: adding a baseline touches this one file (and its test)
-@register_method(
-    "tome",
-    kind="merge",
-    needs=(),
-    description="ToMe (video): bipartite soft matching over all tokens, size-weighted means.",
-)
-def build_tome(**_: Any) -> BaselineMethod:
-    return BaselineMethod(tome)

@@ -17,7 +17,6 @@ import torch
 
 from craft_core import CompressionResult
 from craft_eval.baselines._common import (
-    BaselineMethod,
     Checked,
     apportion,
     baseline,
@@ -29,7 +28,6 @@ from craft_eval.baselines._common import (
     normalized,
     top_indices,
 )
-from craft_eval.methods.registry import register_method
 
 NAME = "vidcom2"
 
@@ -41,7 +39,12 @@ def _gaussian(x: torch.Tensor, centre: torch.Tensor, alphas: tuple[float, ...]) 
     return sum((torch.exp(-dist_sq / (2 * a)) for a in alphas), torch.zeros_like(dist_sq))
 
 
-@baseline(NAME)
+@baseline(
+    NAME,
+    kind="prune",
+    saliency="token features (Gaussian similarity to video / frame means)",
+    description="VidCom2: frame-adaptive budgets, keeps each frame's most distinctive tokens.",
+)
 def vidcom2(
     features: torch.Tensor,
     coords: torch.Tensor,
@@ -128,17 +131,3 @@ def _assign_in_frame(
         pool = kept_f if kept_f.numel() else kept
         representative[dropped] = pool[most_similar(e[dropped], e[pool])]
     return representative
-
-
-# registered here: adding a baseline touches this one file (and its test)
-@register_method(
-    "vidcom2",
-    kind="prune",
-    needs=(),
-    saliency="token features (Gaussian similarity to video / frame means)",
-    description="VidCom2: frame-adaptive budgets, keeps each frame's most distinctive tokens.",
-)
-def build_vidcom2(
-    channel_fraction: float = 0.5, temperature: float = 0.01, **_: Any
-) -> BaselineMethod:
-    return BaselineMethod(vidcom2, channel_fraction=channel_fraction, temperature=temperature)

@@ -10,15 +10,12 @@ published code). Budget split dominant:contextual 54:10 by default.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from craft_core import CompressionResult
 from craft_eval.baselines._common import (
     ATTENTION,
     ATTENTION_NOTE,
-    BaselineMethod,
     Checked,
     apportion,
     baseline,
@@ -31,12 +28,18 @@ from craft_eval.baselines._common import (
     normalized,
     top_indices,
 )
-from craft_eval.methods.registry import register_method
 
 NAME = "visionzip"
 
 
-@baseline(NAME)
+@baseline(
+    NAME,
+    kind="merge",
+    needs=("attention",),
+    saliency=ATTENTION,
+    description="VisionZip: per-frame dominant tokens + contextual merges (54:10)."
+    + ATTENTION_NOTE,
+)
 def visionzip(
     features: torch.Tensor,
     coords: torch.Tensor,
@@ -101,16 +104,3 @@ def visionzip(
 
     kept = torch.cat(kept_parts)
     return finish(NAME, features, coords, kept, representative, torch.cat(row_parts), info=info)
-
-
-# registered here: adding a baseline touches this one file (and its test)
-@register_method(
-    "visionzip",
-    kind="merge",
-    needs=("attention",),
-    saliency=ATTENTION,
-    description="VisionZip: per-frame dominant tokens + contextual merges (54:10)."
-    + ATTENTION_NOTE,
-)
-def build_visionzip(contextual_fraction: float = 10 / 64, **_: Any) -> BaselineMethod:
-    return BaselineMethod(visionzip, needs_attention=True, contextual_fraction=contextual_fraction)
