@@ -32,15 +32,10 @@ class KeepEvery:
         self.calls: list[dict[str, Any]] = []
 
     def __call__(
-        self,
-        features: torch.Tensor,
-        coords: torch.Tensor,
-        *,
-        ratio: float | None = None,
-        threshold: float | None = None,
-        min_tokens: int | None = None,
-        importance: torch.Tensor | None = None,
+        self, features: torch.Tensor, coords: torch.Tensor, *, ratio: float | None = None, **_: Any
     ) -> CompressionResult:
+        """Only `ratio` matters here; the rest of the method interface (threshold=,
+        min_tokens=, importance=) is accepted and unused."""
         self.calls.append({"features": features, "coords": coords.clone(), "ratio": ratio})
         n = features.shape[0]
         step = 1 if ratio == 1 else self.step

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from craft_core import CraftCompressor
+from craft_core import CraftCompressor, CraftConfig
 
 
 def noise(*shape: int, generator: torch.Generator) -> torch.Tensor:
@@ -56,3 +56,46 @@ def live_weights(compressor: CraftCompressor, seed: int, scale: float = 0.2) -> 
         for param in compressor.merge.parameters():
             param.copy_(scale * noise(*param.shape, generator=gen))
     return compressor
+
+
+def reference_cases() -> list[tuple[CraftConfig, int, int, dict, bool]]:
+    """The 216 reference cases `(config, seed, n, budget, grad)` of `test_reference.py`
+    (and pinned by `test_same_tokens.py`): uniform weighting with the target/mean fusions
+    on every size, and position weights with the gate. `grad` alternates the row stores
+    (in place without autograd, stitched pieces with it); sim_block 16 forces several
+    blocks even at these sizes."""
+    out = []
+    for pairing in ["incremental", "full"]:
+        for reduce in ["target", "mean"]:
+            for n in SIZES:
+                for budget in BUDGETS:
+                    config = CraftConfig(
+                        hidden_size=24,
+                        sim_dim=16,
+                        sim_block=16,
+                        weighting="uniform",
+                        reduce=reduce,
+                        pairing=pairing,
+                    )
+                    out.append((config, 100 * n + len(str(budget)), n, budget, n % 2 == 0))
+    for n in [8, 17, 33, 64]:
+        for budget in BUDGETS:
+            for pairing in ["incremental", "full"]:
+                config = CraftConfig(
+                    hidden_size=24,
+                    sim_dim=16,
+                    sim_block=16,
+                    rank=8,
+                    rope_sections=(2, 1, 1),
+                    gate_hidden=16,
+                    round_embed_dim=8,
+                    pairing=pairing,
+                )
+                out.append((config, 7 * n, n, budget, n % 2 == 1))
+    return out
+
+
+def case_id(case: tuple[CraftConfig, int, int, dict, bool]) -> str:
+    """`pairing/reduce/weighting/n/budget`: a reference case's name (its pin's key)."""
+    config, _, n, budget, _ = case
+    return f"{config.pairing}/{config.reduce}/{config.weighting}/{n}/{budget}"

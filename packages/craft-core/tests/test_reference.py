@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from core_testkit import BUDGETS, SIZES, make_tokens, noise
+from core_testkit import case_id, make_tokens, noise, reference_cases
 
 from craft_core import CraftCompressor, CraftConfig
 
@@ -191,40 +191,9 @@ def check_against_reference(config: CraftConfig, seed: int, n: int, budget: dict
         assert torch.equal(out.features, x[out.kept_index])
 
 
-@pytest.mark.parametrize("pairing", ["incremental", "full"])
-@pytest.mark.parametrize("reduce", ["target", "mean"])
-@pytest.mark.parametrize("n", SIZES)
-@pytest.mark.parametrize("budget", BUDGETS)
-def test_uniform_weighting_equals_reference(n: int, reduce: str, budget: dict, pairing: str):
-    # sim_block 16 forces several blocks even at these sizes.
-    config = CraftConfig(
-        hidden_size=24,
-        sim_dim=16,
-        sim_block=16,
-        weighting="uniform",
-        reduce=reduce,
-        pairing=pairing,
-    )
-    seed = 100 * n + len(str(budget))
-    # Both row stores: in place without autograd, stitched pieces with it.
-    check_against_reference(config, seed, n, budget, grad=(n % 2 == 0))
-
-
-@pytest.mark.parametrize("n", [8, 17, 33, 64])
-@pytest.mark.parametrize("budget", BUDGETS)
-@pytest.mark.parametrize("pairing", ["incremental", "full"])
-def test_position_weights_and_gate_equal_reference(n: int, budget: dict, pairing: str):
-    config = CraftConfig(
-        hidden_size=24,
-        sim_dim=16,
-        sim_block=16,
-        rank=8,
-        rope_sections=(2, 1, 1),
-        gate_hidden=16,
-        round_embed_dim=8,
-        pairing=pairing,
-    )
-    check_against_reference(config, 7 * n, n, budget, grad=(n % 2 == 1))
+@pytest.mark.parametrize("case", reference_cases(), ids=case_id)
+def test_compressor_equals_reference(case: tuple[CraftConfig, int, int, dict, bool]) -> None:
+    check_against_reference(*case)
 
 
 def test_reference_agrees_on_a_larger_video_like_input() -> None:

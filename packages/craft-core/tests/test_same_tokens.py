@@ -16,44 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from core_testkit import BUDGETS, SIZES, make_tokens, noise
+from core_testkit import case_id, make_tokens, noise, reference_cases
 
 from craft_core import CraftCompressor, CraftConfig
 
 PINNED = json.loads((Path(__file__).parent / "tokens_0_3_0.json").read_text())
-
-
-def cases() -> list[tuple[CraftConfig, int, int, dict, bool]]:
-    """The reference cases, in `test_reference.py`'s configs, seeds and autograd modes."""
-    out = []
-    for pairing in ["incremental", "full"]:
-        for reduce in ["target", "mean"]:
-            for n in SIZES:
-                for budget in BUDGETS:
-                    config = CraftConfig(
-                        hidden_size=24,
-                        sim_dim=16,
-                        sim_block=16,
-                        weighting="uniform",
-                        reduce=reduce,
-                        pairing=pairing,
-                    )
-                    out.append((config, 100 * n + len(str(budget)), n, budget, n % 2 == 0))
-    for n in [8, 17, 33, 64]:
-        for budget in BUDGETS:
-            for pairing in ["incremental", "full"]:
-                config = CraftConfig(
-                    hidden_size=24,
-                    sim_dim=16,
-                    sim_block=16,
-                    rank=8,
-                    rope_sections=(2, 1, 1),
-                    gate_hidden=16,
-                    round_embed_dim=8,
-                    pairing=pairing,
-                )
-                out.append((config, 7 * n, n, budget, n % 2 == 1))
-    return out
 
 
 def digests(config: CraftConfig, seed: int, n: int, budget: dict, grad: bool) -> list[str]:
@@ -77,11 +44,12 @@ def digests(config: CraftConfig, seed: int, n: int, budget: dict, grad: bool) ->
 
 
 def test_every_reference_case_selects_what_0_3_0_selected() -> None:
-    all_cases = cases()
+    all_cases = reference_cases()
     assert len(all_cases) == len(PINNED) == 216
     wrong_selection, wrong_rows = [], []
-    for config, seed, n, budget, grad in all_cases:
-        key = f"{config.pairing}/{config.reduce}/{config.weighting}/{n}/{budget}"
+    for case in all_cases:
+        key = case_id(case)
+        config, seed, n, budget, grad = case
         selection, rows = digests(config, seed, n, budget, grad)
         if selection != PINNED[key][0]:
             wrong_selection.append(key)
@@ -94,8 +62,9 @@ def test_every_reference_case_selects_what_0_3_0_selected() -> None:
 @pytest.mark.parametrize("pinned", [0, 1])
 def test_the_pin_can_fail(pinned: int) -> None:
     # A changed input must not match its pin: one token scaled by 1.5.
-    config, seed, n, budget, _ = cases()[40 + pinned]
-    key = f"{config.pairing}/{config.reduce}/{config.weighting}/{n}/{budget}"
+    case = reference_cases()[40 + pinned]
+    config, seed, n, budget, _ = case
+    key = case_id(case)
     torch.manual_seed(seed)
     x, coords = make_tokens(seed, n, config.hidden_size)
     x[0] = x[0] * 1.5

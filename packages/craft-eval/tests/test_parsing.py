@@ -5,6 +5,8 @@ pins the parsers to them on a much larger corpus."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from craft_eval.tasks import get_benchmark
@@ -57,11 +59,6 @@ MC_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("reply", "expected"), MC_CASES)
-def test_mc_extract(reply: str, expected: str) -> None:
-    assert mc_extract(reply, "ABCD") == expected
-
-
 ORIGINAL_VIDEOMME_CASES = [
     ("The best answer is C.", "C"),
     ("C", "C"),
@@ -70,11 +67,6 @@ ORIGINAL_VIDEOMME_CASES = [
     ("", ""),
     ("there are more berries than candles and apples in the video here", ""),
 ]
-
-
-@pytest.mark.parametrize(("reply", "expected"), ORIGINAL_VIDEOMME_CASES)
-def test_videomme_original_first_letter(reply: str, expected: str) -> None:
-    assert first_letter_extract(reply, "ABCD") == expected
 
 
 MVBENCH_CASES = [
@@ -93,11 +85,6 @@ MVBENCH_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("reply", "expected"), MVBENCH_CASES)
-def test_mvbench_extract(reply: str, expected: str) -> None:
-    assert mvbench_extract(reply, "ABCD") == expected
-
-
 MVBENCH_ORIGINAL_CASES = [
     ("A) Ate the medicine.", "A"),
     ("B) Tidied up the blanket.", "B"),
@@ -107,11 +94,6 @@ MVBENCH_ORIGINAL_CASES = [
     ("Took the box.", ""),
     ("", ""),
 ]
-
-
-@pytest.mark.parametrize(("reply", "expected"), MVBENCH_ORIGINAL_CASES)
-def test_mvbench_original(reply: str, expected: str) -> None:
-    assert mvbench_original_extract(reply, "ABCD") == expected
 
 
 EGO_OPTIONS = {
@@ -137,11 +119,6 @@ EGOSCHEMA_CASES = [
 ]
 
 
-@pytest.mark.parametrize(("reply", "expected"), EGOSCHEMA_CASES)
-def test_egoschema_mmmu_extract(reply: str, expected: str | None) -> None:
-    assert mmmu_extract(reply, EGO_OPTIONS) == expected
-
-
 def test_egoschema_matches_option_text_in_long_replies() -> None:
     options = {"A": "cooking a meal", "B": "fixing a bicycle", "C": "reading a book"}
     assert mmmu_extract("the person in the video is fixing a bicycle in a garage", options) == "B"
@@ -161,11 +138,6 @@ TEMPCOMPASS_CASES = [
     ("The answer is A.", None),
     ("", None),
 ]
-
-
-@pytest.mark.parametrize(("reply", "expected"), TEMPCOMPASS_CASES)
-def test_tempcompass_extract(reply: str, expected: str | None) -> None:
-    assert tempcompass_extract(reply, "A. dunking a basketball") == expected
 
 
 def _item(bench: str, n: int = 5, answer: str = "B") -> Item:
@@ -231,7 +203,36 @@ REASONING_CASES = [
     (None, ""),
 ]
 
+# one test for every table above: parser (bound to its choices) -> its cases
+PARSERS = {
+    "mc": (lambda reply: mc_extract(reply, "ABCD"), MC_CASES),
+    "videomme-original": (
+        lambda reply: first_letter_extract(reply, "ABCD"),
+        ORIGINAL_VIDEOMME_CASES,
+    ),
+    "mvbench": (lambda reply: mvbench_extract(reply, "ABCD"), MVBENCH_CASES),
+    "mvbench-original": (
+        lambda reply: mvbench_original_extract(reply, "ABCD"),
+        MVBENCH_ORIGINAL_CASES,
+    ),
+    "egoschema": (lambda reply: mmmu_extract(reply, EGO_OPTIONS), EGOSCHEMA_CASES),
+    "tempcompass": (
+        lambda reply: tempcompass_extract(reply, "A. dunking a basketball"),
+        TEMPCOMPASS_CASES,
+    ),
+    "strip-reasoning": (strip_reasoning, REASONING_CASES),
+}
 
-@pytest.mark.parametrize(("reply", "expected"), REASONING_CASES)
-def test_strip_reasoning(reply: str | None, expected: str) -> None:
-    assert strip_reasoning(reply) == expected
+
+@pytest.mark.parametrize(
+    ("parse", "reply", "expected"),
+    [
+        pytest.param(parse, reply, expected, id=f"{name}-{i}")
+        for name, (parse, cases) in PARSERS.items()
+        for i, (reply, expected) in enumerate(cases)
+    ],
+)
+def test_parser_table(
+    parse: Callable[[str | None], str | None], reply: str | None, expected: str | None
+) -> None:
+    assert parse(reply) == expected

@@ -123,15 +123,10 @@ def real_size(steps: int) -> dict[str, float]:
     from transformers import AutoModelForImageTextToText, Qwen2_5_VLConfig
 
     from craft_adapters import wrap
-    from craft_adapters.tiny import build_tiny_processor
+    from craft_adapters.backbones._tiny import mrope, qwen_token_ids
 
     device = torch.device("cuda")
-    processor = build_tiny_processor("qwen2_5_vl")  # its token ids; the model's vocab is larger
-    tok = processor.tokenizer
-    ids = {
-        t: tok.convert_tokens_to_ids(t)
-        for t in ("<|video_pad|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>")
-    }
+    ids = qwen_token_ids()  # the tiny tokenizer's special-token ids (inside the 7B vocab)
     config = Qwen2_5_VLConfig(
         text_config={
             "vocab_size": 152064,
@@ -140,11 +135,7 @@ def real_size(steps: int) -> dict[str, float]:
             "num_hidden_layers": 28,
             "num_attention_heads": 28,
             "num_key_value_heads": 4,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 1e6,
-                "mrope_section": [16, 24, 24],
-            },
+            "rope_parameters": mrope([16, 24, 24], theta=1e6),
         },
         vision_config={
             "depth": 32,
@@ -152,10 +143,7 @@ def real_size(steps: int) -> dict[str, float]:
             "out_hidden_size": 3584,
             "fullatt_block_indexes": [7, 15, 23, 31],
         },
-        video_token_id=ids["<|video_pad|>"],
-        image_token_id=ids["<|image_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
+        **ids,
     )
     with torch.device(device):
         backbone = AutoModelForImageTextToText.from_config(
@@ -172,14 +160,14 @@ def real_size(steps: int) -> dict[str, float]:
     input_ids = torch.cat(
         [
             text[:, :20],
-            torch.tensor([[ids["<|vision_start|>"]]]),
-            torch.full((1, n_video), ids["<|video_pad|>"]),
-            torch.tensor([[ids["<|vision_end|>"]]]),
+            torch.tensor([[ids["vision_start_token_id"]]]),
+            torch.full((1, n_video), ids["video_token_id"]),
+            torch.tensor([[ids["vision_end_token_id"]]]),
             text[:, 20:],
         ],
         dim=1,
     )
-    mm = (input_ids == ids["<|video_pad|>"]).long() * 2
+    mm = (input_ids == ids["video_token_id"]).long() * 2
     inputs = {
         "input_ids": input_ids.to(device),
         "attention_mask": torch.ones_like(input_ids).to(device),

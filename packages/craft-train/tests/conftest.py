@@ -95,25 +95,27 @@ class TinySetup:
         return cfg
 
 
-def build_setup(root: Path, clips: int = 16) -> TinySetup:
-    """The tiny VLM (`craft_adapters.tiny`) on disk, its clips and both manifests.
-
-    The random model's LM head is scaled x20 and its vision projector's output x10, so that
-    the frozen language model is sensitive to its video tokens (at the default init it
-    predicts a near-uniform distribution whatever it sees, and no merge module could move
-    the loss).
-    """
+def save_scaled_tiny_vlm(folder: Path, seed: int = 0) -> None:
+    """The tiny random VLM (`craft_adapters.tiny`, MODEL_TYPE) saved to `folder` with its
+    LM head scaled x20 and its vision projector's output x10, so that the frozen language
+    model is sensitive to its video tokens (at the default init it predicts a near-uniform
+    distribution whatever it sees, and no merge module could move the loss)."""
     from craft_adapters.tiny import build_tiny_vlm
 
-    root.mkdir(parents=True, exist_ok=True)
-    model, processor = build_tiny_vlm(MODEL_TYPE, root / "vlm")
+    model, processor = build_tiny_vlm(MODEL_TYPE, folder, seed=seed)
     with torch.no_grad():
         model.lm_head.weight.mul_(20.0)
         for name, param in model.named_parameters():
             if "visual.merger.mlp.2" in name:
                 param.mul_(10.0)
-    model.save_pretrained(root / "vlm")
-    processor.save_pretrained(root / "vlm")
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+
+
+def build_setup(root: Path, clips: int = 16) -> TinySetup:
+    """The scaled tiny VLM (`save_scaled_tiny_vlm`) on disk, its clips and both manifests."""
+    root.mkdir(parents=True, exist_ok=True)
+    save_scaled_tiny_vlm(root / "vlm")
     caption_rows, qa_rows = [], []
     names = list(COLOURS)
     for i in range(clips):

@@ -352,20 +352,6 @@ def test_killed_distill_run_resumes_to_the_same_weights(tiny: TinySetup, tmp_pat
     assert float((with_lora - expected).abs().max()) > 1e-3
 
 
-def _scaled_tiny(folder: Path, seed: int) -> None:
-    """A tiny random Qwen2.5-VL scaled as conftest's (LM head x20, projector x10), saved."""
-    from craft_adapters.tiny import build_tiny_vlm
-
-    model, processor = build_tiny_vlm("qwen2_5_vl", folder, seed=seed)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20.0)
-        for name, param in model.named_parameters():
-            if "visual.merger.mlp.2" in name:
-                param.mul_(10.0)
-    model.save_pretrained(folder)
-    processor.save_pretrained(folder)
-
-
 def paired(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     """Mean of `a - b` over items and the standard error of that mean."""
     d = (a - b).double()
@@ -393,7 +379,7 @@ def test_distillation_lowers_heldout_kl_and_a_random_teacher_does_not(
     the held-out KL to the uncompressed model at 8x below the untrained module's by several
     paired standard errors (48 held-out (clip, prompt) items, 16 unseen clips); the same
     run whose teacher is a different random model does not."""
-    from conftest import COLOURS, write_clip
+    from conftest import COLOURS, save_scaled_tiny_vlm, write_clip
 
     from craft_core import CraftCompressor
 
@@ -404,7 +390,7 @@ def test_distillation_lowers_heldout_kl_and_a_random_teacher_does_not(
 
     seen = _clips_manifest(tmp_path / "train.jsonl", clips(range(32)), 3)
     unseen = _clips_manifest(tmp_path / "test.jsonl", clips(range(100, 116)), 6)
-    _scaled_tiny(tmp_path / "random", seed=1)
+    save_scaled_tiny_vlm(tmp_path / "random", seed=1)
 
     def config(out: Path, manifest: Path, **distill: Any) -> Any:
         data = tiny.config(

@@ -141,12 +141,7 @@ def plot_accuracy_vs_compression(summaries: list[dict[str, Any]], path: str | Pa
     ax.set_ylabel("accuracy (%), mean over benchmarks")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def save_merge_data(
@@ -230,6 +225,13 @@ def render_merge_map(
         ax.axis("off")
     n_in, n_out = assignment.shape[0], len(kept)
     fig.suptitle(f"{title}  {n_in} -> {n_out} tokens ({n_in / max(1, n_out):.1f}x)", fontsize=9)
+    return _save(fig, path)
+
+
+def _save(fig: Any, path: str | Path) -> Path:
+    """Lay out, write (creating the folder) and close `fig`; the written path."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -54,6 +54,12 @@ def text_common() -> dict[str, Any]:
     }
 
 
+def mrope(section: list[int], theta: float = 10000.0, **extra: Any) -> dict[str, Any]:
+    """`rope_parameters` of a Qwen text model: multimodal RoPE, `section` = the (t, h, w)
+    split of half the head's rotary dimensions."""
+    return {"rope_type": "default", "rope_theta": theta, "mrope_section": section, **extra}
+
+
 def qwen_token_ids() -> dict[str, Any]:
     return {
         "image_token_id": SPECIAL_IDS["<|image_pad|>"],

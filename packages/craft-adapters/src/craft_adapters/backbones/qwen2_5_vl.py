@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from craft_adapters.backbones._qwen import QwenAdapter
-from craft_adapters.backbones._tiny import qwen_token_ids, text_common
+from craft_adapters.backbones._tiny import mrope, qwen_token_ids, text_common
 from craft_adapters.registry import register_backbone
 
 
@@ -34,11 +34,7 @@ class Qwen25VLAdapter(QwenAdapter):
 
         text = {
             **text_common(),
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "mrope_section": [2, 3, 3],
-            },
+            "rope_parameters": mrope([2, 3, 3]),
         }
         vision = {
             "depth": 2,

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from craft_adapters.backbones._qwen import QwenAdapter
-from craft_adapters.backbones._tiny import qwen3_vision, qwen_token_ids, text_common
+from craft_adapters.backbones._tiny import mrope, qwen3_vision, qwen_token_ids, text_common
 from craft_adapters.backbones.qwen3_vl import timestamp_coords
 from craft_adapters.registry import register_backbone
 
@@ -36,13 +36,7 @@ class Qwen35Adapter(QwenAdapter):
             "linear_value_head_dim": 16,
             "linear_num_key_heads": 2,
             "linear_num_value_heads": 4,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "mrope_section": [2, 1, 1],
-                "mrope_interleaved": True,
-                "partial_rotary_factor": 0.25,
-            },
+            "rope_parameters": mrope([2, 1, 1], mrope_interleaved=True, partial_rotary_factor=0.25),
         }
         vision = qwen3_vision()
         return Qwen3_5Config(text_config=text, vision_config=vision, **qwen_token_ids())

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from craft_adapters.backbones._qwen import QwenAdapter, group_mean
-from craft_adapters.backbones._tiny import qwen3_vision, qwen_token_ids, text_common
+from craft_adapters.backbones._tiny import mrope, qwen3_vision, qwen_token_ids, text_common
 from craft_adapters.registry import register_backbone
 
 
@@ -68,12 +68,7 @@ class Qwen3VLAdapter(QwenAdapter):
         text = {
             **text_common(),
             "head_dim": 16,
-            "rope_parameters": {
-                "rope_type": "default",
-                "rope_theta": 10000.0,
-                "mrope_section": [2, 3, 3],
-                "mrope_interleaved": True,
-            },
+            "rope_parameters": mrope([2, 3, 3], mrope_interleaved=True),
         }
         vision = {**qwen3_vision(), "deepstack_visual_indexes": [0]}
         return Qwen3VLConfig(text_config=text, vision_config=vision, **qwen_token_ids())

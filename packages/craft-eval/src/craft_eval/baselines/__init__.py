@@ -7,9 +7,10 @@ take `importance=[N]` (attention received) and fall back to the L2 norm, recordi
 in `result.info["importance"]`; their registered compressors set `needs_attention = True`,
 so craft-adapters hands them the vision tower's last-layer attention (craft_adapters.attention).
 
-Each module registers its own method in `craft_eval.methods` (`@register_method` at its
-end): adding a baseline is one new file here plus its test, no table to edit. The registry
-imports every module of this package when it is first asked for a method.
+Each module registers its own method in `craft_eval.methods` (`@baseline(...)` on its
+core, `_common.baseline`): adding a baseline is one new file here plus its test, no table
+to edit. The registry imports every module of this package when it is first asked for a
+method.
 """
 
 from __future__ import annotations

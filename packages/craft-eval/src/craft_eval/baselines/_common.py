@@ -1,13 +1,16 @@
 """Pieces shared by the baseline compressors: validation, frames, budgets, result assembly.
 
-Every baseline is a pure function `(features [N, D], coords [N, 3], *, ratio=None,
-threshold=None, min_tokens=None, importance=None, **settings) -> CompressionResult`.
+Every baseline is a `Baseline`: the public call `(features [N, D], coords [N, 3], *,
+ratio=None, threshold=None, min_tokens=None, importance=None, **settings) ->
+CompressionResult` around a pure core `(features, coords, budget, importance, **settings)`
+(`@baseline(NAME)` makes one; the budget is checked once, in `prepare`).
 Computation runs in float32 whatever the input dtype; output features come back in the
 input dtype.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,38 +19,50 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from craft_core import Budget, CompressionResult, TokenBudget, check_tokens
-from craft_eval.methods.base import fixed_budget, prune_result
+from craft_core import CompressionResult, TokenBudget, check_tokens
+from craft_eval.methods.base import Method, Request, fixed_budget, prune_result
+from craft_eval.methods.registry import register_method
 
 #: Rows per block when a method needs "most similar token" over many candidates.
 SIM_BLOCK = 2048
+
+
+@dataclass(frozen=True)
+class Checked:
+    """One video's budget, checked against its tokens (what every baseline's core gets).
+
+    Attributes:
+        floor: the fewest tokens to keep (exactly this many with a ratio), at most N.
+        threshold: the adaptive mode's similarity threshold; None with a ratio.
+        given: the budget as the caller gave it (`given.ratio`, `given.min_tokens`).
+    """
+
+    floor: int
+    threshold: float | None
+    given: TokenBudget
 
 
 def prepare(
     name: str,
     features: torch.Tensor,
     coords: torch.Tensor,
+    budget: TokenBudget,
     *,
-    ratio: float | None,
-    threshold: float | None,
-    min_tokens: int | None,
     adaptive: bool = False,
-) -> Budget:
-    """Validate the tokens and the budget; return the budget with its floor clamped to N.
+) -> Checked:
+    """Validate the tokens against `budget`; return it resolved, its floor clamped to N.
 
     Methods without an adaptive (threshold) mode reject `threshold=`; their budget is then
     always the exact `max(1, floor(N / ratio))`.
     """
     if not adaptive:
-        floor = fixed_budget(
-            features, coords, ratio=ratio, threshold=threshold, min_tokens=min_tokens, method=name
-        )
-        return Budget(floor=floor)
+        floor = fixed_budget(features, coords, budget, method=name)
+        return Checked(floor=floor, threshold=None, given=budget)
     check_tokens(features, coords)
-    budget = TokenBudget(ratio=ratio, threshold=threshold, min_tokens=min_tokens).resolve(
-        features.shape[0]
+    resolved = budget.resolve(features.shape[0])
+    return Checked(
+        floor=min(resolved.floor, features.shape[0]), threshold=resolved.threshold, given=budget
     )
-    return Budget(floor=min(budget.floor, features.shape[0]), threshold=budget.threshold)
 
 
 @dataclass(frozen=True)
@@ -224,39 +239,78 @@ ATTENTION_NOTE = " Ranks by attention=[N] (received attention); L2-norm proxy wi
 ATTENTION = "attention (ViT last layer, received); L2-norm fallback"
 
 
-class BaselineMethod:
-    """A registered baseline: the function with its settings bound (a `TokenCompressor`)."""
+#: `core(features [N, D], coords [N, 3], budget: Checked, importance [N] | None, **settings)`
+Core = Callable[..., CompressionResult]
+
+
+class Baseline(Method):
+    """A baseline's public function: `baseline(features, coords, *, ratio=None,
+    threshold=None, min_tokens=None, importance=None, **settings) -> CompressionResult`.
+
+    The budget is checked once here (`prepare`) before the method's own `core` runs.
+    """
+
+    def __init__(self, name: str, core: Core, *, adaptive: bool = False) -> None:
+        self.name = name
+        self.core = core
+        self.adaptive = adaptive
+        self.__doc__ = core.__doc__
+        self.__name__ = core.__name__
+
+    def compress(self, request: Request, **settings: Any) -> CompressionResult:
+        features, coords = request.features, request.coords
+        checked = prepare(self.name, features, coords, request.budget, adaptive=self.adaptive)
+        return self.core(features, coords, checked, request.importance, **settings)
+
+
+def baseline(
+    name: str,
+    *,
+    kind: str,
+    description: str,
+    adaptive: bool = False,
+    needs: tuple[str, ...] = (),
+    saliency: str = "token features",
+) -> Callable[[Core], Baseline]:
+    """Decorator: the baseline `name` from its core, registered in `craft_eval.methods`.
+
+    `adaptive`: it has a threshold mode (without one, `threshold=` is refused naming the
+    method). The registered factory takes the core's keyword-only settings as its options
+    (`craft-eval --method-arg`); `needs=("attention",)` makes craft-adapters hand the
+    compressor the vision tower's received attention. The rest as `register_method`.
+    """
+
+    def decorate(core: Core) -> Baseline:
+        function = Baseline(name, core, adaptive=adaptive)
+        options = [
+            p for p in inspect.signature(core).parameters.values() if p.kind is p.KEYWORD_ONLY
+        ]
+
+        def factory(**given: Any) -> BaselineMethod:
+            settings = {p.name: given[p.name] for p in options if p.name in given}
+            return BaselineMethod(function, needs_attention="attention" in needs, **settings)
+
+        factory.__signature__ = inspect.Signature(options)  # type: ignore[attr-defined]
+        factory.__module__, factory.__qualname__ = core.__module__, core.__qualname__
+        register_method(name, kind=kind, needs=needs, description=description, saliency=saliency)(
+            factory
+        )
+        return function
+
+    return decorate
+
+
+class BaselineMethod(Method):
+    """A registered baseline: the function with its settings bound (a `TokenCompressor`);
+    extras it does not use are ignored, as the registry's interface says."""
 
     def __init__(
-        self,
-        function: Callable[..., CompressionResult],
-        *,
-        needs_attention: bool = False,
-        **settings: Any,
+        self, function: Baseline, *, needs_attention: bool = False, **settings: Any
     ) -> None:
         self.function = function
         self.settings = settings
         #: craft-adapters hands `importance=` (received attention) to compressors that ask
         self.needs_attention = needs_attention
 
-    def __call__(
-        self,
-        features: torch.Tensor,
-        coords: torch.Tensor,
-        *,
-        ratio: float | None = None,
-        threshold: float | None = None,
-        min_tokens: int | None = None,
-        importance: torch.Tensor | None = None,
-        attention: torch.Tensor | None = None,
-        **extras: Any,
-    ) -> CompressionResult:
-        return self.function(
-            features,
-            coords,
-            ratio=ratio,
-            threshold=threshold,
-            min_tokens=min_tokens,
-            importance=importance if importance is not None else attention,
-            **self.settings,
-        )
+    def compress(self, request: Request, **extras: Any) -> CompressionResult:
+        return self.function.compress(request, **self.settings)

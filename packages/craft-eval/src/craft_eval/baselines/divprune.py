@@ -8,34 +8,27 @@ A pruned token is assigned to its nearest picked token (tracked for free by the 
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from craft_core import CompressionResult
-from craft_eval.baselines._common import BaselineMethod, finish, identity, normalized, prepare
-from craft_eval.methods.registry import register_method
+from craft_eval.baselines._common import Checked, baseline, finish, identity, normalized
 
 NAME = "divprune"
 
 
+@baseline(
+    NAME,
+    kind="prune",
+    description="DivPrune: greedy max-min diversity (1 - cosine) pruning.",
+)
 def divprune(
-    features: torch.Tensor,
-    coords: torch.Tensor,
-    *,
-    ratio: float | None = None,
-    threshold: float | None = None,
-    min_tokens: int | None = None,
-    importance: torch.Tensor | None = None,
+    features: torch.Tensor, coords: torch.Tensor, budget: Checked, importance: torch.Tensor | None
 ) -> CompressionResult:
     """Keep the `max(1, floor(N / ratio))` most mutually diverse tokens (pure pruning).
 
     Ties go to the smaller index. The published loop can pick a token twice when distances
     tie at zero (e.g. identical tokens); here a picked token is never picked again.
     """
-    budget = prepare(
-        NAME, features, coords, ratio=ratio, threshold=threshold, min_tokens=min_tokens
-    )
     n = features.shape[0]
     info = {"settings": {"distance": "1 - cosine"}, "importance": None}
     k = budget.floor
@@ -65,14 +58,3 @@ def divprune(
         min_dist = torch.minimum(min_dist, row)
     nearest[picked] = picked
     return finish(NAME, features, coords, picked, nearest, info=info)
-
-
-# registered here: adding a baseline touches this one file (and its test)
-@register_method(
-    "divprune",
-    kind="prune",
-    needs=(),
-    description="DivPrune: greedy max-min diversity (1 - cosine) pruning.",
-)
-def build_divprune(**_: Any) -> BaselineMethod:
-    return BaselineMethod(divprune)

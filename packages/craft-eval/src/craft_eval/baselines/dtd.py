@@ -24,23 +24,21 @@ dropped tokens come back). A dropped token is assigned to where its predecessor 
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from craft_core import CompressionResult
 from craft_eval.baselines._common import (
-    BaselineMethod,
+    Checked,
     apportion,
+    baseline,
     finish,
     frames_of,
     most_similar,
     normalized,
-    prepare,
     top_indices,
 )
-from craft_eval.methods.registry import register_method
 
 NAME = "dtd"
 
@@ -82,14 +80,16 @@ def _fixed_ratio_keep(
     return kept
 
 
+@baseline(
+    NAME,
+    kind="prune",
+    saliency="token features (cosine with the same patch of the previous frame)",
+    description="TimeChat-Online DTD: drop tokens too similar to the same patch of the "
+    "previous frame (threshold=, or ratio= drops each later frame's most redundant).",
+    adaptive=True,
+)
 def dtd(
-    features: torch.Tensor,
-    coords: torch.Tensor,
-    *,
-    ratio: float | None = None,
-    threshold: float | None = None,
-    min_tokens: int | None = None,
-    importance: torch.Tensor | None = None,
+    features: torch.Tensor, coords: torch.Tensor, budget: Checked, importance: torch.Tensor | None
 ) -> CompressionResult:
     """Drop tokens that repeat the same patch of the previous frame.
 
@@ -104,15 +104,6 @@ def dtd(
     A token with no predecessor (first frame, a patch new to its frame) counts as cosine
     `-inf`: never dropped before the others.
     """
-    budget = prepare(
-        NAME,
-        features,
-        coords,
-        ratio=ratio,
-        threshold=threshold,
-        min_tokens=min_tokens,
-        adaptive=True,
-    )
     n = features.shape[0]
     frames = frames_of(coords)
     pred = _predecessors(coords, frames.members)
@@ -124,7 +115,7 @@ def dtd(
 
     if budget.threshold is not None:
         kept_mask = ~has_pred | (cos <= budget.threshold)
-        missing = (0 if min_tokens is None else budget.floor) - int(kept_mask.sum())
+        missing = (0 if budget.given.min_tokens is None else budget.floor) - int(kept_mask.sum())
         if missing > 0:
             dropped = torch.nonzero(~kept_mask).squeeze(1)
             kept_mask[dropped[top_indices(cos[dropped], missing, largest=False)]] = True
@@ -149,16 +140,3 @@ def dtd(
         "importance": None,
     }
     return finish(NAME, features, coords, kept, representative, info=info)
-
-
-# registered here: adding a baseline touches this one file (and its test)
-@register_method(
-    "dtd",
-    kind="prune",
-    needs=(),
-    saliency="token features (cosine with the same patch of the previous frame)",
-    description="TimeChat-Online DTD: drop tokens too similar to the same patch of the "
-    "previous frame (threshold=, or ratio= drops each later frame's most redundant).",
-)
-def build_dtd(**_: Any) -> BaselineMethod:
-    return BaselineMethod(dtd)

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Any
 
 import torch
 
@@ -46,18 +45,17 @@ from craft_core import CompressionResult
 from craft_eval.baselines._common import (
     ATTENTION,
     ATTENTION_NOTE,
-    BaselineMethod,
+    Checked,
     apportion,
+    baseline,
     finish,
     frames_of,
     identity,
     importance_scores,
     most_similar,
     normalized,
-    prepare,
     top_indices,
 )
-from craft_eval.methods.registry import register_method
 
 NAME = "fastvid"
 
@@ -150,14 +148,20 @@ def _merge(
     return w * x[anchors] + (1.0 - w) * mean, (best, owner)
 
 
+@baseline(
+    NAME,
+    kind="merge",
+    needs=("attention",),
+    saliency=ATTENTION,
+    description="FastVID (published OneVision code): dynamic segments, salient tokens + "
+    "density-peak anchors merging segment tokens per anchor frame." + ATTENTION_NOTE,
+)
 def fastvid(
     features: torch.Tensor,
     coords: torch.Tensor,
+    budget: Checked,
+    importance: torch.Tensor | None,
     *,
-    ratio: float | None = None,
-    threshold: float | None = None,
-    min_tokens: int | None = None,
-    importance: torch.Tensor | None = None,
     segments: int = 8,
     tau: float = 0.9,
     d: float = 0.4,
@@ -191,9 +195,6 @@ def fastvid(
         raise ValueError(f"d must lie in [0, 1], got {d}")
     if p < 1 or segments < 1 or knn < 1:
         raise ValueError(f"p, segments and knn must be >= 1, got {p}, {segments}, {knn}")
-    budget = prepare(
-        NAME, features, coords, ratio=ratio, threshold=threshold, min_tokens=min_tokens
-    )
     n = features.shape[0]
     scores, proxy = importance_scores(features, importance)
     settings = dict(segments=segments, tau=tau, d=d, p=p, beta=beta, knn=knn)
@@ -207,7 +208,8 @@ def fastvid(
     x = features.float()
     e = normalized(x)
     segs = segment_frames(torch.stack([x[m].mean(dim=0) for m in frames.members]), segments, tau)
-    assert ratio is not None
+    ratio = budget.given.ratio
+    assert ratio is not None  # no threshold mode
     salient, anchor_counts = _plan(frames.sizes, segs, k, float(ratio), d, p, exact_budget)
 
     kept_parts, row_parts, rest = _salient(x, scores, frames.members, salient)
@@ -287,37 +289,3 @@ def _segment_anchors(
             best[pool[better]] = sims[better]
             representative[pool[better]] = anchors[owner[better]]
     return kept_parts, row_parts
-
-
-# registered here: adding a baseline touches this one file (and its test)
-@register_method(
-    "fastvid",
-    kind="merge",
-    needs=("attention",),
-    saliency=ATTENTION,
-    description="FastVID (published OneVision code): dynamic segments, salient tokens + "
-    "density-peak anchors merging segment tokens per anchor frame." + ATTENTION_NOTE,
-)
-def build_fastvid(
-    segments: int = 8,
-    tau: float = 0.9,
-    d: float = 0.4,
-    p: int = 4,
-    beta: float = 0.6,
-    knn: int = 4,
-    include_anchor: bool = True,
-    exact_budget: bool = True,
-    **_: Any,
-) -> BaselineMethod:
-    return BaselineMethod(
-        fastvid,
-        needs_attention=True,
-        segments=segments,
-        tau=tau,
-        d=d,
-        p=p,
-        beta=beta,
-        knn=knn,
-        include_anchor=include_anchor,
-        exact_budget=exact_budget,
-    )

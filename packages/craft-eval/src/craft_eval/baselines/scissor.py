@@ -26,17 +26,16 @@ import torch
 
 from craft_core import CompressionResult
 from craft_eval.baselines._common import (
-    BaselineMethod,
+    Checked,
     Frames,
+    baseline,
     finish,
     frames_of,
     identity,
     most_similar,
     normalized,
-    prepare,
     top_indices,
 )
-from craft_eval.methods.registry import register_method
 
 NAME = "llava-scissor"
 
@@ -229,36 +228,20 @@ def scissor_plan(
 
 
 def plan_groups(
-    name: str,
-    features: torch.Tensor,
-    coords: torch.Tensor,
-    *,
-    ratio: float | None,
-    threshold: float | None,
-    min_tokens: int | None,
-    search_steps: int,
+    features: torch.Tensor, coords: torch.Tensor, budget: Checked, *, search_steps: int
 ) -> tuple[ScissorPlan | None, dict[str, Any]]:
-    """The budget check and LLaVA-Scissor grouping shared by `llava-scissor` and
-    `scissor-merge`: `(plan, info)`, with no plan when a fixed budget keeps every token."""
-    budget = prepare(
-        name,
-        features,
-        coords,
-        ratio=ratio,
-        threshold=threshold,
-        min_tokens=min_tokens,
-        adaptive=True,
-    )
+    """The LLaVA-Scissor grouping shared by `llava-scissor` and `scissor-merge`:
+    `(plan, info)`, with no plan when a fixed budget keeps every token."""
     info: dict[str, Any] = {"importance": None}
     if budget.threshold is None and budget.floor >= features.shape[0]:
         info["settings"] = {"mode": "budget"}
         return None, info
     # threshold mode: no floor unless min_tokens is given (the published method has none)
-    floor = 1 if budget.threshold is not None and min_tokens is None else budget.floor
+    no_floor = budget.threshold is not None and budget.given.min_tokens is None
     plan = scissor_plan(
         features,
         coords,
-        floor=floor,
+        floor=1 if no_floor else budget.floor,
         threshold=budget.threshold,
         search_steps=search_steps,
     )
@@ -271,29 +254,26 @@ def plan_groups(
     return plan, info
 
 
+@baseline(
+    NAME,
+    kind="merge",
+    description="LLaVA-Scissor: semantic connected components (threshold=tau, published 0.9, "
+    "no floor unless min_tokens=; ratio= searches tau for the exact count).",
+    adaptive=True,
+)
 def llava_scissor(
     features: torch.Tensor,
     coords: torch.Tensor,
+    budget: Checked,
+    importance: torch.Tensor | None,
     *,
-    ratio: float | None = None,
-    threshold: float | None = None,
-    min_tokens: int | None = None,
-    importance: torch.Tensor | None = None,
     search_steps: int = SEARCH_STEPS,
 ) -> CompressionResult:
     """LLaVA-Scissor in its own mode (`threshold=tau`, published 0.9; never below
-    `min_tokens` when it is given, no floor otherwise) or budgeted (`ratio=`: exactly `max(1, floor(N / ratio))` tokens, tau
-    searched). Each output token sits at its anchor's original position. `importance` is
-    ignored."""
-    plan, info = plan_groups(
-        NAME,
-        features,
-        coords,
-        ratio=ratio,
-        threshold=threshold,
-        min_tokens=min_tokens,
-        search_steps=search_steps,
-    )
+    `min_tokens` when it is given, no floor otherwise) or budgeted (`ratio=`: exactly
+    `max(1, floor(N / ratio))` tokens, tau searched). Each output token sits at its
+    anchor's original position. `importance` is ignored."""
+    plan, info = plan_groups(features, coords, budget, search_steps=search_steps)
     if plan is None:
         return identity(NAME, features, coords, info)
     rows = _final_rows(features.float(), plan)
@@ -309,16 +289,3 @@ def _final_rows(x: torch.Tensor, plan: ScissorPlan) -> torch.Tensor:
     sums = torch.zeros(k, x.shape[1], device=x.device).index_add(0, target, x)
     counts = torch.bincount(target, minlength=k).float()
     return (plan.reps + sums) / (counts + 1.0)[:, None]
-
-
-# registered here: adding a baseline touches this one file (and its test)
-@register_method(
-    "llava-scissor",
-    kind="merge",
-    needs=(),
-    description="LLaVA-Scissor: semantic connected components (threshold=tau, published 0.9, "
-    "no floor unless min_tokens=; ratio= searches tau for the exact count).",
-)
-def build_llava_scissor(search_steps: int | None = None, **_: Any) -> BaselineMethod:
-    settings: dict[str, Any] = {} if search_steps is None else {"search_steps": search_steps}
-    return BaselineMethod(llava_scissor, **settings)

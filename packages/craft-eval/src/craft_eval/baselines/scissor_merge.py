@@ -15,35 +15,26 @@ from typing import Any
 import torch
 
 from craft_core import CompressionResult, CraftCompressor
-from craft_eval.baselines._common import finish, identity, normalized
+from craft_eval.baselines._common import Baseline, Checked, finish, identity, normalized
 from craft_eval.baselines.scissor import SEARCH_STEPS, plan_groups
+from craft_eval.methods.base import Method, Request
 from craft_eval.methods.registry import register_method
 
 NAME = "scissor-merge"
 
 
-def scissor_merge(
+def _scissor_merge(
     features: torch.Tensor,
     coords: torch.Tensor,
+    budget: Checked,
+    importance: torch.Tensor | None,
     *,
     compressor: CraftCompressor,
-    ratio: float | None = None,
-    threshold: float | None = None,
-    min_tokens: int | None = None,
-    importance: torch.Tensor | None = None,
     search_steps: int = SEARCH_STEPS,
 ) -> CompressionResult:
     """Group as LLaVA-Scissor (threshold mode or budgeted, exactly as `llava_scissor`) and
     fuse each group into its anchor with `compressor.fuse_groups`. `importance` is ignored."""
-    plan, info = plan_groups(
-        NAME,
-        features,
-        coords,
-        ratio=ratio,
-        threshold=threshold,
-        min_tokens=min_tokens,
-        search_steps=search_steps,
-    )
+    plan, info = plan_groups(features, coords, budget, search_steps=search_steps)
     if plan is None:
         return identity(NAME, features, coords, info)
     n = features.shape[0]
@@ -71,7 +62,11 @@ def scissor_merge(
     )
 
 
-class ScissorMergeMethod:
+#: the public call: `scissor_merge(features, coords, ratio=..., compressor=module)`
+scissor_merge = Baseline(NAME, _scissor_merge, adaptive=True)
+
+
+class ScissorMergeMethod(Method):
     """Scissor-Merge with its `CraftCompressor`: from `checkpoint`, or fresh (built on the
     first call from the features' width when `hidden_size` is not given). The module is
     loaded and placed exactly as for the `craft` method."""
@@ -91,25 +86,10 @@ class ScissorMergeMethod:
         self.checkpoint = self.craft.checkpoint
         self.search_steps = SEARCH_STEPS if search_steps is None else int(search_steps)
 
-    def __call__(
-        self,
-        features: torch.Tensor,
-        coords: torch.Tensor,
-        *,
-        ratio: float | None = None,
-        threshold: float | None = None,
-        min_tokens: int | None = None,
-        importance: torch.Tensor | None = None,
-        **extras: Any,
-    ) -> CompressionResult:
-        result = scissor_merge(
-            features,
-            coords,
-            compressor=self.craft.module_for(features),
-            ratio=ratio,
-            threshold=threshold,
-            min_tokens=min_tokens,
-            search_steps=self.search_steps,
+    def compress(self, request: Request, **extras: Any) -> CompressionResult:
+        compressor = self.craft.module_for(request.features)
+        result = scissor_merge.compress(
+            request, compressor=compressor, search_steps=self.search_steps
         )
         result.info["checkpoint"] = self.checkpoint
         return result

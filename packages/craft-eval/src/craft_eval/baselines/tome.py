@@ -9,33 +9,26 @@ A merged token keeps its destination's original position.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from craft_core import CompressionResult
-from craft_eval.baselines._common import BaselineMethod, finish, identity, normalized, prepare
-from craft_eval.methods.registry import register_method
+from craft_eval.baselines._common import Checked, baseline, finish, identity, normalized
 
 NAME = "tome"
 
 
+@baseline(
+    NAME,
+    kind="merge",
+    description="ToMe (video): bipartite soft matching over all tokens, size-weighted means.",
+)
 def tome(
-    features: torch.Tensor,
-    coords: torch.Tensor,
-    *,
-    ratio: float | None = None,
-    threshold: float | None = None,
-    min_tokens: int | None = None,
-    importance: torch.Tensor | None = None,
+    features: torch.Tensor, coords: torch.Tensor, budget: Checked, importance: torch.Tensor | None
 ) -> CompressionResult:
     """Merge tokens by repeated bipartite soft matching down to `max(1, floor(N / ratio))`.
 
     `importance` is accepted for the common interface and ignored (ToMe needs none).
     """
-    budget = prepare(
-        NAME, features, coords, ratio=ratio, threshold=threshold, min_tokens=min_tokens
-    )
     n = features.shape[0]
     info = {"settings": {"metric": "features (L2-normalised)"}, "importance": None}
     target = budget.floor
@@ -75,14 +68,3 @@ def tome(
         steps += 1
 
     return finish(NAME, features, coords, active, representative, x, rounds=steps, info=info)
-
-
-# registered here: adding a baseline touches this one file (and its test)
-@register_method(
-    "tome",
-    kind="merge",
-    needs=(),
-    description="ToMe (video): bipartite soft matching over all tokens, size-weighted means.",
-)
-def build_tome(**_: Any) -> BaselineMethod:
-    return BaselineMethod(tome)

@@ -17,18 +17,17 @@ import torch
 
 from craft_core import CompressionResult
 from craft_eval.baselines._common import (
-    BaselineMethod,
+    Checked,
     apportion,
+    baseline,
     finish,
     frames_of,
     group_sum,
     identity,
     most_similar,
     normalized,
-    prepare,
     top_indices,
 )
-from craft_eval.methods.registry import register_method
 
 NAME = "vidcom2"
 
@@ -40,14 +39,18 @@ def _gaussian(x: torch.Tensor, centre: torch.Tensor, alphas: tuple[float, ...]) 
     return sum((torch.exp(-dist_sq / (2 * a)) for a in alphas), torch.zeros_like(dist_sq))
 
 
+@baseline(
+    NAME,
+    kind="prune",
+    saliency="token features (Gaussian similarity to video / frame means)",
+    description="VidCom2: frame-adaptive budgets, keeps each frame's most distinctive tokens.",
+)
 def vidcom2(
     features: torch.Tensor,
     coords: torch.Tensor,
+    budget: Checked,
+    importance: torch.Tensor | None,
     *,
-    ratio: float | None = None,
-    threshold: float | None = None,
-    min_tokens: int | None = None,
-    importance: torch.Tensor | None = None,
     channel_fraction: float = 0.5,
     temperature: float = 0.01,
 ) -> CompressionResult:
@@ -63,9 +66,6 @@ def vidcom2(
         raise ValueError(f"channel_fraction must lie in (0, 1], got {channel_fraction}")
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    budget = prepare(
-        NAME, features, coords, ratio=ratio, threshold=threshold, min_tokens=min_tokens
-    )
     n, d = features.shape
     info: dict[str, Any] = {
         "settings": {
@@ -78,7 +78,8 @@ def vidcom2(
     k = budget.floor
     if k >= n:
         return identity(NAME, features, coords, info)
-    assert ratio is not None
+    ratio = budget.given.ratio
+    assert ratio is not None  # no threshold mode
 
     frames = frames_of(coords)
     x = features.float()
@@ -130,17 +131,3 @@ def _assign_in_frame(
         pool = kept_f if kept_f.numel() else kept
         representative[dropped] = pool[most_similar(e[dropped], e[pool])]
     return representative
-
-
-# registered here: adding a baseline touches this one file (and its test)
-@register_method(
-    "vidcom2",
-    kind="prune",
-    needs=(),
-    saliency="token features (Gaussian similarity to video / frame means)",
-    description="VidCom2: frame-adaptive budgets, keeps each frame's most distinctive tokens.",
-)
-def build_vidcom2(
-    channel_fraction: float = 0.5, temperature: float = 0.01, **_: Any
-) -> BaselineMethod:
-    return BaselineMethod(vidcom2, channel_fraction=channel_fraction, temperature=temperature)

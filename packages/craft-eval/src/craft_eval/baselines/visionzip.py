@@ -10,16 +10,15 @@ published code). Budget split dominant:contextual 54:10 by default.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from craft_core import CompressionResult
 from craft_eval.baselines._common import (
     ATTENTION,
     ATTENTION_NOTE,
-    BaselineMethod,
+    Checked,
     apportion,
+    baseline,
     finish,
     frames_of,
     group_sum,
@@ -27,22 +26,26 @@ from craft_eval.baselines._common import (
     importance_scores,
     most_similar,
     normalized,
-    prepare,
     top_indices,
 )
-from craft_eval.methods.registry import register_method
 
 NAME = "visionzip"
 
 
+@baseline(
+    NAME,
+    kind="merge",
+    needs=("attention",),
+    saliency=ATTENTION,
+    description="VisionZip: per-frame dominant tokens + contextual merges (54:10)."
+    + ATTENTION_NOTE,
+)
 def visionzip(
     features: torch.Tensor,
     coords: torch.Tensor,
+    budget: Checked,
+    importance: torch.Tensor | None,
     *,
-    ratio: float | None = None,
-    threshold: float | None = None,
-    min_tokens: int | None = None,
-    importance: torch.Tensor | None = None,
     contextual_fraction: float = 10 / 64,
 ) -> CompressionResult:
     """Keep exactly `max(1, floor(N / ratio))` tokens: dominant + contextual, per frame.
@@ -57,9 +60,6 @@ def visionzip(
     """
     if not 0.0 <= contextual_fraction <= 1.0:
         raise ValueError(f"contextual_fraction must lie in [0, 1], got {contextual_fraction}")
-    budget = prepare(
-        NAME, features, coords, ratio=ratio, threshold=threshold, min_tokens=min_tokens
-    )
     n = features.shape[0]
     scores, proxy = importance_scores(features, importance)
     info = {"settings": {"contextual_fraction": contextual_fraction}, "importance": proxy}
@@ -104,16 +104,3 @@ def visionzip(
 
     kept = torch.cat(kept_parts)
     return finish(NAME, features, coords, kept, representative, torch.cat(row_parts), info=info)
-
-
-# registered here: adding a baseline touches this one file (and its test)
-@register_method(
-    "visionzip",
-    kind="merge",
-    needs=("attention",),
-    saliency=ATTENTION,
-    description="VisionZip: per-frame dominant tokens + contextual merges (54:10)."
-    + ATTENTION_NOTE,
-)
-def build_visionzip(contextual_fraction: float = 10 / 64, **_: Any) -> BaselineMethod:
-    return BaselineMethod(visionzip, needs_attention=True, contextual_fraction=contextual_fraction)

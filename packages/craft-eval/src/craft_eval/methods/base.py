@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -10,25 +11,64 @@ from craft_core import CompressionResult, TokenBudget, check_tokens
 
 
 def fixed_budget(
-    features: torch.Tensor,
-    coords: torch.Tensor,
-    *,
-    ratio: float | None,
-    threshold: float | None,
-    min_tokens: int | None,
-    method: str,
+    features: torch.Tensor, coords: torch.Tensor, budget: TokenBudget, *, method: str
 ) -> int:
-    """Validate one video's tokens and a FIXED-ratio budget; return the token count to keep.
+    """Validate one video's tokens against a FIXED-ratio budget; return the token count to keep.
 
     Methods with no adaptive mode call this: a threshold raises a ValueError naming the method.
     """
     check_tokens(features, coords)
-    if threshold is not None and ratio is None:
+    if budget.ratio is None:
         raise ValueError(
             f"method {method!r} has no threshold mode; give ratio=... (a fixed token budget)"
         )
-    budget = TokenBudget(ratio=ratio, threshold=threshold, min_tokens=min_tokens)
     return budget.resolve(int(features.shape[0])).floor
+
+
+@dataclass(frozen=True)
+class Request:
+    """One compressor call: a video's tokens, its budget (checked) and the importance.
+
+    Attributes:
+        features: `[N, D]` floating; coords: `[N, 3]` integer `(t, h, w)`.
+        budget: the caller's `ratio=` or `threshold=` (and `min_tokens=`), checked.
+        importance: `[N]` attention received per token, or None.
+    """
+
+    features: torch.Tensor
+    coords: torch.Tensor
+    budget: TokenBudget
+    importance: torch.Tensor | None = None
+
+
+class Method:
+    """Base of the registered compressors: owns the public call (a `TokenCompressor`).
+
+    The call's budget (`ratio=` or `threshold=`, `min_tokens=`) becomes one checked
+    `craft_core.TokenBudget` here; `attention=` is another name for `importance=`.
+    Subclasses implement `compress`; what they do with `extras` is theirs (registered
+    methods ignore the ones they do not use).
+    """
+
+    def __call__(
+        self,
+        features: torch.Tensor,
+        coords: torch.Tensor,
+        *,
+        ratio: float | None = None,
+        threshold: float | None = None,
+        min_tokens: int | None = None,
+        importance: torch.Tensor | None = None,
+        attention: torch.Tensor | None = None,
+        **extras: Any,
+    ) -> CompressionResult:
+        budget = TokenBudget(ratio=ratio, threshold=threshold, min_tokens=min_tokens)
+        importance = importance if importance is not None else attention
+        return self.compress(Request(features, coords, budget, importance), **extras)
+
+    def compress(self, request: Request, **extras: Any) -> CompressionResult:
+        """Compress one video to its budget."""
+        raise NotImplementedError
 
 
 def nearest_kept_assignment(num_tokens: int, kept_index: torch.Tensor) -> torch.Tensor:

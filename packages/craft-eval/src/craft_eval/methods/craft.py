@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from craft_eval.methods.base import Method, Request
 from craft_eval.methods.registry import register_method
 
 if TYPE_CHECKING:
     from craft_core import CompressionResult
 
 
-class CraftMethod:
+class CraftMethod(Method):
     """A `TokenCompressor` around a `craft_core.CraftCompressor`, built now or lazily.
 
     Args:
@@ -93,21 +94,10 @@ class CraftMethod:
             self.module.to(features.device)
         return self.module
 
-    def __call__(
-        self,
-        features: torch.Tensor,
-        coords: torch.Tensor,
-        *,
-        ratio: float | None = None,
-        threshold: float | None = None,
-        min_tokens: int | None = None,
-        **extras: Any,
-    ) -> CompressionResult:
-        module = self.module_for(features)
+    def compress(self, request: Request, **extras: Any) -> CompressionResult:
+        module = self.module_for(request.features)
         with torch.no_grad():
-            result = module(
-                features, coords, ratio=ratio, threshold=threshold, min_tokens=min_tokens
-            )
+            result = module(request.features, request.coords, **request.budget.kwargs())
         result.info["method"] = self.name
         if self.checkpoint is not None:
             result.info.setdefault("checkpoint", self.checkpoint)

@@ -7,11 +7,11 @@ from typing import Any
 import torch
 
 from craft_core import CompressionResult
-from craft_eval.methods.base import fixed_budget, prune_result
+from craft_eval.methods.base import Method, Request, fixed_budget, prune_result
 from craft_eval.methods.registry import register_method
 
 
-class _Pruner:
+class _Pruner(Method):
     """A fixed-ratio pruning method: `pick(n, keep)` chooses the `keep` indices of `n`."""
 
     name = ""
@@ -22,26 +22,11 @@ class _Pruner:
     def info(self) -> dict[str, Any]:
         return {"method": self.name}
 
-    def __call__(
-        self,
-        features: torch.Tensor,
-        coords: torch.Tensor,
-        *,
-        ratio: float | None = None,
-        threshold: float | None = None,
-        min_tokens: int | None = None,
-        **extras: Any,
-    ) -> CompressionResult:
-        keep = fixed_budget(
-            features,
-            coords,
-            ratio=ratio,
-            threshold=threshold,
-            min_tokens=min_tokens,
-            method=self.name,
-        )
+    def compress(self, request: Request, **extras: Any) -> CompressionResult:
+        features = request.features
+        keep = fixed_budget(features, request.coords, request.budget, method=self.name)
         kept = self.pick(int(features.shape[0]), keep)
-        return prune_result(features, coords, kept, info=self.info())
+        return prune_result(features, request.coords, kept, info=self.info())
 
 
 class RandomCompressor(_Pruner):

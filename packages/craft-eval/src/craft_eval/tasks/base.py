@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from craft_eval.tasks.parsing import random_fallback
+
 LETTERS = "ABCDEFGHIJ"
 REFERENCE = "lmms-eval 0.7.3"
 
@@ -127,6 +129,15 @@ class Benchmark:
             f"mean of per-{self.macro_over} accuracies" if self.macro_over else "accuracy"
         )
         return info
+
+    def or_fallback(self, letter: str | None, item: Item, fallback: str | None) -> str:
+        """The parsed `letter`, else this parser's fallback (`fallbacks`; the first by
+        default): "random" is lmms-eval's seeded random letter, "empty" scores it wrong."""
+        if letter is not None:
+            return letter
+        if (fallback or self.fallbacks[0]) == "random":
+            return random_fallback(item.id, item.letters)
+        return ""
 
     def write_fixture(self, root: Path, video: Callable[[Path, int], str], num_items: int) -> None:
         """A tiny dataset in this benchmark's distributed layout (`craft_eval.fixtures`)."""

@@ -17,7 +17,7 @@ from craft_eval.tasks.base import (
     read_records,
     strip_letter,
 )
-from craft_eval.tasks.parsing import mmmu_extract, random_fallback, strip_reasoning
+from craft_eval.tasks.parsing import mmmu_extract, strip_reasoning
 
 POST_PROMPT = "Answer with the option's letter from the given choices directly."
 
@@ -65,11 +65,7 @@ class EgoSchema(Benchmark):
         # lmms-eval matches the option texts as distributed ("A. ..."), stripped
         texts = [str(o).strip() for o in item.record.get("option", item.options)]
         letter = mmmu_extract(strip_reasoning(reply), dict(zip(item.letters, texts)))
-        if letter is not None:
-            return letter
-        if (fallback or "random") == "random":
-            return random_fallback(item.id, item.letters)
-        return ""
+        return self.or_fallback(letter, item, fallback)
 
     def rules(self, protocol: str) -> str:
         return 'lmms-eval prompt; MMMU-style parser ("(A)", "A ", "A.", option texts)'

@@ -7,7 +7,7 @@ from typing import Any
 
 from craft_eval.synthetic import VideoWriter, direction_question, write_json
 from craft_eval.tasks.base import LETTERS, Benchmark, Item, Prompt, find_annotation, read_records
-from craft_eval.tasks.parsing import lvb_extract, random_fallback, strip_reasoning
+from craft_eval.tasks.parsing import lvb_extract, strip_reasoning
 
 POST_PROMPT = "Answer with the option's letter from the given choices directly.\n"  # sic
 
@@ -58,12 +58,7 @@ class LongVideoBench(Benchmark):
     def parse(
         self, reply: str, item: Item, protocol: str = "lmms-eval", fallback: str | None = None
     ) -> str:
-        letter = lvb_extract(strip_reasoning(reply))
-        if letter is not None:
-            return letter
-        if (fallback or "random") == "random":
-            return random_fallback(item.id, item.letters)
-        return ""
+        return self.or_fallback(lvb_extract(strip_reasoning(reply)), item, fallback)
 
     def rules(self, protocol: str) -> str:
         return "lmms-eval prompt; answer prefixes removed, first A-E character"
