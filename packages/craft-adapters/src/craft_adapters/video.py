@@ -31,12 +31,16 @@ Speed of each backend: `packages/craft-adapters/benchmarks/bench_decode.py`.
 from __future__ import annotations
 
 import math
+import numbers
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from craft_core.checks import check_int
 
 __all__ = [
     "BACKENDS",
@@ -85,14 +89,27 @@ class SampledVideo:
         return [float(i) / self.native_fps for i in self.indices]
 
 
+def _check_rate(fps: Any) -> float:
+    if isinstance(fps, bool) or not isinstance(fps, numbers.Real):
+        raise TypeError(f"fps must be a number, got {type(fps).__name__} {fps!r}")
+    if not (math.isfinite(fps) and fps > 0):
+        raise ValueError(f"fps must be a positive finite number, got {fps!r}")
+    return float(fps)
+
+
 def sample_indices(
     num_frames: int, native_fps: float, fps: float = 2.0, max_frames: int = 64
 ) -> tuple[np.ndarray, float]:
-    """Frame indices to read and the rate they represent; see the module docstring."""
-    if num_frames < 1:
-        raise ValueError("the video has no frames")
-    if fps <= 0 or max_frames < 1:
-        raise ValueError(f"fps must be > 0 and max_frames >= 1, got {fps}, {max_frames}")
+    """Frame indices to read and the rate they represent; see the module docstring.
+
+    Raises:
+        TypeError: `num_frames` / `max_frames` not an int (a bool is not), `fps` not a number.
+        ValueError: `num_frames < 1`, `max_frames < 1`, `fps` not a positive finite number.
+    """
+    if check_int("num_frames", num_frames) < 1:
+        raise ValueError("the video has no frames (num_frames < 1)")
+    fps = _check_rate(fps)
+    max_frames = check_int("max_frames", max_frames, minimum=1)
     if not native_fps or native_fps <= 0 or not math.isfinite(native_fps):
         native_fps = 30.0
     duration = num_frames / native_fps
@@ -214,15 +231,15 @@ def read_video(
     Returns:
         A `SampledVideo` (unpacks as `frames, fps`).
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
     path = str(path)
     if backend is not None and backend not in BACKENDS:
         raise ValueError(
             f"backend: unknown video backend {backend!r}; use one of {', '.join(BACKENDS)} or None"
         )
-    if not (math.isfinite(fps) and fps > 0):
-        raise ValueError(f"fps must be a positive number, got {fps}")
-    if max_frames < 1:
-        raise ValueError(f"max_frames must be at least 1, got {max_frames}")
+    fps = _check_rate(fps)
+    max_frames = check_int("max_frames", max_frames, minimum=1)
     if not Path(path).is_file():
         raise FileNotFoundError(f"video not found: {path}")
     if backend == "torchcodec" and _torchcodec_problem() is not None:

@@ -92,6 +92,11 @@ class CraftModel(torch.nn.Module):
         budget: TokenBudget | None = None,
     ) -> None:
         super().__init__()
+        if compressor is not None and not callable(compressor):
+            raise TypeError(
+                f"compressor must be a callable (features, coords, **budget) -> "
+                f"CompressionResult, or None; got {type(compressor).__name__}"
+            )
         self.adapter: BackboneAdapter = get_adapter(model)
         self.model = model
         self.compressor = compressor
@@ -122,6 +127,10 @@ class CraftModel(torch.nn.Module):
         the floor `max(1, N // 128)`). With no compressor the budget may be left empty.
         """
         if budget is not None:
+            if not isinstance(budget, TokenBudget):
+                raise TypeError(
+                    f"budget must be a craft_core.TokenBudget, got {type(budget).__name__}"
+                )
             if (ratio, threshold, min_tokens) != (None, None, None):
                 raise ValueError("give budget=TokenBudget(...) or its fields, not both")
             self.token_budget = budget
@@ -391,6 +400,8 @@ def wrap(
 
     Raises:
         ValueError: unsupported model_type, compressor width != LLM width, bad budget.
+        TypeError: a compressor that is not callable, a budget that is not a TokenBudget, a
+            budget field of the wrong type (`ratio=True`).
     """
     if compressor is not None and ratio is None and threshold is None and budget is None:
         raise ValueError("give a budget with the compressor: ratio=... or threshold=...")
