@@ -9,9 +9,28 @@ bool, NaN or inf.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import numbers
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+
+def _whole(value: Any) -> Any:
+    # pydantic's lax int takes True, "8" and 8.0; its strict int refuses NumPy integers. A
+    # Python or NumPy integer is an int here, nothing else is.
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"must be an int, got {type(value).__name__} {value!r}")
+    return int(value)
+
+
+StrictInt = Annotated[int, BeforeValidator(_whole)]
 
 
 class CraftConfig(BaseModel):
@@ -97,7 +116,6 @@ class CraftConfig(BaseModel):
     )
     rope_sections: tuple[StrictInt, StrictInt, StrictInt] = Field(
         default=(16, 24, 24),
-        strict=False,  # a list (config.json) is fine; its entries stay strict ints
         description="Rotary pairs given to t, h and w, in that order; must sum to rank / 2.",
     )
     layer_norm_eps: float = Field(
