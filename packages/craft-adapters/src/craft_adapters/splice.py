@@ -129,6 +129,12 @@ def _check_result(result: Any, n: int, d: int) -> None:
             f"compressor returned an assignment with values in [{low}, {high}]; each must be "
             f"an output row in [0, {k})"
         )
+    own = result.assignment[result.kept_index.to(result.assignment.device)]
+    if not bool((own == torch.arange(k, device=own.device)).all()):
+        raise ValueError(
+            "compressor returned an assignment that sends a kept token to another output row "
+            "(assignment[kept_index[j]] must be j)"
+        )
     # NaN / inf rows would reach the language model and silently poison every reply
     if result.features.is_floating_point() and not bool(torch.isfinite(result.features).all()):
         bad = int((~torch.isfinite(result.features)).any(dim=-1).sum())

@@ -24,7 +24,7 @@ backend can read raises `VideoReadError` naming the path. The frame-index rule:
   rate `max_frames / duration`.
 
 `total` and `native_fps` come from the container's header (frames counted by decoding when
-the header has no count); a header that over-counts repeats the last decodable frame.
+the header has no count; 30 fps when it has no rate); a header that over-counts repeats the last decodable frame.
 Speed of each backend: `packages/craft-adapters/benchmarks/bench_decode.py`.
 """
 
@@ -89,12 +89,21 @@ class SampledVideo:
         return [float(i) / self.native_fps for i in self.indices]
 
 
-def _check_rate(fps: Any) -> float:
+def _check_rate(fps: Any, name: str = "fps") -> float:
     if isinstance(fps, bool) or not isinstance(fps, numbers.Real):
-        raise TypeError(f"fps must be a number, got {type(fps).__name__} {fps!r}")
+        raise TypeError(f"{name} must be a number, got {type(fps).__name__} {fps!r}")
     if not (math.isfinite(fps) and fps > 0):
-        raise ValueError(f"fps must be a positive finite number, got {fps!r}")
+        raise ValueError(f"{name} must be a positive finite number, got {fps!r}")
     return float(fps)
+
+
+def _header_rate(value: Any) -> float:
+    """The container's frame rate, or 30 when its header has none (0, None, NaN)."""
+    try:
+        rate = float(value or 0.0)
+    except (TypeError, ValueError):
+        return 30.0
+    return rate if math.isfinite(rate) and rate > 0 else 30.0
 
 
 def sample_indices(
@@ -110,8 +119,7 @@ def sample_indices(
         raise ValueError("the video has no frames (num_frames < 1)")
     fps = _check_rate(fps)
     max_frames = check_int("max_frames", max_frames, minimum=1)
-    if not native_fps or native_fps <= 0 or not math.isfinite(native_fps):
-        native_fps = 30.0
+    native_fps = _check_rate(native_fps, "native_fps")
     duration = num_frames / native_fps
     n = max(1, round(duration * fps))
     if n > max_frames:
@@ -126,7 +134,7 @@ def _read_decord(path: str, fps: float, max_frames: int) -> SampledVideo:
 
     vr = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=1)
     total = len(vr)
-    native = float(vr.get_avg_fps())
+    native = _header_rate(vr.get_avg_fps())
     idx, rate = sample_indices(total, native, fps, max_frames)
     frames = vr.get_batch(idx.tolist()).asnumpy()
     return SampledVideo(
@@ -170,7 +178,7 @@ def _read_torchcodec(path: str, fps: float, max_frames: int) -> SampledVideo:
     meta = decoder.metadata
     decodable = int(meta.num_frames_from_content or meta.num_frames or 0)
     total = int(meta.num_frames_from_header or decodable)  # PyAV's count: the header's
-    native = float(meta.average_fps_from_header or meta.average_fps or 30.0)
+    native = _header_rate(meta.average_fps_from_header or meta.average_fps)
     if decodable < 1:
         raise VideoReadError(f"{path}: no decodable video frame")
     idx, rate = sample_indices(total, native, fps, max_frames)
@@ -186,7 +194,7 @@ def _read_pyav(path: str, fps: float, max_frames: int) -> SampledVideo:
         if not container.streams.video:
             raise VideoReadError(f"{path}: no video stream (audio-only or not a video file)")
         stream = container.streams.video[0]
-        native = float(stream.average_rate or stream.guessed_rate or 30.0)
+        native = _header_rate(stream.average_rate or stream.guessed_rate)
         total = int(stream.frames or 0)
         if total <= 0:  # no frame count in the header: count by decoding
             total = sum(1 for _ in container.decode(stream))

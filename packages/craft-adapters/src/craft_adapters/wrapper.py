@@ -33,6 +33,7 @@ from craft_adapters.report import CompressionReport, VideoCompression
 from craft_adapters.session import VideoSession
 from craft_adapters.splice import PER_TOKEN_KEYS, Prepared, compress_video, splice_sequence
 from craft_core import TokenBudget
+from craft_core.checks import check_has_data
 
 __all__ = ["CompressionReport", "CraftModel", "VideoCompression", "VideoSession", "wrap"]
 
@@ -56,6 +57,14 @@ def _to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_to_device(v, device) for v in value)
     return value
+
+
+def _move_inputs(inputs: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Every tensor of `inputs` on `device`; a meta tensor (no data) is named, not copied."""
+    for key, value in inputs.items():
+        if isinstance(value, torch.Tensor):
+            check_has_data(key, value)
+    return {k: _to_device(v, device) for k, v in inputs.items()}
 
 
 def _compressor_hidden_size(compressor: Any) -> int | None:
@@ -222,7 +231,7 @@ class CraftModel(torch.nn.Module):
             raise ValueError("inputs_embeds cannot be given with a video; pass input_ids")
         adapter = self.adapter
         device = self.model.device
-        inputs = {k: _to_device(v, device) for k, v in inputs.items()}
+        inputs = _move_inputs(inputs, device)
         ids = inputs["input_ids"]
         mask = inputs.get("attention_mask")
         if mask is None:
@@ -359,7 +368,7 @@ class CraftModel(torch.nn.Module):
             inputs["attention_mask"] = torch.ones_like(ids)
         if not self._has_video(inputs):
             raise ValueError("encode_video needs a video: pixel_values_videos is missing")
-        inputs = {k: _to_device(v, self.model.device) for k, v in inputs.items()}
+        inputs = _move_inputs(inputs, self.model.device)
         prep = self._prepare(inputs)
         self._last_kept = prep.kept
         self.last_compression = prep.report
