@@ -107,9 +107,10 @@ def _check_fps(fps: Any) -> float:
     # garbage timestamps silently.
     if isinstance(fps, bool) or not isinstance(fps, numbers.Real):
         raise TypeError(f"fps must be a number, got {type(fps).__name__} {fps!r}")
-    if not (math.isfinite(fps) and fps > 0):
+    rate = float(fps)
+    if not (math.isfinite(rate) and rate > 0):
         raise ValueError(f"fps must be a positive finite number, got {fps!r}")
-    return float(fps)
+    return rate
 
 
 def _check_pixels(*values: int | None) -> None:
@@ -295,11 +296,11 @@ def build_inputs(
     fps_list = [fps] * len(videos) if not isinstance(fps, (list, tuple)) else list(fps)
     if len(fps_list) != len(videos):
         raise ValueError(f"{len(videos)} video(s) but {len(fps_list)} fps value(s)")
-    fps_list = [_check_fps(f) for f in fps_list]
+    rates = [_check_fps(f) for f in fps_list]
     _check_pixels(min_pixels, max_pixels, total_pixels)
     texts = [render_prompt(processor, p, add_generation_prompt, system) for p in prompts]
     pixels = {"min_pixels": min_pixels, "max_pixels": max_pixels, "total_pixels": total_pixels}
-    return _process(processor, texts, videos, fps_list, pixels)
+    return _process(processor, texts, videos, rates, pixels)
 
 
 def build_session_inputs(

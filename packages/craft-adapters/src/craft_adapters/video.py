@@ -92,9 +92,10 @@ class SampledVideo:
 def _check_rate(fps: Any, name: str = "fps") -> float:
     if isinstance(fps, bool) or not isinstance(fps, numbers.Real):
         raise TypeError(f"{name} must be a number, got {type(fps).__name__} {fps!r}")
-    if not (math.isfinite(fps) and fps > 0):
+    rate = float(fps)
+    if not (math.isfinite(rate) and rate > 0):
         raise ValueError(f"{name} must be a positive finite number, got {fps!r}")
-    return float(fps)
+    return rate
 
 
 def _header_rate(value: Any) -> float:
