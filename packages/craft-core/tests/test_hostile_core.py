@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from craft_core import (
+    Budget,
     CraftCompressor,
     CraftConfig,
     GatedMerge,
@@ -148,6 +149,10 @@ ENTRY_CASES: list[tuple[str, object, type[Exception], str]] = [
     ),
     ("token-budget-both", lambda: TokenBudget(ratio=2.0, threshold=0.5), ValueError, "exactly one"),
     ("token-budget-resolve-0", lambda: TokenBudget(ratio=2.0).resolve(0), ValueError, "num_tokens"),
+    ("budget-floor-bool", lambda: Budget(floor=True), TypeError, "floor"),
+    ("budget-floor-zero", lambda: Budget(floor=0), ValueError, "floor"),
+    ("budget-threshold-nan", lambda: Budget(floor=2, threshold=math.nan), ValueError, "thr"),
+    ("budget-threshold-2", lambda: Budget(floor=2, threshold=2.0), ValueError, "threshold"),
     # check_tokens / forward: dtypes, shapes, devices, empty input
     ("features-bool", lambda: _call(_X > 0.5), TypeError, "floating"),
     ("features-int", lambda: _call((_X * 10).long()), TypeError, "floating"),

@@ -32,6 +32,13 @@ class Budget:
     floor: int
     threshold: float | None = None
 
+    def __post_init__(self) -> None:
+        check_int("floor", self.floor, minimum=1)
+        if self.threshold is not None:
+            threshold = check_number("threshold", self.threshold)
+            if not -1.0 < threshold <= 1.0:
+                raise ValueError(f"threshold must lie in (-1, 1], got {threshold!r}")
+
 
 def target_token_count(num_tokens: int, ratio: float) -> int:
     """Token count of the fixed-ratio mode: `max(1, floor(N / ratio))`.
