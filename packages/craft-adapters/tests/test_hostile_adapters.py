@@ -477,3 +477,23 @@ def test_processor_outputs_that_disagree_are_named(
     assert inputs["video_grid_thw"].tolist() == [[2, 6, 6]]  # the table's numbers assume it
     with pytest.raises(error, match=text):
         craft_adapters.wrap(model, _KeepHalf(), ratio=2.0)(**change(inputs))
+
+
+def test_float_token_ids_are_refused(tiny_models: dict[str, tuple[Any, Any]]) -> None:
+    model, processor = tiny_models["qwen2_5_vl"]
+    inputs = dict(craft_adapters.build_inputs(processor, make_frames(4), 2.0, "What?"))
+    wrapped = craft_adapters.wrap(model, _KeepHalf(), ratio=2.0)
+    with pytest.raises(TypeError, match="input_ids must be an integer tensor"):
+        wrapped(**{**inputs, "input_ids": inputs["input_ids"].float()})
+    session = wrapped.encode_video(**inputs)
+    with pytest.raises(TypeError, match="question input_ids must be an integer tensor"):
+        session.ask(torch.tensor([[10.0, 11.0]]), max_new_tokens=1)
+
+
+@pytest.mark.parametrize(
+    "cls", [object, "qwen2_5_vl", type("NoTypes", (craft_adapters.BackboneAdapter,), {})]
+)
+def test_register_backbone_takes_an_adapter_class(cls: Any) -> None:
+    error = ValueError if isinstance(cls, type) and cls.__name__ == "NoTypes" else TypeError
+    with pytest.raises(error, match=r"register_backbone|model_types"):
+        craft_adapters.register_backbone(cls)

@@ -33,7 +33,7 @@ from craft_adapters.report import CompressionReport, VideoCompression
 from craft_adapters.session import VideoSession
 from craft_adapters.splice import PER_TOKEN_KEYS, Prepared, compress_video, splice_sequence
 from craft_core import TokenBudget
-from craft_core.checks import check_has_data
+from craft_core.checks import check_has_data, check_index_tensor
 
 __all__ = ["CompressionReport", "CraftModel", "VideoCompression", "VideoSession", "wrap"]
 
@@ -222,6 +222,7 @@ class CraftModel(torch.nn.Module):
         ids = inputs.get("input_ids")
         if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
             raise ValueError("input_ids must be a [batch, length] tensor (processor output)")
+        check_index_tensor("input_ids", ids, dim=2)
         if inputs.get("position_ids") is not None:
             raise ValueError(
                 "position_ids cannot be given with a video: craft-adapters computes them on the "
