@@ -181,6 +181,31 @@ RESULT_CASES: list[tuple[str, dict[str, Any], type[Exception] | None, str]] = [
     ("assignment-short", {"assignment": torch.zeros(N - 1, dtype=torch.long)}, ValueError, "[12]"),
     ("features-not-tensor", {"features": [[0.0] * D] * 4}, TypeError, "features"),
     ("kept-missing", {"kept_index": None}, TypeError, "kept_index"),
+    # issue 25: wrong dtypes, out-of-range assignment, duplicates, empty, inconsistent rows
+    ("kept-float", {"kept_index": torch.tensor([0.0, 3.0, 6.0, 9.0])}, TypeError, "kept_index"),
+    ("kept-bool", {"kept_index": torch.tensor([True, False, True, True])}, TypeError, "kept_index"),
+    ("assignment-float", {"assignment": (torch.arange(N) // 3).float()}, TypeError, "assignment"),
+    ("assignment-bool", {"assignment": torch.arange(N) % 2 == 0}, TypeError, "assignment"),
+    ("assignment-too-big", {"assignment": torch.full((N,), 4)}, ValueError, "[0, 4)"),
+    ("assignment-negative", {"assignment": torch.full((N,), -1)}, ValueError, "[0, 4)"),
+    (
+        "assignment-kept-elsewhere",
+        {"assignment": torch.tensor([1, 1, 1, 0, 0, 0, 2, 2, 2, 3, 3, 3])},
+        ValueError,
+        "another output row",
+    ),
+    ("kept-duplicate", {"kept_index": torch.tensor([0, 3, 3, 9])}, ValueError, "duplicates"),
+    ("kept-2d", {"kept_index": torch.arange(0, N, 3)[None]}, ValueError, "kept_index"),
+    (
+        "kept-empty",
+        {"kept_index": torch.arange(0), "features": torch.randn(0, D)},
+        ValueError,
+        "kept 0",
+    ),
+    ("features-int", {"features": torch.ones(4, D, dtype=torch.long)}, TypeError, "floating"),
+    ("features-bool", {"features": torch.ones(4, D, dtype=torch.bool)}, TypeError, "floating"),
+    ("bf16-features-ok", {"features": torch.randn(4, D).bfloat16()}, None, ""),
+    ("int32-indices-ok", {"kept_index": torch.arange(0, N, 3).int()}, None, ""),
 ]
 
 
@@ -243,3 +268,232 @@ def test_tiny_model_folder_loads_like_a_checkpoint(model_type: str) -> None:
     assert type(loaded) is type(processor)
     assert loaded.tokenizer("hello")["input_ids"] == processor.tokenizer("hello")["input_ids"]
     AutoModelForImageTextToText.from_pretrained(folder)
+
+
+# -- argument tables of every public entry point (issue 25) ---------------------------------------
+
+READER_CASES: list[tuple[str, dict[str, Any], type[Exception], str]] = [
+    ("fps-bool", {"fps": True}, TypeError, "fps"),
+    ("fps-str", {"fps": "2"}, TypeError, "fps"),
+    ("max-frames-float", {"max_frames": 8.5}, TypeError, "max_frames"),
+    ("max-frames-bool", {"max_frames": True}, TypeError, "max_frames"),
+]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "name"), [c[1:] for c in READER_CASES], ids=[c[0] for c in READER_CASES]
+)
+def test_reader_argument_types(
+    tmp_path: Path, kwargs: dict[str, Any], error: type[Exception], name: str
+) -> None:
+    path = write_video(tmp_path / "ok.mp4", make_frames(4))
+    with pytest.raises(error, match=name):
+        read_video(path, **kwargs)
+
+
+def test_reader_path_of_the_wrong_type() -> None:
+    with pytest.raises(TypeError, match="path must be a str or Path"):
+        read_video(None)  # type: ignore[arg-type]
+
+
+SAMPLE_CASES: list[tuple[str, tuple[Any, ...], type[Exception], str]] = [
+    ("frames-bool", (True, 30.0, 2.0, 8), TypeError, "num_frames"),
+    ("frames-float", (10.0, 30.0, 2.0, 8), TypeError, "num_frames"),
+    ("frames-zero", (0, 30.0, 2.0, 8), ValueError, "no frames"),
+    ("fps-zero", (10, 30.0, 0.0, 8), ValueError, "fps"),
+    ("fps-nan", (10, 30.0, math.nan, 8), ValueError, "fps"),
+    ("fps-bool", (10, 30.0, True, 8), TypeError, "fps"),
+    ("native-zero", (10, 0.0, 2.0, 8), ValueError, "native_fps"),
+    ("native-nan", (10, math.nan, 2.0, 8), ValueError, "native_fps"),
+    ("native-none", (10, None, 2.0, 8), TypeError, "native_fps"),
+    ("max-frames-zero", (10, 30.0, 2.0, 0), ValueError, "max_frames"),
+    ("max-frames-float", (10, 30.0, 2.0, 4.0), TypeError, "max_frames"),
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "name"), [c[1:] for c in SAMPLE_CASES], ids=[c[0] for c in SAMPLE_CASES]
+)
+def test_sample_indices_arguments(args: tuple[Any, ...], error: type[Exception], name: str) -> None:
+    with pytest.raises(error, match=name):
+        craft_adapters.sample_indices(*args)
+
+
+BUILD_CASES: list[tuple[str, dict[str, Any], type[Exception], str]] = [
+    ("fps-zero", {"fps": 0}, ValueError, "fps"),
+    ("fps-negative", {"fps": -2.0}, ValueError, "fps"),
+    ("fps-nan", {"fps": math.nan}, ValueError, "fps"),
+    ("fps-inf", {"fps": math.inf}, ValueError, "fps"),
+    ("fps-bool", {"fps": True}, TypeError, "fps"),
+    ("fps-str", {"fps": "2"}, TypeError, "fps"),
+    ("fps-list-with-zero", {"fps": [0.0]}, ValueError, "fps"),
+    ("fps-list-too-long", {"fps": [2.0, 2.0]}, ValueError, "fps value"),
+    ("min-pixels-zero", {"min_pixels": 0}, ValueError, "min_pixels"),
+    ("max-pixels-float", {"max_pixels": 1e5}, TypeError, "max_pixels"),
+    ("total-pixels-bool", {"total_pixels": True}, TypeError, "total_pixels"),
+    ("frames-float", {"frames": make_frames(2).astype(np.float32)}, ValueError, "uint8"),
+    ("frames-gray", {"frames": make_frames(2)[..., 0]}, ValueError, "frames"),
+    ("frames-zero-width", {"frames": make_frames(2)[:, :, :0]}, ValueError, "empty"),
+    ("frames-none", {"frames": make_frames(2)[:0]}, ValueError, "empty"),
+    ("prompts-mismatch", {"prompt": ["a", "b"]}, ValueError, "prompt"),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "name"), [c[1:] for c in BUILD_CASES], ids=[c[0] for c in BUILD_CASES]
+)
+def test_build_inputs_arguments(
+    tiny_models: dict[str, tuple[Any, Any]],
+    change: dict[str, Any],
+    error: type[Exception],
+    name: str,
+) -> None:
+    _, processor = tiny_models["qwen2_5_vl"]
+    args: dict[str, Any] = {"frames": make_frames(2), "fps": 2.0, "prompt": "What?", **change}
+    with pytest.raises(error, match=name):
+        craft_adapters.build_inputs(processor, **args)
+
+
+def test_session_inputs_check_fps_and_questions(tiny_models: dict[str, tuple[Any, Any]]) -> None:
+    _, processor = tiny_models["qwen2_5_vl"]
+    with pytest.raises(ValueError, match="fps"):
+        craft_adapters.build_session_inputs(processor, make_frames(2), 0.0, ["What?"])
+    with pytest.raises(TypeError, match="questions"):
+        craft_adapters.build_session_inputs(processor, make_frames(2), 2.0, "What?")  # type: ignore[arg-type]
+
+
+WRAP_CASES: list[tuple[str, dict[str, Any], type[Exception], str]] = [
+    ("compressor-str", {"compressor": "craft", "ratio": 2.0}, TypeError, "compressor"),
+    ("budget-dict", {"budget": {"ratio": 2.0}}, TypeError, "budget"),
+    ("ratio-bool", {"ratio": True}, TypeError, "ratio"),
+    ("ratio-str", {"ratio": "8"}, TypeError, "ratio"),
+    ("ratio-nan", {"ratio": math.nan}, ValueError, "ratio"),
+    ("threshold-nan", {"threshold": math.nan}, ValueError, "threshold"),
+    ("threshold-bool", {"threshold": True}, TypeError, "threshold"),
+    ("min-tokens-float", {"threshold": 0.5, "min_tokens": 2.0}, TypeError, "min_tokens"),
+    ("min-tokens-with-ratio", {"ratio": 2.0, "min_tokens": 2}, ValueError, "min_tokens"),
+    ("both-budgets", {"ratio": 2.0, "threshold": 0.5}, ValueError, "exactly one"),
+]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "name"), [c[1:] for c in WRAP_CASES], ids=[c[0] for c in WRAP_CASES]
+)
+def test_wrap_arguments(
+    tiny_models: dict[str, tuple[Any, Any]],
+    kwargs: dict[str, Any],
+    error: type[Exception],
+    name: str,
+) -> None:
+    model, _ = tiny_models["qwen2_5_vl"]
+    kwargs = {"compressor": _KeepHalf(), **kwargs}
+    with pytest.raises(error, match=name):
+        craft_adapters.wrap(model, **kwargs)
+
+
+class _KeepHalf:
+    def __call__(self, features: torch.Tensor, coords: torch.Tensor, **kwargs: Any) -> Any:
+        n = features.shape[0]
+        kept = torch.arange(0, n, 2)
+        return SimpleNamespace(
+            features=features[kept], kept_index=kept, assignment=torch.arange(n) // 2
+        )
+
+
+def _grid(inputs: dict[str, Any], **change: Any) -> dict[str, Any]:
+    grid = inputs["video_grid_thw"].clone()
+    for axis, delta in change.items():
+        grid[0, "thw".index(axis)] += delta
+    return {**inputs, "video_grid_thw": grid}
+
+
+GRID_CASES: list[tuple[str, Any, type[Exception], str]] = [
+    ("grid-more-frames", lambda i: _grid(i, t=1), ValueError, "claims"),
+    ("grid-fewer-frames", lambda i: _grid(i, t=-1), ValueError, "claims"),
+    ("grid-taller", lambda i: _grid(i, h=2), ValueError, "claims"),
+    ("grid-odd-width", lambda i: _grid(i, w=1), ValueError, "spatial_merge_size"),
+    ("grid-zero", lambda i: _grid(i, t=-2), ValueError, ">= 1"),
+    (
+        "grid-float",
+        lambda i: {**i, "video_grid_thw": i["video_grid_thw"].float()},
+        TypeError,
+        "video_grid_thw",
+    ),
+    (
+        "grid-bool",
+        lambda i: {**i, "video_grid_thw": i["video_grid_thw"] > 0},
+        TypeError,
+        "video_grid_thw",
+    ),
+    (
+        "grid-two-columns",
+        lambda i: {**i, "video_grid_thw": i["video_grid_thw"][:, :2]},
+        ValueError,
+        "video_grid_thw",
+    ),
+    (
+        "pixels-half",
+        lambda i: {**i, "pixel_values_videos": i["pixel_values_videos"][:36]},
+        ValueError,
+        "holds 36",
+    ),
+    (
+        "pixels-int",
+        lambda i: {**i, "pixel_values_videos": i["pixel_values_videos"].long()},
+        TypeError,
+        "pixel_values_videos",
+    ),
+    (
+        "pixels-meta",
+        lambda i: {**i, "pixel_values_videos": i["pixel_values_videos"].to("meta")},
+        ValueError,
+        "pixel_values_videos is on the meta device",
+    ),
+    (
+        "pixels-3d",
+        lambda i: {**i, "pixel_values_videos": i["pixel_values_videos"][None]},
+        ValueError,
+        "pixel_values_videos",
+    ),
+    (
+        "grid-missing",
+        lambda i: {k: v for k, v in i.items() if k != "video_grid_thw"},
+        ValueError,
+        "video_grid_thw",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("change", "error", "text"), [c[1:] for c in GRID_CASES], ids=[c[0] for c in GRID_CASES]
+)
+def test_processor_outputs_that_disagree_are_named(
+    tiny_models: dict[str, tuple[Any, Any]], change: Any, error: type[Exception], text: str
+) -> None:
+    """A grid that claims more frames than the pixels hold ended in an IndexError deep inside
+    transformers (issue 25); now the grid and the row count are named first."""
+    model, processor = tiny_models["qwen2_5_vl"]
+    inputs = dict(craft_adapters.build_inputs(processor, make_frames(4), 2.0, "What?"))
+    assert inputs["video_grid_thw"].tolist() == [[2, 6, 6]]  # the table's numbers assume it
+    with pytest.raises(error, match=text):
+        craft_adapters.wrap(model, _KeepHalf(), ratio=2.0)(**change(inputs))
+
+
+def test_float_token_ids_are_refused(tiny_models: dict[str, tuple[Any, Any]]) -> None:
+    model, processor = tiny_models["qwen2_5_vl"]
+    inputs = dict(craft_adapters.build_inputs(processor, make_frames(4), 2.0, "What?"))
+    wrapped = craft_adapters.wrap(model, _KeepHalf(), ratio=2.0)
+    with pytest.raises(TypeError, match="input_ids must be an integer tensor"):
+        wrapped(**{**inputs, "input_ids": inputs["input_ids"].float()})
+    session = wrapped.encode_video(**inputs)
+    with pytest.raises(TypeError, match="question input_ids must be an integer tensor"):
+        session.ask(torch.tensor([[10.0, 11.0]]), max_new_tokens=1)
+
+
+@pytest.mark.parametrize(
+    "cls", [object, "qwen2_5_vl", type("NoTypes", (craft_adapters.BackboneAdapter,), {})]
+)
+def test_register_backbone_takes_an_adapter_class(cls: Any) -> None:
+    error = ValueError if isinstance(cls, type) and cls.__name__ == "NoTypes" else TypeError
+    with pytest.raises(error, match=r"register_backbone|model_types"):
+        craft_adapters.register_backbone(cls)

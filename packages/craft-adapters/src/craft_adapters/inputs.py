@@ -24,11 +24,14 @@ input size and takes none.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
+
+from craft_core.checks import check_int
 
 __all__ = [
     "LMMS_VIDEO_PIXELS",
@@ -94,9 +97,26 @@ def _as_frames(frames: Any) -> np.ndarray:
         raise ValueError(f"frames must be uint8 [F, H, W, 3], got shape {arr.shape}")
     if arr.dtype != np.uint8:
         raise ValueError(f"frames must be uint8, got {arr.dtype}")
-    if arr.shape[0] < 1:
-        raise ValueError("frames is empty")
+    if min(arr.shape[:3]) < 1:
+        raise ValueError(f"frames is empty, got shape {arr.shape}")
     return arr
+
+
+def _check_fps(fps: Any) -> float:
+    # fps = 0 would divide by zero inside the processor (a raw traceback); NaN would give
+    # garbage timestamps silently.
+    if isinstance(fps, bool) or not isinstance(fps, numbers.Real):
+        raise TypeError(f"fps must be a number, got {type(fps).__name__} {fps!r}")
+    rate = float(fps)
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"fps must be a positive finite number, got {fps!r}")
+    return rate
+
+
+def _check_pixels(*values: int | None) -> None:
+    for name, value in zip(("min_pixels", "max_pixels", "total_pixels"), values):
+        if value is not None:
+            check_int(name, value, minimum=1)
 
 
 def frame_size(
@@ -273,12 +293,14 @@ def build_inputs(
     prompts = [prompt] if isinstance(prompt, str) else list(prompt)
     if len(prompts) != len(videos):
         raise ValueError(f"{len(videos)} video(s) but {len(prompts)} prompt(s)")
-    fps_list = [float(fps)] * len(videos) if isinstance(fps, (int, float)) else list(fps)
+    fps_list = [fps] * len(videos) if not isinstance(fps, (list, tuple)) else list(fps)
     if len(fps_list) != len(videos):
         raise ValueError(f"{len(videos)} video(s) but {len(fps_list)} fps value(s)")
+    rates = [_check_fps(f) for f in fps_list]
+    _check_pixels(min_pixels, max_pixels, total_pixels)
     texts = [render_prompt(processor, p, add_generation_prompt, system) for p in prompts]
     pixels = {"min_pixels": min_pixels, "max_pixels": max_pixels, "total_pixels": total_pixels}
-    return _process(processor, texts, videos, fps_list, pixels)
+    return _process(processor, texts, videos, rates, pixels)
 
 
 def build_session_inputs(
@@ -303,6 +325,10 @@ def build_session_inputs(
         `(video_inputs, [question input_ids [1, q] per question])`.
     """
     video = _as_frames(frames)
+    fps = _check_fps(fps)
+    _check_pixels(min_pixels, max_pixels, total_pixels)
+    if isinstance(questions, str):
+        raise TypeError("questions must be a list of strings, got one str")
     template = render_prompt(processor, _SENTINEL, system=system)
     cut = template.index(_SENTINEL)
     prefix, suffix = template[:cut], template[cut + len(_SENTINEL) :]

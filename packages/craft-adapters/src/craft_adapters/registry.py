@@ -162,6 +162,11 @@ _loaded = False
 
 def register_backbone(cls: type[BackboneAdapter]) -> type[BackboneAdapter]:
     """Class decorator: register `cls` for each of its `model_types`."""
+    if not (isinstance(cls, type) and issubclass(cls, BackboneAdapter)):
+        raise TypeError(f"register_backbone takes a BackboneAdapter subclass, got {cls!r}")
+    types = getattr(cls, "model_types", None)
+    if not isinstance(types, (tuple, list)) or not all(isinstance(t, str) for t in types):
+        raise TypeError(f"{cls.__name__}.model_types must be a tuple of str, got {types!r}")
     if not cls.model_types:
         raise ValueError(f"{cls.__name__}.model_types is empty")
     for mt in cls.model_types:

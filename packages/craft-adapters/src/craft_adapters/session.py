@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from craft_adapters.splice import Prepared
+from craft_core.checks import check_index_tensor
 
 if TYPE_CHECKING:  # wrapper.py imports this module to build sessions
     from craft_adapters.wrapper import CraftModel
@@ -73,6 +74,7 @@ class VideoSession:
         q_ids = torch.as_tensor(q_ids)
         if q_ids.dim() == 1:
             q_ids = q_ids.unsqueeze(0)
+        check_index_tensor("question input_ids", q_ids, dim=2)
         if q_ids.shape[0] != 1 or q_ids.shape[1] == 0:
             raise ValueError(f"question input_ids must be [1, q>0], got {tuple(q_ids.shape)}")
         owner, prep = self._owner, self._prep

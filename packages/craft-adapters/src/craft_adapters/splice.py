@@ -86,22 +86,54 @@ def _check_result(result: Any, n: int, d: int) -> None:
                 f"the compressor must return a CompressionResult-like object with a tensor "
                 f"`{name}`, got {type(result).__name__}"
             )
+    for name in ("kept_index", "assignment"):
+        index = getattr(result, name)
+        if index.dtype == torch.bool or index.is_floating_point() or index.is_complex():
+            raise TypeError(
+                f"compressor returned {name} of dtype {index.dtype}; it must be an integer "
+                "tensor of indices"
+            )
+    if result.kept_index.dim() != 1:
+        raise ValueError(
+            f"compressor returned kept_index of shape {tuple(result.kept_index.shape)}; "
+            "expected [k] (one original index per kept token)"
+        )
     k = int(result.kept_index.shape[0])
     if result.features.dim() != 2 or tuple(result.features.shape) != (k, d):
         raise ValueError(
             f"compressor returned features of shape {tuple(result.features.shape)}; expected "
             f"[{k}, {d}] (one row per kept_index)"
         )
+    if not result.features.is_floating_point():
+        raise TypeError(
+            f"compressor returned features of dtype {result.features.dtype}; expected a "
+            "floating dtype"
+        )
     if k < 1 or k > n:
         raise ValueError(f"compressor kept {k} of {n} tokens; must keep between 1 and {n}")
     if k > 1 and bool((result.kept_index[1:] <= result.kept_index[:-1]).any()):
-        raise ValueError("compressor returned a kept_index that is not strictly ascending")
+        raise ValueError(
+            "compressor returned a kept_index that is not strictly ascending (sorted, no "
+            "duplicates)"
+        )
     if int(result.kept_index.min()) < 0 or int(result.kept_index.max()) >= n:
         raise ValueError(f"compressor returned a kept_index outside [0, {n})")
     if tuple(result.assignment.shape) != (n,):
         raise ValueError(
             f"compressor returned assignment of shape {tuple(result.assignment.shape)}; "
             f"expected [{n}]"
+        )
+    low, high = int(result.assignment.min()), int(result.assignment.max())
+    if low < 0 or high >= k:
+        raise ValueError(
+            f"compressor returned an assignment with values in [{low}, {high}]; each must be "
+            f"an output row in [0, {k})"
+        )
+    own = result.assignment[result.kept_index.to(result.assignment.device)]
+    if not bool((own == torch.arange(k, device=own.device)).all()):
+        raise ValueError(
+            "compressor returned an assignment that sends a kept token to another output row "
+            "(assignment[kept_index[j]] must be j)"
         )
     # NaN / inf rows would reach the language model and silently poison every reply
     if result.features.is_floating_point() and not bool(torch.isfinite(result.features).all()):

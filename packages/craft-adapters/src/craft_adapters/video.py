@@ -24,19 +24,23 @@ backend can read raises `VideoReadError` naming the path. The frame-index rule:
   rate `max_frames / duration`.
 
 `total` and `native_fps` come from the container's header (frames counted by decoding when
-the header has no count); a header that over-counts repeats the last decodable frame.
+the header has no count; 30 fps when it has no rate); a header that over-counts repeats the last decodable frame.
 Speed of each backend: `packages/craft-adapters/benchmarks/bench_decode.py`.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from craft_core.checks import check_int
 
 __all__ = [
     "BACKENDS",
@@ -85,16 +89,38 @@ class SampledVideo:
         return [float(i) / self.native_fps for i in self.indices]
 
 
+def _check_rate(fps: Any, name: str = "fps") -> float:
+    if isinstance(fps, bool) or not isinstance(fps, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(fps).__name__} {fps!r}")
+    rate = float(fps)
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {fps!r}")
+    return rate
+
+
+def _header_rate(value: Any) -> float:
+    """The container's frame rate, or 30 when its header has none (0, None, NaN)."""
+    try:
+        rate = float(value or 0.0)
+    except (TypeError, ValueError):
+        return 30.0
+    return rate if math.isfinite(rate) and rate > 0 else 30.0
+
+
 def sample_indices(
     num_frames: int, native_fps: float, fps: float = 2.0, max_frames: int = 64
 ) -> tuple[np.ndarray, float]:
-    """Frame indices to read and the rate they represent; see the module docstring."""
-    if num_frames < 1:
-        raise ValueError("the video has no frames")
-    if fps <= 0 or max_frames < 1:
-        raise ValueError(f"fps must be > 0 and max_frames >= 1, got {fps}, {max_frames}")
-    if not native_fps or native_fps <= 0 or not math.isfinite(native_fps):
-        native_fps = 30.0
+    """Frame indices to read and the rate they represent; see the module docstring.
+
+    Raises:
+        TypeError: `num_frames` / `max_frames` not an int (a bool is not), `fps` not a number.
+        ValueError: `num_frames < 1`, `max_frames < 1`, `fps` not a positive finite number.
+    """
+    if check_int("num_frames", num_frames) < 1:
+        raise ValueError("the video has no frames (num_frames < 1)")
+    fps = _check_rate(fps)
+    max_frames = check_int("max_frames", max_frames, minimum=1)
+    native_fps = _check_rate(native_fps, "native_fps")
     duration = num_frames / native_fps
     n = max(1, round(duration * fps))
     if n > max_frames:
@@ -109,7 +135,7 @@ def _read_decord(path: str, fps: float, max_frames: int) -> SampledVideo:
 
     vr = decord.VideoReader(path, ctx=decord.cpu(0), num_threads=1)
     total = len(vr)
-    native = float(vr.get_avg_fps())
+    native = _header_rate(vr.get_avg_fps())
     idx, rate = sample_indices(total, native, fps, max_frames)
     frames = vr.get_batch(idx.tolist()).asnumpy()
     return SampledVideo(
@@ -153,7 +179,7 @@ def _read_torchcodec(path: str, fps: float, max_frames: int) -> SampledVideo:
     meta = decoder.metadata
     decodable = int(meta.num_frames_from_content or meta.num_frames or 0)
     total = int(meta.num_frames_from_header or decodable)  # PyAV's count: the header's
-    native = float(meta.average_fps_from_header or meta.average_fps or 30.0)
+    native = _header_rate(meta.average_fps_from_header or meta.average_fps)
     if decodable < 1:
         raise VideoReadError(f"{path}: no decodable video frame")
     idx, rate = sample_indices(total, native, fps, max_frames)
@@ -169,7 +195,7 @@ def _read_pyav(path: str, fps: float, max_frames: int) -> SampledVideo:
         if not container.streams.video:
             raise VideoReadError(f"{path}: no video stream (audio-only or not a video file)")
         stream = container.streams.video[0]
-        native = float(stream.average_rate or stream.guessed_rate or 30.0)
+        native = _header_rate(stream.average_rate or stream.guessed_rate)
         total = int(stream.frames or 0)
         if total <= 0:  # no frame count in the header: count by decoding
             total = sum(1 for _ in container.decode(stream))
@@ -214,15 +240,15 @@ def read_video(
     Returns:
         A `SampledVideo` (unpacks as `frames, fps`).
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
     path = str(path)
     if backend is not None and backend not in BACKENDS:
         raise ValueError(
             f"backend: unknown video backend {backend!r}; use one of {', '.join(BACKENDS)} or None"
         )
-    if not (math.isfinite(fps) and fps > 0):
-        raise ValueError(f"fps must be a positive number, got {fps}")
-    if max_frames < 1:
-        raise ValueError(f"max_frames must be at least 1, got {max_frames}")
+    fps = _check_rate(fps)
+    max_frames = check_int("max_frames", max_frames, minimum=1)
     if not Path(path).is_file():
         raise FileNotFoundError(f"video not found: {path}")
     if backend == "torchcodec" and _torchcodec_problem() is not None:

@@ -33,6 +33,7 @@ from craft_adapters.report import CompressionReport, VideoCompression
 from craft_adapters.session import VideoSession
 from craft_adapters.splice import PER_TOKEN_KEYS, Prepared, compress_video, splice_sequence
 from craft_core import TokenBudget
+from craft_core.checks import check_has_data, check_index_tensor
 
 __all__ = ["CompressionReport", "CraftModel", "VideoCompression", "VideoSession", "wrap"]
 
@@ -56,6 +57,14 @@ def _to_device(value: Any, device: torch.device) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_to_device(v, device) for v in value)
     return value
+
+
+def _move_inputs(inputs: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """Every tensor of `inputs` on `device`; a meta tensor (no data) is named, not copied."""
+    for key, value in inputs.items():
+        if isinstance(value, torch.Tensor):
+            check_has_data(key, value)
+    return {k: _to_device(v, device) for k, v in inputs.items()}
 
 
 def _compressor_hidden_size(compressor: Any) -> int | None:
@@ -92,6 +101,11 @@ class CraftModel(torch.nn.Module):
         budget: TokenBudget | None = None,
     ) -> None:
         super().__init__()
+        if compressor is not None and not callable(compressor):
+            raise TypeError(
+                f"compressor must be a callable (features, coords, **budget) -> "
+                f"CompressionResult, or None; got {type(compressor).__name__}"
+            )
         self.adapter: BackboneAdapter = get_adapter(model)
         self.model = model
         self.compressor = compressor
@@ -122,6 +136,10 @@ class CraftModel(torch.nn.Module):
         the floor `max(1, N // 128)`). With no compressor the budget may be left empty.
         """
         if budget is not None:
+            if not isinstance(budget, TokenBudget):
+                raise TypeError(
+                    f"budget must be a craft_core.TokenBudget, got {type(budget).__name__}"
+                )
             if (ratio, threshold, min_tokens) != (None, None, None):
                 raise ValueError("give budget=TokenBudget(...) or its fields, not both")
             self.token_budget = budget
@@ -204,6 +222,7 @@ class CraftModel(torch.nn.Module):
         ids = inputs.get("input_ids")
         if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
             raise ValueError("input_ids must be a [batch, length] tensor (processor output)")
+        check_index_tensor("input_ids", ids, dim=2)
         if inputs.get("position_ids") is not None:
             raise ValueError(
                 "position_ids cannot be given with a video: craft-adapters computes them on the "
@@ -213,7 +232,7 @@ class CraftModel(torch.nn.Module):
             raise ValueError("inputs_embeds cannot be given with a video; pass input_ids")
         adapter = self.adapter
         device = self.model.device
-        inputs = {k: _to_device(v, device) for k, v in inputs.items()}
+        inputs = _move_inputs(inputs, device)
         ids = inputs["input_ids"]
         mask = inputs.get("attention_mask")
         if mask is None:
@@ -350,7 +369,7 @@ class CraftModel(torch.nn.Module):
             inputs["attention_mask"] = torch.ones_like(ids)
         if not self._has_video(inputs):
             raise ValueError("encode_video needs a video: pixel_values_videos is missing")
-        inputs = {k: _to_device(v, self.model.device) for k, v in inputs.items()}
+        inputs = _move_inputs(inputs, self.model.device)
         prep = self._prepare(inputs)
         self._last_kept = prep.kept
         self.last_compression = prep.report
@@ -391,6 +410,8 @@ def wrap(
 
     Raises:
         ValueError: unsupported model_type, compressor width != LLM width, bad budget.
+        TypeError: a compressor that is not callable, a budget that is not a TokenBudget, a
+            budget field of the wrong type (`ratio=True`).
     """
     if compressor is not None and ratio is None and threshold is None and budget is None:
         raise ValueError("give a budget with the compressor: ratio=... or threshold=...")

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from craft_core.checks import check_has_data, check_int, check_number
+
 MAX_FEATURE_MAGNITUDE = 1e15
 """Largest |feature| accepted: float32 squares of larger values overflow inside the gate."""
 
@@ -30,14 +32,33 @@ class Budget:
     floor: int
     threshold: float | None = None
 
+    def __post_init__(self) -> None:
+        check_int("floor", self.floor, minimum=1)
+        if self.threshold is not None:
+            threshold = check_number("threshold", self.threshold)
+            if not -1.0 < threshold <= 1.0:
+                raise ValueError(f"threshold must lie in (-1, 1], got {threshold!r}")
+
 
 def target_token_count(num_tokens: int, ratio: float) -> int:
-    """Token count of the fixed-ratio mode: `max(1, floor(N / ratio))`."""
+    """Token count of the fixed-ratio mode: `max(1, floor(N / ratio))`.
+
+    Raises:
+        TypeError: `num_tokens` not an int (a bool is not), `ratio` not a number.
+        ValueError: `num_tokens < 1`, `ratio` < 1 or not finite.
+    """
+    num_tokens = check_int("num_tokens", num_tokens, minimum=1)
+    ratio = check_number("ratio", ratio, minimum=1.0)
     return max(1, math.floor(num_tokens / ratio))
 
 
 def default_min_tokens(num_tokens: int) -> int:
-    """Floor of the threshold mode when none is given: `max(1, floor(N / 128))`."""
+    """Floor of the threshold mode when none is given: `max(1, floor(N / 128))`.
+
+    Raises:
+        TypeError: `num_tokens` not an int. ValueError: `num_tokens < 1`.
+    """
+    num_tokens = check_int("num_tokens", num_tokens, minimum=1)
     return max(1, num_tokens // 128)
 
 
@@ -125,7 +146,8 @@ class TokenBudget:
         return "ratio" if self.ratio is not None else "threshold"
 
     def resolve(self, num_tokens: int) -> Budget:
-        """The floor (+ threshold) for one video of `num_tokens` tokens."""
+        """The floor (+ threshold) for one video of `num_tokens` (int >= 1) tokens."""
+        check_int("num_tokens", num_tokens, minimum=1)
         if self.ratio is not None:
             return Budget(floor=target_token_count(num_tokens, self.ratio))
         if self.min_tokens is None:
@@ -182,9 +204,10 @@ def check_tokens(
         hidden_size: expected `D`, if the compressor has a fixed width.
 
     Raises:
-        TypeError: a non-tensor, non-floating `features` or non-integer `coords`.
+        TypeError: a non-tensor, non-floating `features` or non-integer `coords` (bool and
+            float coords included).
         ValueError: wrong rank or shape, N = 0, NaN/inf or huge (> 1e15) features, devices
-            that differ.
+            that differ, a tensor on the meta device (no data).
     """
     if not isinstance(features, torch.Tensor):
         raise TypeError(f"features must be a torch.Tensor, got {type(features).__name__}")
@@ -210,6 +233,7 @@ def check_tokens(
         )
     if coords.device != features.device:
         raise ValueError(f"coords is on {coords.device} but features on {features.device}")
+    check_has_data("features", features)
     # One pass: the largest magnitude is NaN or inf exactly when an entry is.
     top = float(features.detach().abs().amax())
     if not math.isfinite(top):

@@ -26,6 +26,12 @@ from torch import nn
 
 from craft_core import hub
 from craft_core.budget import Budget, check_tokens, resolve_budget
+from craft_core.checks import (
+    check_has_data,
+    check_in_range,
+    check_index_tensor,
+    check_int,
+)
 from craft_core.config import CraftConfig
 from craft_core.merge import GatedMerge, group_edges
 from craft_core.pairing import FullPairing, PairingState, ranked_edges
@@ -156,6 +162,48 @@ def _retire(
     remaining = active_ids.numel() - plan.sources.numel()
     active_ids = torch.sort(active_ids.masked_fill(leaving, n)).values[:remaining]
     return redirect[owner], active_ids
+
+
+def _check_groups(
+    n: int,
+    targets: torch.Tensor,
+    sources: torch.Tensor,
+    similarity: torch.Tensor,
+    round_index: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`fuse_groups`' edge arguments checked (see its Raises), indices as long."""
+    check_index_tensor("targets", targets)
+    check_index_tensor("sources", sources)
+    if not isinstance(similarity, torch.Tensor) or not similarity.is_floating_point():
+        raise TypeError(
+            "similarity must be a floating tensor [E], got "
+            + (
+                str(similarity.dtype)
+                if isinstance(similarity, torch.Tensor)
+                else type(similarity).__name__
+            )
+        )
+    check_int("round_index", round_index, minimum=1)
+    if targets.shape != sources.shape or similarity.shape != targets.shape:
+        raise ValueError(
+            f"targets {tuple(targets.shape)}, sources {tuple(sources.shape)} and similarity "
+            f"{tuple(similarity.shape)} must have one equal length E"
+        )
+    check_has_data("similarity", similarity)
+    for name, tensor in (("targets", targets), ("sources", sources), ("similarity", similarity)):
+        if tensor.device != targets.device:
+            raise ValueError(f"{name} is on {tensor.device} but targets on {targets.device}")
+    if targets.numel() == 0:
+        return targets.long(), sources.long()
+    check_in_range("targets", targets, n)
+    check_in_range("sources", sources, n)
+    if not bool(torch.isfinite(similarity).all()):
+        raise ValueError("similarity contains NaN or inf values (the gate would give NaN rows)")
+    if torch.unique(sources).numel() != sources.numel():
+        raise ValueError("sources must list each token at most once")
+    if bool(torch.isin(sources, targets).any()):
+        raise ValueError("a token cannot be both a source and a target")
+    return targets.long(), sources.long()
 
 
 class CraftCompressor(
@@ -353,32 +401,23 @@ class CraftCompressor(
             targets: `[E]` target index of each edge.
             sources: `[E]` source index of each edge; each source once, never also a target.
             similarity: `[E]` similarity of each (target, source) pair.
-            round_index: the round m fed to the gate.
+            round_index: the round m fed to the gate (int >= 1).
 
         Returns:
             `[N, D]`: every target row replaced by its fusion, all other rows unchanged.
+
+        Raises:
+            TypeError: bad `features` / `coords` (as `check_tokens`), float or bool
+                `targets` / `sources`, a non-floating `similarity`, a non-int `round_index`.
+            ValueError: lengths that differ, indices out of range, a source listed twice or
+                also a target, a NaN/inf similarity, `round_index < 1`, tensors on other
+                devices or on the meta device.
         """
         check_tokens(features, coords, self.config.hidden_size)
         n = features.shape[0]
-        targets, sources = targets.long(), sources.long()
-        if targets.shape != sources.shape or similarity.shape != targets.shape:
-            raise ValueError(
-                f"targets {tuple(targets.shape)}, sources {tuple(sources.shape)} and similarity "
-                f"{tuple(similarity.shape)} must have one equal length E"
-            )
+        targets, sources = _check_groups(n, targets, sources, similarity, round_index)
         if targets.numel() == 0:
             return features
-        if (
-            int(torch.cat([targets, sources]).min()) < 0
-            or int(torch.cat([targets, sources]).max()) >= n
-        ):
-            raise ValueError(f"targets and sources must index rows 0..{n - 1}")
-        if torch.unique(sources).numel() != sources.numel():
-            raise ValueError("sources must list each token at most once")
-        if bool(torch.isin(sources, targets).any()):
-            raise ValueError("a token cannot be both a source and a target")
-        if round_index < 1:
-            raise ValueError(f"round_index must be >= 1, got {round_index}")
         layout = group_edges(targets)
         sources = sources[layout.order]
         coords = coords.long()
@@ -451,6 +490,8 @@ class CraftCompressor(
             device: where to put the weights.
             token, cache_dir, force_download, local_files_only: as in `hf_hub_download`.
         """
+        if hidden_size is not None:
+            check_int("hidden_size", hidden_size, minimum=1)
         (config_file, weights_file), folder = hub.resolve_files(
             path,
             (CONFIG_NAME, WEIGHTS_NAME),

@@ -1,14 +1,36 @@
 """CraftConfig: every hyper-parameter of the CRAFT compressor, with the paper's defaults.
 
 The config is a frozen pydantic model so that a checkpoint's `config.json` round-trips exactly
-and a bad value is rejected with the field's name before any tensor is touched.
+and a bad value is rejected with the field's name before any tensor is touched. Integer fields
+are strict (a bool, a float or a string such as "8" is refused: `hidden_size=True` must not
+become 1); float fields take ints and numeric strings (YAML reads `1e-6` as a string), never a
+bool, NaN or inf.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+import numbers
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+
+def _whole(value: Any) -> Any:
+    # pydantic's lax int takes True, "8" and 8.0; its strict int refuses NumPy integers. A
+    # Python or NumPy integer is an int here, nothing else is.
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(f"must be an int, got {type(value).__name__} {value!r}")
+    return int(value)
+
+
+StrictInt = Annotated[int, BeforeValidator(_whole)]
 
 
 class CraftConfig(BaseModel):
@@ -18,19 +40,19 @@ class CraftConfig(BaseModel):
     space, which the vision projector already maps the video tokens into.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    hidden_size: int = Field(
+    hidden_size: StrictInt = Field(
         gt=0, description="D: width of the video tokens (the language model's hidden size)."
     )
-    sim_dim: int = Field(
+    sim_dim: StrictInt = Field(
         default=128,
         gt=0,
         le=512,
         description="d_sim: width of the fixed random projection used for selection similarity "
         "(at most 512, so that similarities are computed exactly in float64).",
     )
-    sim_block: int = Field(
+    sim_block: StrictInt = Field(
         default=2048,
         gt=0,
         description="Rows per block of the blockwise similarity pass; bounds the extra memory "
@@ -52,16 +74,16 @@ class CraftConfig(BaseModel):
         "0.2 arithmetic, kept as the reference); 'recheck' = certified with every row "
         "recomputed exactly (a test of the fallback).",
     )
-    rank: int = Field(
+    rank: StrictInt = Field(
         default=128,
         gt=0,
         description="r: width of the query/key projections W_q, W_k of the position-aware "
         "weighting. Must be even (RoPE rotates pairs).",
     )
-    gate_hidden: int = Field(
+    gate_hidden: StrictInt = Field(
         default=512, gt=0, description="d_h: hidden width of the per-channel gate MLP."
     )
-    round_embed_dim: int = Field(
+    round_embed_dim: StrictInt = Field(
         default=256,
         gt=0,
         description="d_phi: width of the sine-cosine encoding phi(m) of the merge round m. Even.",
@@ -73,7 +95,7 @@ class CraftConfig(BaseModel):
         "gives no value): both terms of the logit, Q.K and s_ti, lie in [-1, 1], so 0.1 lets "
         "the learned scorer move a weight by about e^20 while an untrained scorer stays mild.",
     )
-    seed: int = Field(
+    seed: StrictInt = Field(
         default=0,
         ge=0,
         description="Seed of the CPU generator that draws W_rand; same seed and hidden_size give "
@@ -92,13 +114,21 @@ class CraftConfig(BaseModel):
     rope_theta: float = Field(
         default=10000.0, gt=0.0, description="Base of the 3D rotary frequencies."
     )
-    rope_sections: tuple[int, int, int] = Field(
+    rope_sections: tuple[StrictInt, StrictInt, StrictInt] = Field(
         default=(16, 24, 24),
         description="Rotary pairs given to t, h and w, in that order; must sum to rank / 2.",
     )
     layer_norm_eps: float = Field(
         default=1e-6, gt=0.0, description="Epsilon of the affine-free LayerNorm inside the gate."
     )
+
+    @field_validator("temperature", "rope_theta", "layer_norm_eps", mode="before")
+    @classmethod
+    def _no_bool(cls, value: Any) -> Any:
+        # pydantic's float accepts True as 1.0: a flag where a number belongs is an error.
+        if isinstance(value, bool):
+            raise ValueError(f"must be a number, not the bool {value}")
+        return value
 
     @model_validator(mode="after")
     def _check_shapes(self) -> CraftConfig:

@@ -83,6 +83,8 @@ class GatedMerge(nn.Module):
 
     def __init__(self, config: CraftConfig) -> None:
         super().__init__()
+        if not isinstance(config, CraftConfig):
+            raise TypeError(f"config must be a CraftConfig, got {type(config).__name__}")
         self.config = config
         width, rank, hidden = config.hidden_size, config.rank, config.gate_hidden
         self.w_q = nn.Linear(width, rank, bias=False)

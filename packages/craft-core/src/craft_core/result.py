@@ -21,7 +21,8 @@ class CompressionResult:
             dtype of the input features.
         coords: `[N_c, 3]` long, the ORIGINAL `(t, h, w)` of each kept (representative) token.
         kept_index: `[N_c]` long, ascending: the original index of each kept token.
-        assignment: `[N]` long: for every input token, the output row it ended up in.
+        assignment: `[N]` long: for every input token, the output row it ended up in (in
+            `[0, N_c)`; a kept token's own row: `assignment[kept_index[j]] == j`).
         rounds: number of select-then-fuse rounds that ran (0 for single-shot methods).
         info: free-form details of the run (method name, proxies used, ...).
     """

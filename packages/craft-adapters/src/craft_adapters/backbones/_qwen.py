@@ -11,6 +11,7 @@ import torch
 
 from craft_adapters.attention import Recorder, received_attention
 from craft_adapters.registry import BackboneAdapter, VideoLayout
+from craft_core.checks import check_has_data, check_index_tensor
 
 
 def group_mean(rows: torch.Tensor, assignment: torch.Tensor, num_groups: int) -> torch.Tensor:
@@ -46,6 +47,41 @@ def _qwen_hook(recorder: Recorder) -> Any:
     return hook
 
 
+def check_video_grid(pixels: Any, grid: Any, merge: int) -> None:
+    """`video_grid_thw` `[V, 3]` (t, h, w patches per video) must describe exactly the rows of
+    `pixel_values_videos` `[sum t*h*w, C*T*P*P]`: a grid that claims more frames than the
+    pixels hold otherwise ends in an IndexError deep inside transformers."""
+    check_index_tensor("video_grid_thw", grid, dim=2)
+    if grid.shape[1] != 3 or grid.shape[0] < 1:
+        raise ValueError(
+            f"video_grid_thw must be [videos, 3] (t, h, w), got shape {tuple(grid.shape)}"
+        )
+    if not isinstance(pixels, torch.Tensor) or not pixels.is_floating_point():
+        what = pixels.dtype if isinstance(pixels, torch.Tensor) else type(pixels).__name__
+        raise TypeError(f"pixel_values_videos must be a floating tensor, got {what}")
+    if pixels.dim() != 2:
+        raise ValueError(
+            f"pixel_values_videos must be [patches, C*T*P*P] (Qwen processor output), got "
+            f"shape {tuple(pixels.shape)}"
+        )
+    check_has_data("pixel_values_videos", pixels)
+    cells = grid.long().cpu()
+    if bool((cells < 1).any()):
+        raise ValueError(f"video_grid_thw entries must be >= 1, got {cells.tolist()}")
+    if bool((cells[:, 1:] % merge).any()):
+        raise ValueError(
+            f"video_grid_thw h and w must be multiples of spatial_merge_size {merge}, got "
+            f"{cells.tolist()}"
+        )
+    claimed = int(cells.prod(dim=1).sum())
+    if claimed != pixels.shape[0]:
+        raise ValueError(
+            f"video_grid_thw {cells.tolist()} claims {claimed} patch rows but "
+            f"pixel_values_videos holds {pixels.shape[0]}; pass the outputs of one processor "
+            "call together"
+        )
+
+
 class QwenAdapter(BackboneAdapter):
     """Common to Qwen2.5-VL, Qwen3-VL and Qwen3.5."""
 
@@ -58,10 +94,14 @@ class QwenAdapter(BackboneAdapter):
             raise ValueError(
                 "pixel_values_videos given without video_grid_thw (pass all processor outputs)"
             )
+        check_video_grid(inputs["pixel_values_videos"], grid, self._merge_size())
         out = self.model.model.get_video_features(
             inputs["pixel_values_videos"], grid, return_dict=True
         )
         return out, list(out.pooler_output)
+
+    def _merge_size(self) -> int:
+        return int(getattr(self.model.config.vision_config, "spatial_merge_size", 1))
 
     def encode_images(self, inputs: dict[str, Any]) -> Any | None:
         if inputs.get("pixel_values") is None:
