@@ -23,6 +23,7 @@ within the run.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from math import prod
 from typing import Any
 
 import torch
@@ -177,26 +178,43 @@ class CraftQwen3VLForConditionalGeneration(Qwen3VLForConditionalGeneration):
     def get_mrope_input_positions(
         self, input_tokens: list[int], mm_features: list[Any]
     ) -> tuple[torch.Tensor, int]:
-        """vLLM's positions, with the text after each video placed where it is uncompressed.
+        """Prompt positions with each compressed video's text after it where it is uncompressed.
 
-        vLLM computes the prompt's positions from the placeholder (all kept tokens in frame
-        0); the runner rewrites them when the encoder runs, but a prompt whose video is served
-        from the prefix cache keeps these. The uncompressed run of a video spans
-        `timestamp tokens + F * (2 + max(h, w))` positions; the text after it starts there.
+        vLLM's own rule reads the placeholder (all kept tokens in frame 0) as frames of
+        `h x w` rows, which miscounts when fewer than one frame's tokens are kept. Here each
+        video's placeholder counts as text (the runner rewrites those positions from the
+        kept rows when the encoder runs) and the text after it starts where it does
+        uncompressed: `timestamp tokens + F * (2 + max(h, w))` positions after the video's
+        start. A prompt whose video is served from the prefix cache keeps these positions.
         """
-        positions, _ = super().get_mrope_input_positions(input_tokens, mm_features)
-        positions = positions.clone()
         merge = self.config.vision_config.spatial_merge_size
-        videos = [f for f in mm_features if f.modality == "video"]
-        for feature in sorted(videos, key=lambda f: f.mm_position.offset):
-            start, length = feature.mm_position.offset, feature.mm_position.length
-            end = start + length
-            if end >= len(input_tokens):
-                continue
-            t, h, w = (int(x) for x in feature.data["video_grid_thw"].data.tolist())
-            pads = input_tokens[start:end].count(self.config.video_token_id)
-            span = length - pads + t * max(h // merge, w // merge)
-            positions[:, end:] += int(positions[0, start]) + span - int(positions[0, end])
+
+        def grid(f: Any) -> tuple[int, int, int, int]:
+            t, h, w = (int(x) for x in f.data["video_grid_thw"].data.tolist())
+            start, length = f.mm_position.offset, f.mm_position.length
+            pads = input_tokens[start : start + length].count(self.config.video_token_id)
+            return t, h // merge, w // merge, pads
+
+        # An uncompressed layout (vLLM's own `_get_expanded_positions` asks for one) keeps
+        # vLLM's rule.
+        videos = sorted(
+            (f for f in mm_features if f.modality == "video" and grid(f)[3] != prod(grid(f)[:3])),
+            key=lambda f: f.mm_position.offset,
+        )
+        if not videos:
+            return super().get_mrope_input_positions(input_tokens, mm_features)
+        tokens = list(input_tokens)
+        for f in videos:  # as text for vLLM's rule (-1 is no special token)
+            start, length = f.mm_position.offset, f.mm_position.length
+            tokens[start : start + length] = [-1] * length
+        others = [f for f in mm_features if f not in videos]
+        positions, _ = super().get_mrope_input_positions(tokens, others)
+        positions = positions.clone()
+        for f in videos:
+            start, length = f.mm_position.offset, f.mm_position.length
+            t, h, w, pads = grid(f)
+            span = length - pads + t * max(h, w)
+            positions[:, start + length :] += span - length
         delta = int(positions.max()) + 1 - len(input_tokens)
         return positions, delta
 
