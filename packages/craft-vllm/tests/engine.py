@@ -8,20 +8,24 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+import tiny
 import torch
 
 T = TypeVar("T")
-ARCH = "CraftQwen2_5_VLForConditionalGeneration"
+ARCH = tiny.ARCH
 FPS = 2.0
 QUESTION = "What happens?"
 NEW_TOKENS = 12
 
 
-def overrides(checkpoint: Path | None, ratio: float | None, **extra: Any) -> dict[str, Any]:
-    """`hf_overrides` of the CRAFT variant (None, None: the unmodified backbone)."""
+def overrides(
+    checkpoint: Path | None, ratio: float | None, kind: Any = tiny, **extra: Any
+) -> dict[str, Any]:
+    """`hf_overrides` of the CRAFT variant of `kind` (a tiny-model module: `tiny`,
+    `tiny_qwen3`); None, None: the unmodified backbone."""
     if checkpoint is None and ratio is None and not extra:
         return {}
-    out: dict[str, Any] = {"architectures": [ARCH], **extra}
+    out: dict[str, Any] = {"architectures": [kind.ARCH], **extra}
     if checkpoint is not None:
         out["craft_checkpoint"] = str(checkpoint)
     if ratio is not None:
@@ -54,10 +58,8 @@ def run(model: Path, hf_overrides: dict[str, Any], work: Callable[[Any], T], **k
         gc.collect()
 
 
-def prompt(question: str = QUESTION) -> str:
-    import tiny
-
-    return tiny.processor().apply_chat_template(
+def prompt(question: str = QUESTION, kind: Any = tiny) -> str:
+    return kind.processor().apply_chat_template(
         [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question}]}],
         add_generation_prompt=True,
         tokenize=False,
@@ -80,31 +82,37 @@ def video_item(frames: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
     return frames, meta
 
 
-def vllm_generate(llm: Any, videos: list[np.ndarray]) -> list[tuple[list[int], int]]:
+def vllm_generate(
+    llm: Any, videos: list[np.ndarray], kind: Any = tiny
+) -> list[tuple[list[int], int]]:
     """Greedy new tokens and prompt length of each video, all requests in one batch."""
     from vllm import SamplingParams
 
-    requests = [{"prompt": prompt(), "multi_modal_data": {"video": video_item(v)}} for v in videos]
+    text = prompt(kind=kind)
+    requests = [{"prompt": text, "multi_modal_data": {"video": video_item(v)}} for v in videos]
     outs = llm.generate(requests, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0))
     return [(list(o.outputs[0].token_ids), len(o.prompt_token_ids)) for o in outs]
 
 
 def adapters_generate(
-    model_dir: Path, compressor: Any, ratio: float | None, videos: list[np.ndarray]
+    model_dir: Path,
+    compressor: Any,
+    ratio: float | None,
+    videos: list[np.ndarray],
+    kind: Any = tiny,
 ) -> list[tuple[list[int], int, list[float]]]:
     """craft-adapters' `generate()` on the same folder and videos, one video at a time.
 
     -> per video: greedy new tokens, prompt length after compression, and the top-2 log-prob
     margin at each step (how far the reference is from a tie).
     """
-    import tiny
     from transformers import AutoModelForImageTextToText
 
     import craft_adapters
 
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
     wrapped = craft_adapters.wrap(model, compressor, ratio=ratio)
-    processor = tiny.processor()
+    processor = kind.processor()
     out = []
     for frames in videos:
         inputs = craft_adapters.build_inputs(processor, frames, FPS, QUESTION)
@@ -118,7 +126,7 @@ def adapters_generate(
         new = gen.sequences[0, inputs["input_ids"].shape[1] :].tolist()
         top = [torch.topk(torch.log_softmax(s[0].float(), -1), 2).values for s in gen.scores]
         margins = [float(v[0] - v[1]) for v in top]
-        eos = tiny.IDS["<|im_end|>"]
+        eos = kind.IDS["<|im_end|>"]
         if eos in new:  # vLLM stops at EOS and returns it; HF pads after it
             new = new[: new.index(eos) + 1]
         report = wrapped.last_compression
@@ -143,16 +151,12 @@ def agree(served: list[int], reference: list[int], margins: list[float]) -> bool
 
 def text_tokens(question: str = QUESTION) -> int:
     """Tokens of the prompt other than the video's placeholders."""
-    import tiny
-
     return len(tiny.processor().tokenizer(prompt(question))["input_ids"]) - 1
 
 
 def video_span(kept: int, question: str = QUESTION) -> tuple[int, int]:
     """(tokens before the first video placeholder, tokens up to the end of the video's turn
     part before the question) of the prompt with `kept` placeholders."""
-    import tiny
-
     tokenizer = tiny.processor().tokenizer
     head = prompt(question).split("<|video_pad|>")[0]
     before = len(tokenizer(head)["input_ids"])

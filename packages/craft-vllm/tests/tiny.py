@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+ARCH = "CraftQwen2_5_VLForConditionalGeneration"
 VOCAB = 300
 HIDDEN = 128
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>"]

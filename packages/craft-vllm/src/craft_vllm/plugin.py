@@ -28,6 +28,9 @@ ARCHITECTURES = {
     "CraftQwen2_5_VLForConditionalGeneration": (
         "craft_vllm.qwen2_5_vl:CraftQwen2_5_VLForConditionalGeneration"
     ),
+    "CraftQwen3VLForConditionalGeneration": (
+        "craft_vllm.qwen3_vl:CraftQwen3VLForConditionalGeneration"
+    ),
 }
 CPU_PRUNING_BUG = ((0, 32), (0, 33))  # [first, first fixed) (major, minor) of the CPU bug
 

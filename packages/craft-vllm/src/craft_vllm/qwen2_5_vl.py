@@ -29,7 +29,8 @@ from vllm.model_executor.models.qwen2_5_vl import (
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.multimodal.processing import PromptReplacement
 
-from craft_vllm.options import CraftConfigError, kept_count, load_compressor, read_options
+from craft_vllm.common import attach_compressor, check_settings
+from craft_vllm.options import kept_count, read_options
 from craft_vllm.positions import grid_positions, prompt_positions, pruned_position_columns
 
 ARCHITECTURE = "CraftQwen2_5_VLForConditionalGeneration"
@@ -62,18 +63,6 @@ class CraftQwen2_5_VLMultiModalProcessor(Qwen2_5_VLMultiModalProcessor):
         ]
 
 
-def _check_largest_video(model_config: Any, ratio: float) -> None:
-    """Refuse at startup a ratio that leaves no token even for the largest video served."""
-    info = MULTIMODAL_REGISTRY.create_processor(model_config).info
-    largest = info.get_max_video_tokens(model_config.max_model_len, {"video": 1})
-    try:
-        kept_count(largest, ratio)
-    except CraftConfigError as error:
-        raise CraftConfigError(
-            f"{error} (the largest video this server accepts has {largest} tokens)"
-        ) from None
-
-
 @MULTIMODAL_REGISTRY.register_processor(
     CraftQwen2_5_VLMultiModalProcessor,
     info=Qwen2_5_VLProcessingInfo,
@@ -85,24 +74,9 @@ class CraftQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration
     craft_compression = True  # read by the runner patch in plugin.py
 
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
-        config = vllm_config.model_config.hf_config
-        self.craft_options = read_options(config, ARCHITECTURE)  # before any weight is built
-        mm_config = vllm_config.model_config.get_multimodal_config()
-        if mm_config.video_pruning_rate:
-            raise ValueError(
-                f"--video-pruning-rate {mm_config.video_pruning_rate} cannot be combined with "
-                f"{ARCHITECTURE}: CRAFT already sets the video token count (craft_ratio)"
-            )
-        _check_largest_video(vllm_config.model_config, self.craft_options.ratio)
+        self.craft_options = check_settings(vllm_config, ARCHITECTURE)  # before any weight
         super().__init__(vllm_config=vllm_config, prefix=prefix)
-        hidden = config.get_text_config().hidden_size
-        device = vllm_config.device_config.device
-        # A plain attribute, not a submodule: vLLM's loader must not look for these weights
-        # in the backbone's checkpoint (the backbone's files are used as they are).
-        object.__setattr__(
-            self, "craft", load_compressor(self.craft_options, hidden, device=device)
-        )
-        self.is_multimodal_pruning_enabled = True  # embed_multimodal post-processes items
+        attach_compressor(self, vllm_config)
 
     def _postprocess_image_embeds_evs(
         self, image_embeds_split: tuple[torch.Tensor, ...], image_input: Any

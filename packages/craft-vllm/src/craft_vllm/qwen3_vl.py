@@ -1,0 +1,232 @@
+"""CRAFT variant of vLLM's Qwen3-VL: `CraftQwen3VLForConditionalGeneration`.
+
+Qwen3-VL writes a video as per-frame runs: `<t seconds> <|vision_start|> frame tokens
+<|vision_end|>` for each temporal group. vLLM's pruning path (the one its EVS uses) handles
+that in two steps, and CRAFT uses both unchanged:
+
+- the processor reserves every kept token in frame 0 of the placeholder (the count is known
+  at preprocessing, the per-frame split is not): `floor(N / ratio)` here;
+- `embed_multimodal` returns, for the whole placeholder, the rows of the REBUILT layout
+  (each frame's run holds the kept tokens of that frame, timestamps between runs) with each
+  row's original M-RoPE position (`_create_final_video_embeddings`, given CRAFT's kept
+  tokens as the retention mask); the runner writes those positions.
+
+Deepstack: the vision tower's deepstack rows (`[N, levels * D]`, after the main `[N, D]`)
+are shrunk with the SAME assignment as the main features: each kept row gets the mean of the
+deepstack rows of every token merged into it, as craft-adapters does for transformers.
+
+CRAFT sees each token's `(t, h, w)` as craft-adapters gives it for this backbone: `t` is the
+frame run's start position minus the first run's (timestamps included), `h`, `w` the offsets
+within the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from math import prod
+from typing import Any
+
+import torch
+from vllm.model_executor.models import qwen3_vl
+from vllm.model_executor.models.qwen3_vl import (
+    Qwen3VLDummyInputsBuilder,
+    Qwen3VLForConditionalGeneration,
+    Qwen3VLMultiModalProcessor,
+    Qwen3VLProcessingInfo,
+)
+from vllm.multimodal import MULTIMODAL_REGISTRY
+from vllm.multimodal.inputs import (
+    MultiModalFeatureSpec,
+    MultiModalFieldConfig,
+    MultiModalFieldElem,
+    MultiModalKwargsItem,
+    PlaceholderRange,
+)
+from vllm.multimodal.processing import PromptReplacement
+
+from craft_vllm.common import attach_compressor, check_settings
+from craft_vllm.options import kept_count, read_options
+
+ARCHITECTURE = "CraftQwen3VLForConditionalGeneration"
+
+
+class CraftQwen3VLMultiModalProcessor(Qwen3VLMultiModalProcessor):
+    """Reserves `floor(N / ratio)` `<|video_pad|>` per video, all in frame 0's run."""
+
+    def _get_prompt_updates(
+        self, mm_items: Any, hf_processor_mm_kwargs: Mapping[str, Any], out_mm_kwargs: Any
+    ) -> Sequence[PromptReplacement]:
+        updates = super()._get_prompt_updates(mm_items, hf_processor_mm_kwargs, out_mm_kwargs)
+        config = self.info.get_hf_config()
+        ratio = read_options(config, ARCHITECTURE).ratio
+        merge = self.info.get_image_processor(**hf_processor_mm_kwargs).merge_size
+        tokenizer = self.info.get_tokenizer()
+
+        def video(item_idx: int) -> Any:
+            item = out_mm_kwargs["video"][item_idx]
+            t, h, w = (int(x) for x in item["video_grid_thw"].data.tolist())
+            kept = kept_count(t * h * w // (merge * merge), ratio)
+            return Qwen3VLMultiModalProcessor.get_video_repl(
+                tokens_per_frame=[kept] + [0] * (t - 1),
+                timestamps=item["timestamps"].data,
+                tokenizer=tokenizer,
+                vision_start_token_id=config.vision_start_token_id,
+                vision_end_token_id=config.vision_end_token_id,
+                video_token_id=config.video_token_id,
+            )
+
+        return [
+            PromptReplacement(modality="video", target=u.target, replacement=video)
+            if u.modality == "video"
+            else u
+            for u in updates
+        ]
+
+
+def group_mean(rows: torch.Tensor, assignment: torch.Tensor, groups: int) -> torch.Tensor:
+    """Mean of `rows` [N, E] per group of `assignment` [N] -> [groups, E] (craft-adapters' rule:
+    a group of one row returns that row exactly)."""
+    out = rows.new_zeros(groups, rows.shape[-1]).index_add(0, assignment, rows)
+    counts = torch.bincount(assignment, minlength=groups).clamp_min(1)
+    return out / counts.to(rows.dtype).unsqueeze(-1)
+
+
+_original_factor = qwen3_vl.mrope_positions_factor
+
+
+def _positions_factor(vllm_config: Any) -> int:
+    """CRAFT keeps original positions, which run past the compressed length: the rotary cache
+    needs the headroom vLLM gives its own pruning (it reads `--video-pruning-rate` only)."""
+    if getattr(vllm_config.model_config.hf_config, "craft_ratio", None) is not None:
+        return 4
+    return int(_original_factor(vllm_config))
+
+
+qwen3_vl.mrope_positions_factor = _positions_factor
+
+
+@MULTIMODAL_REGISTRY.register_processor(
+    CraftQwen3VLMultiModalProcessor,
+    info=Qwen3VLProcessingInfo,
+    dummy_inputs=Qwen3VLDummyInputsBuilder,
+)
+class CraftQwen3VLForConditionalGeneration(Qwen3VLForConditionalGeneration):
+    """Qwen3-VL whose video tokens go through a CRAFT checkpoint at a fixed ratio."""
+
+    craft_compression = True  # read by the runner patch in plugin.py
+
+    def __init__(self, *, vllm_config: Any, prefix: str = "model") -> None:
+        self.craft_options = check_settings(vllm_config, ARCHITECTURE)  # before any weight
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        attach_compressor(self, vllm_config)
+
+    def _video_positions(self, grid_thw: list[int], timestamps: Sequence[float]) -> torch.Tensor:
+        """`[3, N]` M-RoPE positions of the N video tokens of an uncompressed video, relative
+        to its first timestamp token (vLLM's own rule, as `_get_expanded_positions` uses)."""
+        t, h, w = grid_thw
+        merge = self.visual.spatial_merge_size
+        ids = Qwen3VLMultiModalProcessor.get_video_repl(
+            tokens_per_frame=[(h // merge) * (w // merge)] * t,
+            timestamps=timestamps,  # their token counts move every later run
+            tokenizer=self._tokenizer,
+            vision_start_token_id=self.config.vision_start_token_id,
+            vision_end_token_id=self.config.vision_end_token_id,
+            video_token_id=self.config.video_token_id,
+        ).full
+        feature = _video_feature(grid_thw, len(ids))
+        pos, _ = Qwen3VLForConditionalGeneration._get_mrope_input_positions(
+            input_tokens=ids, mm_features=[feature], config=self.config
+        )
+        return pos[:, torch.tensor(ids) == self.config.video_token_id]
+
+    def _postprocess_video_embeds_evs(
+        self, video_embeds_split: tuple[torch.Tensor, ...], video_input: Any
+    ) -> tuple[torch.Tensor, ...]:
+        """Each video `[N, D (+ deepstack)]` -> rows of its rebuilt placeholder (CRAFT rows at
+        their frames, timestamp/marker text rows between) + 5 position columns."""
+        merge = self.visual.spatial_merge_size
+        ratio = self.craft_options.ratio
+        out = []
+        for i, (emb, size) in enumerate(
+            zip(video_embeds_split, video_input["video_grid_thw"].tolist())
+        ):
+            timestamps = video_input.timestamps[i]
+            per_frame = (size[1] // merge) * (size[2] // merge)
+            n = int(emb.shape[0])
+            kept = kept_count(n, ratio)  # refuse a ratio that leaves nothing, never clamp
+            pos = self._video_positions(size, timestamps).to(emb.device)
+            coords = torch.stack([pos[0] - pos[0, 0], pos[1] - pos[0], pos[2] - pos[0]], dim=1)
+            result = self.craft(emb[:, : self.visual_dim], coords, ratio=ratio)
+            rows = result.features.to(emb.dtype)
+            if self.use_deepstack:
+                deep = group_mean(emb[:, self.visual_dim :], result.assignment, kept)
+                rows = torch.cat([rows, deep], dim=1)
+            mask = torch.zeros(n, dtype=torch.bool, device=emb.device)
+            mask[result.kept_index] = True
+            counts = torch.bincount(result.kept_index.cpu() // per_frame, minlength=size[0])
+            out.append(
+                self._create_final_video_embeddings(
+                    video_embeddings=rows,
+                    num_tokens_per_frame=counts.tolist(),
+                    timestamps=timestamps,
+                    video_grid_thw=size,
+                    retention_mask=mask,
+                )
+            )
+        return tuple(out)
+
+    def get_mrope_input_positions(
+        self, input_tokens: list[int], mm_features: list[Any]
+    ) -> tuple[torch.Tensor, int]:
+        """Prompt positions with each compressed video's text after it where it is uncompressed.
+
+        vLLM's own rule reads the placeholder (all kept tokens in frame 0) as frames of
+        `h x w` rows, which miscounts when fewer than one frame's tokens are kept. Here each
+        video's placeholder counts as text (the runner rewrites those positions from the
+        kept rows when the encoder runs) and the text after it starts where it does
+        uncompressed: `timestamp tokens + F * (2 + max(h, w))` positions after the video's
+        start. A prompt whose video is served from the prefix cache keeps these positions.
+        """
+        merge = self.config.vision_config.spatial_merge_size
+
+        def grid(f: Any) -> tuple[int, int, int, int]:
+            t, h, w = (int(x) for x in f.data["video_grid_thw"].data.tolist())
+            start, length = f.mm_position.offset, f.mm_position.length
+            pads = input_tokens[start : start + length].count(self.config.video_token_id)
+            return t, h // merge, w // merge, pads
+
+        # An uncompressed layout (vLLM's own `_get_expanded_positions` asks for one) keeps
+        # vLLM's rule.
+        videos = sorted(
+            (f for f in mm_features if f.modality == "video" and grid(f)[3] != prod(grid(f)[:3])),
+            key=lambda f: f.mm_position.offset,
+        )
+        if not videos:
+            return super().get_mrope_input_positions(input_tokens, mm_features)
+        tokens = list(input_tokens)
+        for f in videos:  # as text for vLLM's rule (-1 is no special token)
+            start, length = f.mm_position.offset, f.mm_position.length
+            tokens[start : start + length] = [-1] * length
+        others = [f for f in mm_features if f not in videos]
+        positions, _ = super().get_mrope_input_positions(tokens, others)
+        positions = positions.clone()
+        for f in videos:
+            start, length = f.mm_position.offset, f.mm_position.length
+            t, h, w, pads = grid(f)
+            span = length - pads + t * max(h, w)
+            positions[:, start + length :] += span - length
+        delta = int(positions.max()) + 1 - len(input_tokens)
+        return positions, delta
+
+
+def _video_feature(grid_thw: list[int], length: int) -> MultiModalFeatureSpec:
+    """A stand-in feature for vLLM's position rule: one video of `grid_thw` at offset 0."""
+    elem = MultiModalFieldElem(
+        data=torch.tensor(grid_thw), field=MultiModalFieldConfig.batched("video").field
+    )
+    return MultiModalFeatureSpec(
+        data=MultiModalKwargsItem({"video_grid_thw": elem}),
+        modality="video",
+        identifier="craft",
+        mm_position=PlaceholderRange(offset=0, length=length),
+    )
