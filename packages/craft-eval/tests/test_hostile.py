@@ -68,6 +68,7 @@ def _main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str
 
 RUN = ["run", "--tiny", "qwen2_5_vl", "-b", "mvbench", "--data-root", "{data}", "-o", "{out}"]
 UNI = [*RUN, "--method", "uniform", "--ratio", "4"]
+EFF = ["efficiency", "--arch", "qwen2.5-vl-7b"]
 
 # (id, argv, exit code, text the message must hold)
 USAGE_CASES: list[tuple[str, list[str], int, str]] = [
@@ -169,6 +170,32 @@ USAGE_CASES: list[tuple[str, list[str], int, str]] = [
         2,
         "bogus",
     ),
+    # issue 25: devices, efficiency overrides, demo options (checked before anything loads)
+    ("run-device-absent", [*RUN, "--device", "cuda:99"], 2, "--device cuda:99"),
+    ("run-device-garbage", [*RUN, "--device", "tpu0"], 2, "--device tpu0"),
+    ("sweep-device-absent", ["sweep", *RUN[1:], "--device", "cuda:99"], 2, "--device cuda:99"),
+    ("eff-device-absent", [*EFF, "--device", "cuda:99"], 2, "--device cuda:99"),
+    ("eff-device-garbage", [*EFF, "--device", "gpu"], 2, "--device gpu"),
+    ("eff-override-unknown", [*EFF, "--override", "nosuch=3"], 2, "--override nosuch"),
+    ("eff-override-no-equals", [*EFF, "--override", "hidden_size"], 2, "KEY=VALUE"),
+    ("eff-override-no-key", [*EFF, "--override", "=3"], 2, "KEY=VALUE"),
+    ("eff-override-text", [*EFF, "--override", "hidden_size=big"], 2, "--override hidden_size"),
+    ("eff-override-bool", [*EFF, "--override", "hidden_size=true"], 2, "expected int"),
+    ("eff-override-float", [*EFF, "--override", "num_hidden_layers=2.5"], 2, "expected int"),
+    ("eff-override-zero", [*EFF, "--override", "num_hidden_layers=0"], 2, "positive"),
+    ("eff-override-nan", [*EFF, "--override", "rms_norm_eps=NaN"], 2, "rms_norm_eps"),
+    ("eff-override-inf", [*EFF, "--override", "rms_norm_eps=1e999"], 2, "rms_norm_eps"),
+    ("demo-method-unknown", ["demo", "--methods", "nosuch"], 2, "--methods nosuch"),
+    ("demo-method-one-bad", ["demo", "--methods", "uniform", "nosuch"], 2, "--methods nosuch"),
+    ("demo-ratio-below-1", ["demo", "--ratio", "0.5"], 2, "--ratio"),
+    ("demo-ratio-nan", ["demo", "--ratio", "nan"], 2, "--ratio"),
+    ("demo-ratio-inf", ["demo", "--ratio", "inf"], 2, "--ratio"),
+    ("demo-items-0", ["demo", "--items", "0"], 2, "--items"),
+    ("demo-device-absent", ["demo", "--device", "cuda:99"], 2, "--device cuda:99"),
+    ("demo-device-garbage", ["demo", "--device", "abc"], 2, "--device abc"),
+    ("demo-backbone-unknown", ["demo", "--backbone", "gpt2"], 2, "--backbone gpt2"),
+    ("demo-model-missing", ["demo", "--model", "{root}/nope"], 2, "--model"),
+    ("demo-model-and-backbone", ["demo", "--model", "{nomodel}", "--backbone", "qwen2_5_vl"], 2, "not both"),
     ("argparse-no-command", [], 2, "usage"),
     ("argparse-ratio-text", [*RUN, "--ratio", "abc"], 2, "--ratio"),
     ("argparse-limit-text", [*RUN, "--limit", "abc"], 2, "--limit"),
@@ -194,6 +221,8 @@ def test_cli_usage_errors_are_one_line(
         raise AssertionError("a usage error must be found before any model loads")
 
     monkeypatch.setattr(cli, "_load_model", no_model)
+    monkeypatch.setattr("craft_eval.demo.run_demo", no_model)
+    monkeypatch.setattr("craft_eval.efficiency.measure_efficiency", no_model)
     names = {k: str(v) for k, v in world.items()}
     args = [a.format(**names, out=tmp_path / "out") for a in argv]
     got, err = _main(args, capsys)

@@ -197,6 +197,27 @@ def _roots(values: list[str], benchmarks: list[str]) -> dict[str, str]:
     return out
 
 
+def check_device(arg: str | None, option: str = "--device") -> None:
+    """A device this machine has, else UsageError naming `option` and what is allowed."""
+    if arg is None:
+        return
+    import torch
+
+    try:
+        device = torch.device(arg)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"{option} {arg}: not a device; allowed: cpu, cuda, cuda:N") from None
+    if device.type == "cpu":
+        return
+    if device.type != "cuda":
+        raise UsageError(f"{option} {arg}: unsupported device type; allowed: cpu, cuda, cuda:N")
+    if not torch.cuda.is_available():
+        raise UsageError(f"{option} {arg}: CUDA is not available on this machine; allowed: cpu")
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise UsageError(f"{option} {arg}: this machine has {count} CUDA device(s)")
+
+
 def _device(arg: str | None) -> str:
     import torch
 
@@ -209,6 +230,7 @@ def _device(arg: str | None) -> str:
 
 def _check_model_args(args: argparse.Namespace) -> str:
     """The run's model tag; raises UsageError before anything heavy is loaded."""
+    check_device(args.device)
     if args.model and args.tiny:
         raise UsageError("give --model or --tiny, not both")
     if args.model:
@@ -434,6 +456,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         out = write_report(Path(args.output) / tag)
         print(out["table"])
         print(f"report: {out['markdown']}\nplot: {out['plot']}")
+        return _warn_skipped(out["skipped"])
     return 0
 
 
@@ -445,12 +468,27 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if not any(Path(args.runs).rglob("summary.json")):
         raise UsageError(f"runs {args.runs}: no summary.json under it (no finished run)")
 
-    out = write_report(args.runs, args.out)
+    try:
+        out = write_report(args.runs, args.out)
+    except FileNotFoundError as error:  # every summary.json unreadable
+        raise UsageError(f"runs {args.runs}: {error}") from None
     print(out["table"])
     print(f"\nreport: {out['markdown']}\nplot:   {out['plot']}")
     for path in out["merge_maps"]:
         print(f"merge map: {path}")
-    return 0
+    return _warn_skipped(out["skipped"])
+
+
+def _warn_skipped(skipped: list[str]) -> int:
+    """A report that left out unreadable summaries exits 1, naming each one."""
+    for line in skipped:
+        print(f"craft-eval: warning: skipped {line}", file=sys.stderr)
+    if skipped:
+        print(
+            f"craft-eval: {len(skipped)} summary file(s) skipped; the report shows the others",
+            file=sys.stderr,
+        )
+    return 1 if skipped else 0
 
 
 def _cmd_methods(args: argparse.Namespace) -> int:
@@ -488,6 +526,7 @@ def _cmd_efficiency(args: argparse.Namespace) -> int:
     for option, ok, value in checks:
         if not ok:
             raise UsageError(f"{option}: {value} is out of range")
+    check_device(args.device)
     try:
         overrides = parse_overrides(args.override)
         load_arch(args.arch, overrides)
@@ -521,6 +560,7 @@ def _cmd_efficiency(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from craft_eval.demo import run_demo
 
+    _check_demo_args(args)
     return run_demo(
         model_path=args.model,
         backbone=args.backbone,
@@ -530,6 +570,37 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         device=args.device,
         num_items=args.items,
     )
+
+
+def _check_demo_args(args: argparse.Namespace) -> None:
+    """Every demo option checked before the clips are written or a model loads."""
+    from craft_core import TokenBudget
+
+    from craft_eval.methods import get_method_info
+
+    check_device(args.device)
+    if args.items < 1:
+        raise UsageError(f"--items must be at least 1, got {args.items}")
+    if args.model and args.backbone:
+        raise UsageError("give --model or --backbone, not both")
+    if args.model and not (Path(args.model) / "config.json").is_file():
+        raise UsageError(f"--model {args.model}: not a checkpoint folder (no config.json)")
+    if args.backbone:
+        from craft_adapters import supported_model_types
+
+        if args.backbone not in supported_model_types():
+            known = ", ".join(supported_model_types())
+            raise UsageError(f"--backbone {args.backbone}: unknown backbone; known: {known}")
+    if args.ratio is not None:
+        try:
+            TokenBudget.parse(args.ratio, None, None, names=("--ratio", "--threshold", "--min-tokens"))
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+    for method in args.methods or []:
+        try:
+            get_method_info(method)
+        except KeyError as error:
+            raise UsageError(f"--methods {method}: {error.args[0]}") from None
 
 
 if __name__ == "__main__":
