@@ -595,3 +595,107 @@ def test_broken_video_file_is_an_item_error(world: dict[str, Path], tmp_path: Pa
     items = load_items(RunConfig("mvbench", str(root), "m"))
     with pytest.raises(VideoDecodeError):
         read_frames(items[1].video, fps=2.0, max_frames=8)
+
+
+# -- issue 25: a garbage summary.json among good ones; a demo whose configurations fail ----------
+
+_GOOD_SUMMARY = {
+    "config": {"model": "m", "method": "none", "benchmark": "mvbench"},
+    "protocol": {"protocol": "lmms-eval", "reference": "lmms-eval"},
+    "scores": {"accuracy": 50.0, "comp_ratio": None, "n_scored": 4, "n_errors": 0},
+}
+BAD_SUMMARIES: list[tuple[str, bytes]] = [
+    ("not-json", b"{not json"),
+    ("binary", b"\xff\xfe\x00garbage"),
+    ("a-list", b"[]"),
+    ("no-scores", json.dumps({"config": _GOOD_SUMMARY["config"]}).encode()),
+    ("config-not-object", json.dumps({**_GOOD_SUMMARY, "config": 3}).encode()),
+    ("method-missing", json.dumps({**_GOOD_SUMMARY, "config": {"model": "m"}}).encode()),
+    (
+        "accuracy-text",
+        json.dumps({**_GOOD_SUMMARY, "scores": {"accuracy": "high"}}).encode(),
+    ),
+    (
+        "ratio-bool",
+        json.dumps({**_GOOD_SUMMARY, "config": {**_GOOD_SUMMARY["config"], "ratio": True}}).encode(),
+    ),
+    ("no-protocol", json.dumps({k: v for k, v in _GOOD_SUMMARY.items() if k != "protocol"}).encode()),
+]
+
+
+@pytest.mark.parametrize("content", [b[1] for b in BAD_SUMMARIES], ids=[b[0] for b in BAD_SUMMARIES])
+def test_report_skips_a_garbage_summary_naming_it_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes
+) -> None:
+    good = tmp_path / "runs" / "m" / "good"
+    good.mkdir(parents=True)
+    (good / "summary.json").write_text(json.dumps(_GOOD_SUMMARY))
+    bad = tmp_path / "runs" / "m" / "bad" / "summary.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(content)
+    code, err = _main(["report", str(tmp_path / "runs")], capsys)
+    assert code == 1 and str(bad) in err and "skipped" in err and "Traceback" not in err
+    assert (tmp_path / "runs" / "report" / "report.md").is_file()  # the good run is reported
+    # alone, the garbage file is a usage error naming it; the library call refuses it
+    good.joinpath("summary.json").unlink()
+    code, err = _main(["report", str(tmp_path / "runs")], capsys)
+    assert code == 2 and str(bad) in err and "Traceback" not in err
+    from craft_eval.report import BadSummary, collect_runs
+
+    with pytest.raises(BadSummary, match="summary.json"):
+        collect_runs(tmp_path / "runs")
+
+
+def test_report_control_good_summaries_exit_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = tmp_path / "runs" / "m" / "good"
+    good.mkdir(parents=True)
+    (good / "summary.json").write_text(json.dumps(_GOOD_SUMMARY))
+    code, err = _main(["report", str(tmp_path / "runs")], capsys)
+    assert code == 0 and "skipped" not in err
+
+
+@pytest.mark.parametrize(
+    ("failing", "code"),
+    [((), 0), (("uniform",), 1), (("none", "uniform", "random"), 1)],
+    ids=["none-failed", "one-failed", "all-failed"],
+)
+def test_demo_exit_code_says_whether_a_configuration_failed(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    failing: tuple[str, ...],
+    code: int,
+) -> None:
+    """The demo's pieces replaced by stubs: only its bookkeeping of failures is under test."""
+    import craft_world
+    import craft_world.measure
+
+    from craft_eval import demo
+
+    class Model:
+        class config:  # noqa: N801
+            model_type = "stub"
+
+    monkeypatch.setattr("craft_eval.backend.adapters_status", lambda: (True, ""))
+    monkeypatch.setattr(craft_world, "make_clips", lambda out, n, seed, split: Path(out))
+    monkeypatch.setattr(demo, "_load", lambda *a: (Model(), None, "world", None, "stub"))
+    monkeypatch.setattr(craft_world.measure, "load_items", lambda data, task: [])
+    monkeypatch.setattr(craft_world.measure, "answer_logprobs", lambda *a: None)
+    monkeypatch.setattr(demo, "_finish", lambda *a: None)
+
+    def job(world: Any, method: str, ratio: float | None) -> dict[str, Any]:
+        if method in failing:
+            return {"method": method, "ratio": ratio, "error": "ValueError: boom"}
+        return {"method": method, "ratio": ratio, "scores": {}}
+
+    monkeypatch.setattr(demo, "_run_job", job)
+    got = cli.main(["demo", "--methods", "uniform", "random", "--ratio", "4", "-o", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert got == code
+    if failing:
+        assert f"{len(failing)} of 3 configurations FAILED" in out
+        assert all(f"{m}@" in out for m in failing)
+    else:
+        assert "FAILED" not in out
