@@ -148,7 +148,9 @@ def test_efficiency_command(tmp_path, capsys: pytest.CaptureFixture[str]) -> Non
 
     argv = ["efficiency", "--arch", "llava-ov-7b", "--frames", "2", "--ratios", "2", "4"]
     argv += ["--methods", "uniform", "--repeats", "1", "--warmup", "0", "--device", "cpu"]
-    assert main([*argv, "--override", small("llava-ov-7b"), "--json", str(tmp_path / "e.json")]) == 0
+    assert (
+        main([*argv, "--override", small("llava-ov-7b"), "--json", str(tmp_path / "e.json")]) == 0
+    )
     out = capsys.readouterr().out
     assert "| uniform | 4x |" in out and "LLaVA-OV-7B (cpu, float32), 2 frames" in out
     rows = json.loads((tmp_path / "e.json").read_text())["rows"]

@@ -195,7 +195,12 @@ USAGE_CASES: list[tuple[str, list[str], int, str]] = [
     ("demo-device-garbage", ["demo", "--device", "abc"], 2, "--device abc"),
     ("demo-backbone-unknown", ["demo", "--backbone", "gpt2"], 2, "--backbone gpt2"),
     ("demo-model-missing", ["demo", "--model", "{root}/nope"], 2, "--model"),
-    ("demo-model-and-backbone", ["demo", "--model", "{nomodel}", "--backbone", "qwen2_5_vl"], 2, "not both"),
+    (
+        "demo-model-and-backbone",
+        ["demo", "--model", "{nomodel}", "--backbone", "qwen2_5_vl"],
+        2,
+        "not both",
+    ),
     ("argparse-no-command", [], 2, "usage"),
     ("argparse-ratio-text", [*RUN, "--ratio", "abc"], 2, "--ratio"),
     ("argparse-limit-text", [*RUN, "--limit", "abc"], 2, "--limit"),
@@ -617,13 +622,20 @@ BAD_SUMMARIES: list[tuple[str, bytes]] = [
     ),
     (
         "ratio-bool",
-        json.dumps({**_GOOD_SUMMARY, "config": {**_GOOD_SUMMARY["config"], "ratio": True}}).encode(),
+        json.dumps(
+            {**_GOOD_SUMMARY, "config": {**_GOOD_SUMMARY["config"], "ratio": True}}
+        ).encode(),
     ),
-    ("no-protocol", json.dumps({k: v for k, v in _GOOD_SUMMARY.items() if k != "protocol"}).encode()),
+    (
+        "no-protocol",
+        json.dumps({k: v for k, v in _GOOD_SUMMARY.items() if k != "protocol"}).encode(),
+    ),
 ]
 
 
-@pytest.mark.parametrize("content", [b[1] for b in BAD_SUMMARIES], ids=[b[0] for b in BAD_SUMMARIES])
+@pytest.mark.parametrize(
+    "content", [b[1] for b in BAD_SUMMARIES], ids=[b[0] for b in BAD_SUMMARIES]
+)
 def test_report_skips_a_garbage_summary_naming_it_and_exits_1(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes
 ) -> None:
@@ -642,7 +654,7 @@ def test_report_skips_a_garbage_summary_naming_it_and_exits_1(
     assert code == 2 and str(bad) in err and "Traceback" not in err
     from craft_eval.report import BadSummary, collect_runs
 
-    with pytest.raises(BadSummary, match="summary.json"):
+    with pytest.raises(BadSummary, match=r"summary\.json"):
         collect_runs(tmp_path / "runs")
 
 
@@ -671,11 +683,10 @@ def test_demo_exit_code_says_whether_a_configuration_failed(
     """The demo's pieces replaced by stubs: only its bookkeeping of failures is under test."""
     import craft_world
     import craft_world.measure
-
     from craft_eval import demo
 
     class Model:
-        class config:  # noqa: N801
+        class config:
             model_type = "stub"
 
     monkeypatch.setattr("craft_eval.backend.adapters_status", lambda: (True, ""))

@@ -97,10 +97,18 @@ CLI_CASES: list[tuple[str, list[str], int, str]] = [
         2,
         "train.resume",
     ),
-    ("check-all-videos-missing", ["stage1", "--check", "--config", "{tmp}/novideo.yaml"], 2,
-     "all 2 videos are missing"),  # fmt: skip
-    ("run-all-videos-missing", ["stage1", "--config", "{tmp}/novideo.yaml"], 2,
-     "all 2 videos are missing"),  # fmt: skip
+    (
+        "check-all-videos-missing",
+        ["stage1", "--check", "--config", "{tmp}/novideo.yaml"],
+        2,
+        "all 2 videos are missing",
+    ),
+    (
+        "run-all-videos-missing",
+        ["stage1", "--config", "{tmp}/novideo.yaml"],
+        2,
+        "all 2 videos are missing",
+    ),
     ("no-command", [], 2, "usage"),
     ("unknown-command", ["stage3"], 2, "stage3"),
 ]
@@ -300,9 +308,11 @@ def test_check_counts_missing_videos_when_some_exist(
 
 
 def test_a_full_disk_while_saving_a_checkpoint_keeps_the_last_good_one(
-    tiny: TinySetup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tiny: TinySetup,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+) -> None:
     """ENOSPC simulated in the writer of the second checkpoint: the run stops saying so, the
     half-written folder is gone, checkpoint-1 is complete, and the same command resumes."""
     from craft_train import trainer

@@ -575,7 +575,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _check_demo_args(args: argparse.Namespace) -> None:
     """Every demo option checked before the clips are written or a model loads."""
     from craft_core import TokenBudget
-
     from craft_eval.methods import get_method_info
 
     check_device(args.device)
@@ -593,7 +592,9 @@ def _check_demo_args(args: argparse.Namespace) -> None:
             raise UsageError(f"--backbone {args.backbone}: unknown backbone; known: {known}")
     if args.ratio is not None:
         try:
-            TokenBudget.parse(args.ratio, None, None, names=("--ratio", "--threshold", "--min-tokens"))
+            TokenBudget.parse(
+                args.ratio, None, None, names=("--ratio", "--threshold", "--min-tokens")
+            )
         except ValueError as error:
             raise UsageError(str(error)) from None
     for method in args.methods or []:

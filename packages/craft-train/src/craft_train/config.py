@@ -48,7 +48,9 @@ class _Strict(BaseModel):
         """Strict where lax coercion changes meaning: `true` is not 1 (`optim.epochs: true`,
         `data.max_frames: yes` in YAML 1.1). Text and int for a float stay accepted (YAML
         reads `1e-3` as text; documented in the README)."""
-        if isinstance(value, bool) and not _takes_bool(cls.model_fields[info.field_name].annotation):
+        if isinstance(value, bool) and not _takes_bool(
+            cls.model_fields[info.field_name].annotation
+        ):
             raise ValueError(f"{value!r} is a boolean; this field takes no true/false")
         return value
 

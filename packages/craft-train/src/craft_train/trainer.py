@@ -239,9 +239,8 @@ class _Runner:
             ) from error
 
     def _write_checkpoint(
-        self, final: Path, tmp: Path, state: TrainState, scheduler: Any, optimizer: Any,
-        engine: Any
-    ) -> Path:  # fmt: skip
+        self, final: Path, tmp: Path, state: TrainState, scheduler: Any, optimizer: Any, engine: Any
+    ) -> Path:
         acc = self.acc
         if acc.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
