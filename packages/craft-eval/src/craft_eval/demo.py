@@ -147,8 +147,8 @@ def run_demo(
     failed = [r for r in rows if "error" in r]
     _line(f"done in {time.perf_counter() - start:.0f} s")
     if failed:  # any failed configuration: the demo did not show what it promised
-        names = ", ".join(f"{r['method']}@{r['ratio']}" for r in failed)
-        _line(f"craft-eval demo: {len(failed)} of {len(rows)} configurations FAILED ({names})")
+        which = ", ".join(f"{r['method']}@{r['ratio']}" for r in failed)
+        _line(f"craft-eval demo: {len(failed)} of {len(rows)} configurations FAILED ({which})")
         return 1
     return 0
 
