@@ -710,3 +710,52 @@ def test_demo_exit_code_says_whether_a_configuration_failed(
         assert all(f"{m}@" in out for m in failing)
     else:
         assert "FAILED" not in out
+
+
+BOOL_CONFIG_CASES: list[tuple[str, dict[str, Any], str]] = [
+    # (id, RunConfig fields, option the error must name): True is not 1
+    ("fps-true", {"fps": True}, "--fps"),
+    ("frames-true", {"max_frames": True}, "--frames"),
+    ("limit-true", {"limit": True}, "--limit"),
+    ("ratio-true", {"method": "uniform", "ratio": True}, "--ratio"),
+    ("threshold-false", {"method": "craft-prune", "threshold": False}, "--threshold"),
+    ("min-tokens-true", {"method": "uniform", "ratio": 4.0, "min_tokens": True}, "--min-tokens"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fields", "option"), [c[1:] for c in BOOL_CONFIG_CASES], ids=[c[0] for c in BOOL_CONFIG_CASES]
+)
+def test_run_config_refuses_a_bool_for_a_number(
+    world: dict[str, Path], fields: dict[str, Any], option: str
+) -> None:
+    with pytest.raises(ValueError, match=option):
+        RunConfig("mvbench", str(world["mvbench"]), "m", **fields).validate()
+
+
+@pytest.mark.parametrize(
+    ("errors", "code"),
+    [(0, 0), (2, 0), (4, 1)],
+    ids=["no-item-failed", "some-failed", "all-failed"],
+)
+def test_run_exits_1_when_every_item_of_a_run_failed(
+    world: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    errors: int,
+    code: int,
+) -> None:
+    """Model and benchmark loop replaced: only the exit-code bookkeeping is under test."""
+    monkeypatch.setattr(cli, "_load_model", lambda args: (None, None, "m"))
+
+    def fake_run(config: Any, backend: Any, run_dir: Any, **kwargs: Any) -> dict[str, Any]:
+        bad = [{"id": i, "error": "VideoDecodeError: x"} for i in range(errors)]
+        scores = {"n_items": 4, "n_scored": 4 - errors, "n_errors": errors, "errors": bad}
+        return {"scores": {**scores, "accuracy": None if errors == 4 else 50.0}}
+
+    monkeypatch.setattr(cli, "run_benchmark", fake_run)
+    argv = [a.format(data=world["mvbench"], out=tmp_path) for a in RUN]
+    got, err = _main(argv, capsys)
+    assert got == code, err
+    assert ("every item of" in err) == (code == 1) and "Traceback" not in err

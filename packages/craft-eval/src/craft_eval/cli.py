@@ -402,9 +402,25 @@ def _evaluate(
             items=(loaded or {}).get(_items_key(config)),
         )
         if summary is not None:
-            summaries.append(summary)
+            summaries.append({**summary, "_run": config.run_name()})
             print(f"{config.run_name()}: {_score_line(summary)} -> {run_dir}")
     return summaries
+
+
+def _failed_runs(summaries: list[dict[str, Any]]) -> int:
+    """Exit code of run/sweep: 1 when a run's every item failed (named on stderr), else 0.
+    Some items failing is a result (their count is in the score line), not a failure."""
+    failed = [
+        s
+        for s in summaries
+        if s["scores"]["n_items"] and s["scores"]["n_errors"] == s["scores"]["n_items"]
+    ]
+    for s in failed:
+        first = (s["scores"].get("errors") or [{}])[0].get("error")
+        print(f"craft-eval: every item of {s['_run']} failed (first: {first})", file=sys.stderr)
+    if failed:
+        print(f"craft-eval: {len(failed)} of {len(summaries)} runs failed", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _score_line(summary: dict[str, Any]) -> str:
@@ -431,8 +447,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     _check_method(args.method, method_kwargs, args.allow_untrained)
     model, processor, tag = _load_model(args)
-    _evaluate(args, model, processor, [replace(c, model=tag) for c in configs], loaded=loaded)
-    return 0
+    summaries = _evaluate(
+        args, model, processor, [replace(c, model=tag) for c in configs], loaded=loaded
+    )
+    return _failed_runs(summaries)
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -449,15 +467,18 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         for ratio in args.ratios:
             plan += _configs(args, tag, method, ratio, None, kwargs, loaded=loaded)
     model, processor, tag = _load_model(args)
-    _evaluate(args, model, processor, [replace(c, model=tag) for c in plan], loaded=loaded)
+    summaries = _evaluate(
+        args, model, processor, [replace(c, model=tag) for c in plan], loaded=loaded
+    )
+    failed = _failed_runs(summaries)
     if int(os.environ.get("RANK", "0")) == 0:
         from craft_eval.report import write_report
 
         out = write_report(Path(args.output) / tag)
         print(out["table"])
         print(f"report: {out['markdown']}\nplot: {out['plot']}")
-        return _warn_skipped(out["skipped"])
-    return 0
+        return max(failed, _warn_skipped(out["skipped"]))
+    return failed
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
