@@ -47,6 +47,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     paths["data"] = root / "data"
     paths["empty"] = root / "empty"
     paths["empty"].mkdir()
+    paths["afile"] = root / "afile.txt"
+    paths["afile"].write_text("not a folder")
     paths["nomodel"] = root / "nomodel"
     paths["nomodel"].mkdir()
     ckpt = root / "badckpt"
@@ -201,6 +203,13 @@ USAGE_CASES: list[tuple[str, list[str], int, str]] = [
         2,
         "not both",
     ),
+    ("run-output-is-a-file", [*RUN[:-1], "{afile}"], 2, "--output"),
+    ("run-output-under-a-file", [*RUN[:-1], "{afile}/runs"], 2, "is a file"),
+    ("sweep-output-is-a-file", ["sweep", *RUN[1:-1], "{afile}"], 2, "--output"),
+    ("demo-output-is-a-file", ["demo", "-o", "{afile}"], 2, "--output"),
+    ("eff-json-under-a-file", [*EFF, "--json", "{afile}/e.json"], 2, "--json"),
+    ("eff-json-is-a-folder", [*EFF, "--json", "{empty}"], 2, "is a folder"),
+    ("report-out-is-a-file", ["report", "{root}", "--out", "{afile}"], 2, "--out"),
     ("argparse-no-command", [], 2, "usage"),
     ("argparse-ratio-text", [*RUN, "--ratio", "abc"], 2, "--ratio"),
     ("argparse-limit-text", [*RUN, "--limit", "abc"], 2, "--limit"),

@@ -218,6 +218,22 @@ def check_device(arg: str | None, option: str = "--device") -> None:
         raise UsageError(f"{option} {arg}: this machine has {count} CUDA device(s)")
 
 
+def check_output(path: str | None, option: str, *, is_file: bool = False) -> None:
+    """UsageError when `option`'s folder (or a file's parent folder) cannot be made there:
+    a file stands where a folder is meant, or a folder's parent is a file."""
+    if path is None:
+        return
+    target = Path(path)
+    folder = target.parent if is_file else target
+    if is_file and target.is_dir():
+        raise UsageError(f"{option} {path}: is a folder; give a file path")
+    for step in (folder, *folder.parents):
+        if step.exists():
+            if not step.is_dir():
+                raise UsageError(f"{option} {path}: {step} is a file, not a folder")
+            return
+
+
 def _device(arg: str | None) -> str:
     import torch
 
@@ -231,6 +247,7 @@ def _device(arg: str | None) -> str:
 def _check_model_args(args: argparse.Namespace) -> str:
     """The run's model tag; raises UsageError before anything heavy is loaded."""
     check_device(args.device)
+    check_output(args.output, "--output")
     if args.model and args.tiny:
         raise UsageError("give --model or --tiny, not both")
     if args.model:
@@ -486,6 +503,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     if not Path(args.runs).is_dir():
         raise UsageError(f"runs {args.runs}: no such folder")
+    check_output(args.out, "--out")
     if not any(Path(args.runs).rglob("summary.json")):
         raise UsageError(f"runs {args.runs}: no summary.json under it (no finished run)")
 
@@ -548,6 +566,7 @@ def _cmd_efficiency(args: argparse.Namespace) -> int:
         if not ok:
             raise UsageError(f"{option}: {value} is out of range")
     check_device(args.device)
+    check_output(args.json, "--json", is_file=True)
     try:
         overrides = parse_overrides(args.override)
         load_arch(args.arch, overrides)
@@ -599,6 +618,7 @@ def _check_demo_args(args: argparse.Namespace) -> None:
     from craft_eval.methods import get_method_info
 
     check_device(args.device)
+    check_output(args.output, "--output")
     if args.items < 1:
         raise UsageError(f"--items must be at least 1, got {args.items}")
     if args.model and args.backbone:
