@@ -58,6 +58,8 @@ CONFIG_CASES: list[tuple[str, str]] = [
     ("data.fps=true", "data.fps"),
     ("model.lora.rank=true", "model.lora.rank"),
     ("train.save_steps=false", "train.save_steps"),
+    ("budget.ratios=[true, 8]", "budget.ratios"),
+    ("optim.betas=[0.9, true]", "optim.betas"),
 ]
 
 

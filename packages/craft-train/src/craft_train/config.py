@@ -48,11 +48,20 @@ class _Strict(BaseModel):
         """Strict where lax coercion changes meaning: `true` is not 1 (`optim.epochs: true`,
         `data.max_frames: yes` in YAML 1.1). Text and int for a float stay accepted (YAML
         reads `1e-3` as text; documented in the README)."""
-        if isinstance(value, bool) and not _takes_bool(
-            cls.model_fields[info.field_name].annotation
-        ):
-            raise ValueError(f"{value!r} is a boolean; this field takes no true/false")
+        if _has_bool(value) and not _takes_bool(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"{value!r} holds a boolean; this field takes no true/false")
         return value
+
+
+def _has_bool(value: Any) -> bool:
+    """A bool, or a list / tuple / mapping holding one (`budget.ratios=[true, 8]`)."""
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, list | tuple):
+        return any(_has_bool(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_bool(v) for v in value.values())
+    return False
 
 
 def _takes_bool(annotation: Any) -> bool:
@@ -61,6 +70,8 @@ def _takes_bool(annotation: Any) -> bool:
 
     if annotation is bool or annotation is Any:
         return True
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True  # a nested section checks its own fields
     return any(a is bool or a is True or a is False or _takes_bool(a) for a in get_args(annotation))
 
 
