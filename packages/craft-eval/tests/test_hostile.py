@@ -636,6 +636,10 @@ BAD_SUMMARIES: list[tuple[str, bytes]] = [
         ).encode(),
     ),
     (
+        "accuracy-nan",
+        json.dumps({**_GOOD_SUMMARY, "scores": {"accuracy": float("nan")}}).encode(),
+    ),
+    (
         "no-protocol",
         json.dumps({k: v for k, v in _GOOD_SUMMARY.items() if k != "protocol"}).encode(),
     ),

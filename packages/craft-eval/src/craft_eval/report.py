@@ -7,6 +7,7 @@ write_report("runs/", "runs/report")  ->  report.md, accuracy_vs_compression.png
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 from statistics import mean
@@ -59,8 +60,12 @@ def read_summary(path: Path) -> dict[str, Any]:
             raise BadSummary(f"{path}: config.{field} is not a number")
     for field in ("accuracy", "comp_ratio"):
         value = scores.get(field)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise BadSummary(f"{path}: scores.{field} is not a number")
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise BadSummary(f"{path}: scores.{field} is not a finite number")
     protocol = summary.get("protocol")
     if not isinstance(protocol, dict) or not {"protocol", "reference"} <= set(protocol):
         raise BadSummary(f"{path}: no 'protocol' object with protocol and reference")
