@@ -47,6 +47,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     paths["data"] = root / "data"
     paths["empty"] = root / "empty"
     paths["empty"].mkdir()
+    paths["afile"] = root / "afile.txt"
+    paths["afile"].write_text("not a folder")
     paths["nomodel"] = root / "nomodel"
     paths["nomodel"].mkdir()
     ckpt = root / "badckpt"
@@ -68,6 +70,7 @@ def _main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str
 
 RUN = ["run", "--tiny", "qwen2_5_vl", "-b", "mvbench", "--data-root", "{data}", "-o", "{out}"]
 UNI = [*RUN, "--method", "uniform", "--ratio", "4"]
+EFF = ["efficiency", "--arch", "qwen2.5-vl-7b"]
 
 # (id, argv, exit code, text the message must hold)
 USAGE_CASES: list[tuple[str, list[str], int, str]] = [
@@ -169,6 +172,44 @@ USAGE_CASES: list[tuple[str, list[str], int, str]] = [
         2,
         "bogus",
     ),
+    # issue 25: devices, efficiency overrides, demo options (checked before anything loads)
+    ("run-device-absent", [*RUN, "--device", "cuda:99"], 2, "--device cuda:99"),
+    ("run-device-garbage", [*RUN, "--device", "tpu0"], 2, "--device tpu0"),
+    ("sweep-device-absent", ["sweep", *RUN[1:], "--device", "cuda:99"], 2, "--device cuda:99"),
+    ("eff-device-absent", [*EFF, "--device", "cuda:99"], 2, "--device cuda:99"),
+    ("eff-device-garbage", [*EFF, "--device", "gpu"], 2, "--device gpu"),
+    ("eff-override-unknown", [*EFF, "--override", "nosuch=3"], 2, "--override nosuch"),
+    ("eff-override-no-equals", [*EFF, "--override", "hidden_size"], 2, "KEY=VALUE"),
+    ("eff-override-no-key", [*EFF, "--override", "=3"], 2, "KEY=VALUE"),
+    ("eff-override-text", [*EFF, "--override", "hidden_size=big"], 2, "--override hidden_size"),
+    ("eff-override-bool", [*EFF, "--override", "hidden_size=true"], 2, "expected int"),
+    ("eff-override-float", [*EFF, "--override", "num_hidden_layers=2.5"], 2, "expected int"),
+    ("eff-override-zero", [*EFF, "--override", "num_hidden_layers=0"], 2, "positive"),
+    ("eff-override-nan", [*EFF, "--override", "rms_norm_eps=NaN"], 2, "rms_norm_eps"),
+    ("eff-override-inf", [*EFF, "--override", "rms_norm_eps=1e999"], 2, "rms_norm_eps"),
+    ("demo-method-unknown", ["demo", "--methods", "nosuch"], 2, "--methods nosuch"),
+    ("demo-method-one-bad", ["demo", "--methods", "uniform", "nosuch"], 2, "--methods nosuch"),
+    ("demo-ratio-below-1", ["demo", "--ratio", "0.5"], 2, "--ratio"),
+    ("demo-ratio-nan", ["demo", "--ratio", "nan"], 2, "--ratio"),
+    ("demo-ratio-inf", ["demo", "--ratio", "inf"], 2, "--ratio"),
+    ("demo-items-0", ["demo", "--items", "0"], 2, "--items"),
+    ("demo-device-absent", ["demo", "--device", "cuda:99"], 2, "--device cuda:99"),
+    ("demo-device-garbage", ["demo", "--device", "abc"], 2, "--device abc"),
+    ("demo-backbone-unknown", ["demo", "--backbone", "gpt2"], 2, "--backbone gpt2"),
+    ("demo-model-missing", ["demo", "--model", "{root}/nope"], 2, "--model"),
+    (
+        "demo-model-and-backbone",
+        ["demo", "--model", "{nomodel}", "--backbone", "qwen2_5_vl"],
+        2,
+        "not both",
+    ),
+    ("run-output-is-a-file", [*RUN[:-1], "{afile}"], 2, "--output"),
+    ("run-output-under-a-file", [*RUN[:-1], "{afile}/runs"], 2, "is a file"),
+    ("sweep-output-is-a-file", ["sweep", *RUN[1:-1], "{afile}"], 2, "--output"),
+    ("demo-output-is-a-file", ["demo", "-o", "{afile}"], 2, "--output"),
+    ("eff-json-under-a-file", [*EFF, "--json", "{afile}/e.json"], 2, "--json"),
+    ("eff-json-is-a-folder", [*EFF, "--json", "{empty}"], 2, "is a folder"),
+    ("report-out-is-a-file", ["report", "{root}", "--out", "{afile}"], 2, "--out"),
     ("argparse-no-command", [], 2, "usage"),
     ("argparse-ratio-text", [*RUN, "--ratio", "abc"], 2, "--ratio"),
     ("argparse-limit-text", [*RUN, "--limit", "abc"], 2, "--limit"),
@@ -194,6 +235,8 @@ def test_cli_usage_errors_are_one_line(
         raise AssertionError("a usage error must be found before any model loads")
 
     monkeypatch.setattr(cli, "_load_model", no_model)
+    monkeypatch.setattr("craft_eval.demo.run_demo", no_model)
+    monkeypatch.setattr("craft_eval.efficiency.measure_efficiency", no_model)
     names = {k: str(v) for k, v in world.items()}
     args = [a.format(**names, out=tmp_path / "out") for a in argv]
     got, err = _main(args, capsys)
@@ -566,3 +609,166 @@ def test_broken_video_file_is_an_item_error(world: dict[str, Path], tmp_path: Pa
     items = load_items(RunConfig("mvbench", str(root), "m"))
     with pytest.raises(VideoDecodeError):
         read_frames(items[1].video, fps=2.0, max_frames=8)
+
+
+# -- issue 25: a garbage summary.json among good ones; a demo whose configurations fail ----------
+
+_GOOD_SUMMARY = {
+    "config": {"model": "m", "method": "none", "benchmark": "mvbench"},
+    "protocol": {"protocol": "lmms-eval", "reference": "lmms-eval"},
+    "scores": {"accuracy": 50.0, "comp_ratio": None, "n_scored": 4, "n_errors": 0},
+}
+BAD_SUMMARIES: list[tuple[str, bytes]] = [
+    ("not-json", b"{not json"),
+    ("binary", b"\xff\xfe\x00garbage"),
+    ("a-list", b"[]"),
+    ("no-scores", json.dumps({"config": _GOOD_SUMMARY["config"]}).encode()),
+    ("config-not-object", json.dumps({**_GOOD_SUMMARY, "config": 3}).encode()),
+    ("method-missing", json.dumps({**_GOOD_SUMMARY, "config": {"model": "m"}}).encode()),
+    (
+        "accuracy-text",
+        json.dumps({**_GOOD_SUMMARY, "scores": {"accuracy": "high"}}).encode(),
+    ),
+    (
+        "ratio-bool",
+        json.dumps(
+            {**_GOOD_SUMMARY, "config": {**_GOOD_SUMMARY["config"], "ratio": True}}
+        ).encode(),
+    ),
+    (
+        "accuracy-nan",
+        json.dumps({**_GOOD_SUMMARY, "scores": {"accuracy": float("nan")}}).encode(),
+    ),
+    (
+        "no-protocol",
+        json.dumps({k: v for k, v in _GOOD_SUMMARY.items() if k != "protocol"}).encode(),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "content", [b[1] for b in BAD_SUMMARIES], ids=[b[0] for b in BAD_SUMMARIES]
+)
+def test_report_skips_a_garbage_summary_naming_it_and_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes
+) -> None:
+    good = tmp_path / "runs" / "m" / "good"
+    good.mkdir(parents=True)
+    (good / "summary.json").write_text(json.dumps(_GOOD_SUMMARY))
+    bad = tmp_path / "runs" / "m" / "bad" / "summary.json"
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(content)
+    code, err = _main(["report", str(tmp_path / "runs")], capsys)
+    assert code == 1 and str(bad) in err and "skipped" in err and "Traceback" not in err
+    assert (tmp_path / "runs" / "report" / "report.md").is_file()  # the good run is reported
+    # alone, the garbage file is a usage error naming it; the library call refuses it
+    good.joinpath("summary.json").unlink()
+    code, err = _main(["report", str(tmp_path / "runs")], capsys)
+    assert code == 2 and str(bad) in err and "Traceback" not in err
+    from craft_eval.report import BadSummary, collect_runs
+
+    with pytest.raises(BadSummary, match=r"summary\.json"):
+        collect_runs(tmp_path / "runs")
+
+
+def test_report_control_good_summaries_exit_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = tmp_path / "runs" / "m" / "good"
+    good.mkdir(parents=True)
+    (good / "summary.json").write_text(json.dumps(_GOOD_SUMMARY))
+    code, err = _main(["report", str(tmp_path / "runs")], capsys)
+    assert code == 0 and "skipped" not in err
+
+
+@pytest.mark.parametrize(
+    ("failing", "code"),
+    [((), 0), (("uniform",), 1), (("none", "uniform", "random"), 1)],
+    ids=["none-failed", "one-failed", "all-failed"],
+)
+def test_demo_exit_code_says_whether_a_configuration_failed(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    failing: tuple[str, ...],
+    code: int,
+) -> None:
+    """The demo's pieces replaced by stubs: only its bookkeeping of failures is under test."""
+    import craft_world
+    import craft_world.measure
+    from craft_eval import demo
+
+    class Model:
+        class config:
+            model_type = "stub"
+
+    monkeypatch.setattr("craft_eval.backend.adapters_status", lambda: (True, ""))
+    monkeypatch.setattr(craft_world, "make_clips", lambda out, n, seed, split: Path(out))
+    monkeypatch.setattr(demo, "_load", lambda *a: (Model(), None, "world", None, "stub"))
+    monkeypatch.setattr(craft_world.measure, "load_items", lambda data, task: [])
+    monkeypatch.setattr(craft_world.measure, "answer_logprobs", lambda *a: None)
+    monkeypatch.setattr(demo, "_finish", lambda *a: None)
+
+    def job(world: Any, method: str, ratio: float | None) -> dict[str, Any]:
+        if method in failing:
+            return {"method": method, "ratio": ratio, "error": "ValueError: boom"}
+        return {"method": method, "ratio": ratio, "scores": {}}
+
+    monkeypatch.setattr(demo, "_run_job", job)
+    got = cli.main(["demo", "--methods", "uniform", "random", "--ratio", "4", "-o", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert got == code
+    if failing:
+        assert f"{len(failing)} of 3 configurations FAILED" in out
+        assert all(f"{m}@" in out for m in failing)
+    else:
+        assert "FAILED" not in out
+
+
+BOOL_CONFIG_CASES: list[tuple[str, dict[str, Any], str]] = [
+    # (id, RunConfig fields, option the error must name): True is not 1
+    ("fps-true", {"fps": True}, "--fps"),
+    ("frames-true", {"max_frames": True}, "--frames"),
+    ("limit-true", {"limit": True}, "--limit"),
+    ("ratio-true", {"method": "uniform", "ratio": True}, "--ratio"),
+    ("threshold-false", {"method": "craft-prune", "threshold": False}, "--threshold"),
+    ("min-tokens-true", {"method": "uniform", "ratio": 4.0, "min_tokens": True}, "--min-tokens"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fields", "option"), [c[1:] for c in BOOL_CONFIG_CASES], ids=[c[0] for c in BOOL_CONFIG_CASES]
+)
+def test_run_config_refuses_a_bool_for_a_number(
+    world: dict[str, Path], fields: dict[str, Any], option: str
+) -> None:
+    with pytest.raises(ValueError, match=option):
+        RunConfig("mvbench", str(world["mvbench"]), "m", **fields).validate()
+
+
+@pytest.mark.parametrize(
+    ("errors", "code"),
+    [(0, 0), (2, 0), (4, 1)],
+    ids=["no-item-failed", "some-failed", "all-failed"],
+)
+def test_run_exits_1_when_every_item_of_a_run_failed(
+    world: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    errors: int,
+    code: int,
+) -> None:
+    """Model and benchmark loop replaced: only the exit-code bookkeeping is under test."""
+    monkeypatch.setattr(cli, "_load_model", lambda args: (None, None, "m"))
+
+    def fake_run(config: Any, backend: Any, run_dir: Any, **kwargs: Any) -> dict[str, Any]:
+        bad = [{"id": i, "error": "VideoDecodeError: x"} for i in range(errors)]
+        scores = {"n_items": 4, "n_scored": 4 - errors, "n_errors": errors, "errors": bad}
+        return {"scores": {**scores, "accuracy": None if errors == 4 else 50.0}}
+
+    monkeypatch.setattr(cli, "run_benchmark", fake_run)
+    argv = [a.format(data=world["mvbench"], out=tmp_path) for a in RUN]
+    got, err = _main(argv, capsys)
+    assert got == code, err
+    assert ("every item of" in err) == (code == 1) and "Traceback" not in err

@@ -50,7 +50,24 @@ CONFIG_CASES: list[tuple[str, str]] = [
     ("optim=3", "optim"),
     ("optim.lr", "optim.lr"),
     ("=3", "no field"),
+    # issue 25: a boolean is not a number (lax pydantic would read true as 1)
+    ("optim.epochs=true", "optim.epochs"),
+    ("optim.grad_accum=true", "optim.grad_accum"),
+    ("optim.lr=true", "optim.lr"),
+    ("data.max_frames=yes", "data.max_frames"),
+    ("data.fps=true", "data.fps"),
+    ("model.lora.rank=true", "model.lora.rank"),
+    ("train.save_steps=false", "train.save_steps"),
+    ("budget.ratios=[true, 8]", "budget.ratios"),
+    ("optim.betas=[0.9, true]", "optim.betas"),
 ]
+
+
+def test_control_bool_fields_still_take_booleans(tiny: TinySetup, tmp_path: Path) -> None:
+    cfg = load_config(
+        data=tiny.config(tmp_path), overrides=["model.lora.enabled=true", "optim.lr=1"], stage=1
+    )
+    assert cfg.model.lora.enabled is True and cfg.optim.lr == 1.0
 
 
 @pytest.mark.parametrize(("override", "field"), CONFIG_CASES)
@@ -82,6 +99,18 @@ CLI_CASES: list[tuple[str, list[str], int, str]] = [
         2,
         "train.resume",
     ),
+    (
+        "check-all-videos-missing",
+        ["stage1", "--check", "--config", "{tmp}/novideo.yaml"],
+        2,
+        "all 2 videos are missing",
+    ),
+    (
+        "run-all-videos-missing",
+        ["stage1", "--config", "{tmp}/novideo.yaml"],
+        2,
+        "all 2 videos are missing",
+    ),
     ("no-command", [], 2, "usage"),
     ("unknown-command", ["stage3"], 2, "stage3"),
 ]
@@ -101,6 +130,10 @@ def test_cli_errors_are_one_line(
     (tmp_path / "bad.yaml").write_text("optim: [unclosed\n")
     (tmp_path / "list.yaml").write_text("- 1\n- 2\n")
     (tmp_path / "ok.yaml").write_text(yaml.safe_dump(tiny.config(tmp_path / "out")))
+    rows = [{"video": f"gone{i}.mp4", "caption": "c", "source": "s"} for i in range(2)]
+    (tmp_path / "novideo.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    novideo = tiny.config(tmp_path / "out", data={"manifests": [str(tmp_path / "novideo.jsonl")]})
+    (tmp_path / "novideo.yaml").write_text(yaml.safe_dump(novideo))
     try:
         got = cli.main([a.format(tmp=tmp_path) for a in argv])
     except SystemExit as exit_:
@@ -254,3 +287,58 @@ def test_sigkill_then_resume_ends_like_an_uninterrupted_run(
         torch.testing.assert_close(mine[name], ref[name], rtol=1e-5, atol=1e-6)
     steps = [json.loads(r)["step"] for r in (out / "log.jsonl").read_text().splitlines()]
     assert steps == sorted(set(steps)) and steps[-1] == 3
+
+
+def test_check_counts_missing_videos_when_some_exist(
+    tiny: TinySetup, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Some videos missing: `--check` passes (training skips them) but says how many."""
+    rows = [json.loads(line) for line in tiny.captions.read_text().splitlines()]
+    rows = [{**r, "video": str(tiny.root / r["video"])} for r in rows[:3]]
+    rows.append({"video": str(tmp_path / "gone.mp4"), "caption": "c", "source": "even"})
+    (tmp_path / "m.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = tiny.config(tmp_path / "out", data={"manifests": [str(tmp_path / "m.jsonl")]})
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    assert cli.main(["stage1", "--check", "--config", str(tmp_path / "c.yaml")]) == 0
+    captured = capsys.readouterr()
+    assert "config ok" in captured.out
+    assert "missing video" in captured.err and "gone.mp4" in captured.err
+    # control: every video present, no warning
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(tiny.config(tmp_path / "out")))
+    assert cli.main(["stage1", "--check", "--config", str(tmp_path / "c.yaml")]) == 0
+    assert "missing" not in capsys.readouterr().err
+
+
+def test_a_full_disk_while_saving_a_checkpoint_keeps_the_last_good_one(
+    tiny: TinySetup,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """ENOSPC simulated in the writer of the second checkpoint: the run stops saying so, the
+    half-written folder is gone, checkpoint-1 is complete, and the same command resumes."""
+    from craft_train import trainer
+    from craft_train.checkpoint import find_latest_checkpoint
+
+    out = tmp_path / "run"
+    data = tiny.config(out, optim={"max_steps": 3}, train={"save_steps": 1})
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    real, calls = trainer.save_rng_state, []
+
+    def writer(folder: Path, rank: int) -> None:
+        calls.append(folder)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real(folder, rank)
+
+    monkeypatch.setattr(trainer, "save_rng_state", writer)
+    assert cli.main(["stage1", "--config", str(tmp_path / "c.yaml")]) == 1
+    err = capsys.readouterr().err
+    assert "No space left on device" in err and "checkpoint-2" in err
+    assert "checkpoint-1" in err and "kept" in err and "Traceback" not in err
+    assert find_latest_checkpoint(out) == out / "checkpoint-1"
+    assert not list(out.glob("*.tmp")) and not (out / "craft").exists()
+    assert _finite_checkpoints(out)
+    monkeypatch.setattr(trainer, "save_rng_state", real)  # disk freed: the same command resumes
+    assert cli.main(["stage1", "--config", str(tmp_path / "c.yaml")]) == 0
+    assert find_latest_checkpoint(out) == out / "checkpoint-3" and (out / "craft").is_dir()

@@ -197,6 +197,43 @@ def _roots(values: list[str], benchmarks: list[str]) -> dict[str, str]:
     return out
 
 
+def check_device(arg: str | None, option: str = "--device") -> None:
+    """A device this machine has, else UsageError naming `option` and what is allowed."""
+    if arg is None:
+        return
+    import torch
+
+    try:
+        device = torch.device(arg)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"{option} {arg}: not a device; allowed: cpu, cuda, cuda:N") from None
+    if device.type == "cpu":
+        return
+    if device.type != "cuda":
+        raise UsageError(f"{option} {arg}: unsupported device type; allowed: cpu, cuda, cuda:N")
+    if not torch.cuda.is_available():
+        raise UsageError(f"{option} {arg}: CUDA is not available on this machine; allowed: cpu")
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise UsageError(f"{option} {arg}: this machine has {count} CUDA device(s)")
+
+
+def check_output(path: str | None, option: str, *, is_file: bool = False) -> None:
+    """UsageError when `option`'s folder (or a file's parent folder) cannot be made there:
+    a file stands where a folder is meant, or a folder's parent is a file."""
+    if path is None:
+        return
+    target = Path(path)
+    folder = target.parent if is_file else target
+    if is_file and target.is_dir():
+        raise UsageError(f"{option} {path}: is a folder; give a file path")
+    for step in (folder, *folder.parents):
+        if step.exists():
+            if not step.is_dir():
+                raise UsageError(f"{option} {path}: {step} is a file, not a folder")
+            return
+
+
 def _device(arg: str | None) -> str:
     import torch
 
@@ -209,6 +246,8 @@ def _device(arg: str | None) -> str:
 
 def _check_model_args(args: argparse.Namespace) -> str:
     """The run's model tag; raises UsageError before anything heavy is loaded."""
+    check_device(args.device)
+    check_output(args.output, "--output")
     if args.model and args.tiny:
         raise UsageError("give --model or --tiny, not both")
     if args.model:
@@ -380,9 +419,25 @@ def _evaluate(
             items=(loaded or {}).get(_items_key(config)),
         )
         if summary is not None:
-            summaries.append(summary)
+            summaries.append({**summary, "_run": config.run_name()})
             print(f"{config.run_name()}: {_score_line(summary)} -> {run_dir}")
     return summaries
+
+
+def _failed_runs(summaries: list[dict[str, Any]]) -> int:
+    """Exit code of run/sweep: 1 when a run's every item failed (named on stderr), else 0.
+    Some items failing is a result (their count is in the score line), not a failure."""
+    failed = [
+        s
+        for s in summaries
+        if s["scores"]["n_items"] and s["scores"]["n_errors"] == s["scores"]["n_items"]
+    ]
+    for s in failed:
+        first = (s["scores"].get("errors") or [{}])[0].get("error")
+        print(f"craft-eval: every item of {s['_run']} failed (first: {first})", file=sys.stderr)
+    if failed:
+        print(f"craft-eval: {len(failed)} of {len(summaries)} runs failed", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def _score_line(summary: dict[str, Any]) -> str:
@@ -409,8 +464,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     _check_method(args.method, method_kwargs, args.allow_untrained)
     model, processor, tag = _load_model(args)
-    _evaluate(args, model, processor, [replace(c, model=tag) for c in configs], loaded=loaded)
-    return 0
+    summaries = _evaluate(
+        args, model, processor, [replace(c, model=tag) for c in configs], loaded=loaded
+    )
+    return _failed_runs(summaries)
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -427,14 +484,18 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         for ratio in args.ratios:
             plan += _configs(args, tag, method, ratio, None, kwargs, loaded=loaded)
     model, processor, tag = _load_model(args)
-    _evaluate(args, model, processor, [replace(c, model=tag) for c in plan], loaded=loaded)
+    summaries = _evaluate(
+        args, model, processor, [replace(c, model=tag) for c in plan], loaded=loaded
+    )
+    failed = _failed_runs(summaries)
     if int(os.environ.get("RANK", "0")) == 0:
         from craft_eval.report import write_report
 
         out = write_report(Path(args.output) / tag)
         print(out["table"])
         print(f"report: {out['markdown']}\nplot: {out['plot']}")
-    return 0
+        return max(failed, _warn_skipped(out["skipped"]))
+    return failed
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -442,15 +503,31 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     if not Path(args.runs).is_dir():
         raise UsageError(f"runs {args.runs}: no such folder")
+    check_output(args.out, "--out")
     if not any(Path(args.runs).rglob("summary.json")):
         raise UsageError(f"runs {args.runs}: no summary.json under it (no finished run)")
 
-    out = write_report(args.runs, args.out)
+    try:
+        out = write_report(args.runs, args.out)
+    except FileNotFoundError as error:  # every summary.json unreadable
+        raise UsageError(f"runs {args.runs}: {error}") from None
     print(out["table"])
     print(f"\nreport: {out['markdown']}\nplot:   {out['plot']}")
     for path in out["merge_maps"]:
         print(f"merge map: {path}")
-    return 0
+    return _warn_skipped(out["skipped"])
+
+
+def _warn_skipped(skipped: list[str]) -> int:
+    """A report that left out unreadable summaries exits 1, naming each one."""
+    for line in skipped:
+        print(f"craft-eval: warning: skipped {line}", file=sys.stderr)
+    if skipped:
+        print(
+            f"craft-eval: {len(skipped)} summary file(s) skipped; the report shows the others",
+            file=sys.stderr,
+        )
+    return 1 if skipped else 0
 
 
 def _cmd_methods(args: argparse.Namespace) -> int:
@@ -488,6 +565,8 @@ def _cmd_efficiency(args: argparse.Namespace) -> int:
     for option, ok, value in checks:
         if not ok:
             raise UsageError(f"{option}: {value} is out of range")
+    check_device(args.device)
+    check_output(args.json, "--json", is_file=True)
     try:
         overrides = parse_overrides(args.override)
         load_arch(args.arch, overrides)
@@ -521,6 +600,7 @@ def _cmd_efficiency(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from craft_eval.demo import run_demo
 
+    _check_demo_args(args)
     return run_demo(
         model_path=args.model,
         backbone=args.backbone,
@@ -530,6 +610,39 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         device=args.device,
         num_items=args.items,
     )
+
+
+def _check_demo_args(args: argparse.Namespace) -> None:
+    """Every demo option checked before the clips are written or a model loads."""
+    from craft_core import TokenBudget
+    from craft_eval.methods import get_method_info
+
+    check_device(args.device)
+    check_output(args.output, "--output")
+    if args.items < 1:
+        raise UsageError(f"--items must be at least 1, got {args.items}")
+    if args.model and args.backbone:
+        raise UsageError("give --model or --backbone, not both")
+    if args.model and not (Path(args.model) / "config.json").is_file():
+        raise UsageError(f"--model {args.model}: not a checkpoint folder (no config.json)")
+    if args.backbone:
+        from craft_adapters import supported_model_types
+
+        if args.backbone not in supported_model_types():
+            known = ", ".join(supported_model_types())
+            raise UsageError(f"--backbone {args.backbone}: unknown backbone; known: {known}")
+    if args.ratio is not None:
+        try:
+            TokenBudget.parse(
+                args.ratio, None, None, names=("--ratio", "--threshold", "--min-tokens")
+            )
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+    for method in args.methods or []:
+        try:
+            get_method_info(method)
+        except KeyError as error:
+            raise UsageError(f"--methods {method}: {error.args[0]}") from None
 
 
 if __name__ == "__main__":

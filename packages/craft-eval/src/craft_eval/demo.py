@@ -87,7 +87,9 @@ def run_demo(
     num_items: int = 40,
     seed: int = 0,
 ) -> int:
-    """Run the demo; returns a process exit code (0 ok, 1 when a required piece is missing).
+    """Run the demo; returns a process exit code: 0 when every configuration ran, 1 when a
+    required piece is missing or any configuration failed (all, or some: the table shows
+    the others and a last line names the failed ones).
 
     Args:
         ratio: evaluate this one ratio only (else `ratios`).
@@ -142,7 +144,12 @@ def run_demo(
         bar.update(n_items)
     bar.close()
     _finish(world, rows, n_items, out)
+    failed = [r for r in rows if "error" in r]
     _line(f"done in {time.perf_counter() - start:.0f} s")
+    if failed:  # any failed configuration: the demo did not show what it promised
+        which = ", ".join(f"{r['method']}@{r['ratio']}" for r in failed)
+        _line(f"craft-eval demo: {len(failed)} of {len(rows)} configurations FAILED ({which})")
+        return 1
     return 0
 
 

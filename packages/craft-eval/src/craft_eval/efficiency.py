@@ -24,6 +24,7 @@ full-attention layers (1 in 4) carry the quadratic term and a KV cache that grow
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -56,12 +57,36 @@ def load_arch(name: str, overrides: dict[str, Any] | None = None) -> dict[str, A
     arch = json.loads(text)
     arch["_key"] = key
     if overrides:
+        _check_overrides(name, arch["text_config"], overrides)
         arch["text_config"] = {**arch["text_config"], **overrides}
         if "num_hidden_layers" in overrides and "layer_types" not in overrides:
             arch["text_config"].pop("layer_types", None)
         arch["_overrides"] = dict(overrides)
     _fit_mrope(arch["text_config"])
     return arch
+
+
+# Keys an override may add although the shipped text config leaves them to their defaults.
+_EXTRA_OVERRIDES = {"head_dim": int, "layer_types": list}
+
+
+def _check_overrides(name: str, text: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """ValueError naming the override whose key the architecture's text config lacks, or
+    whose value has another type than the shipped one (an int field takes no bool or text)."""
+    for key, value in overrides.items():
+        if key not in text and key not in _EXTRA_OVERRIDES:
+            known = ", ".join(sorted({*text, *_EXTRA_OVERRIDES}))
+            raise ValueError(f"--override {key}: not a text-config field of {name}; known: {known}")
+        want = type(text[key]) if key in text else _EXTRA_OVERRIDES[key]
+        ok = isinstance(value, want) and not (isinstance(value, bool) and want is not bool)
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            ok = math.isfinite(value)
+        if want is float and isinstance(value, float):
+            ok = math.isfinite(value)
+        if not ok:
+            raise ValueError(f"--override {key}={value!r}: expected {want.__name__}")
+        if want is int and value < 1:
+            raise ValueError(f"--override {key}={value!r}: must be a positive integer")
 
 
 def _fit_mrope(text_config: dict[str, Any]) -> None:
@@ -81,12 +106,17 @@ def _fit_mrope(text_config: dict[str, Any]) -> None:
 
 
 def parse_overrides(text: str | None) -> dict[str, Any]:
-    """ "hidden_size=64,num_hidden_layers=4" -> {"hidden_size": 64, "num_hidden_layers": 4}."""
+    """ "hidden_size=64,num_hidden_layers=4" -> {"hidden_size": 64, "num_hidden_layers": 4}.
+
+    ValueError naming `--override` for a token that is not KEY=VALUE (the keys and value
+    types are checked against the architecture by `load_arch`)."""
     out: dict[str, Any] = {}
     for part in (text or "").split(","):
         if not part.strip():
             continue
-        key, _, value = part.partition("=")
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"--override {part.strip()!r}: expected KEY=VALUE[,KEY=VALUE...]")
         try:
             out[key.strip()] = json.loads(value)
         except json.JSONDecodeError:

@@ -7,6 +7,7 @@ write_report("runs/", "runs/report")  ->  report.md, accuracy_vs_compression.png
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 from pathlib import Path
 from statistics import mean
@@ -17,14 +18,58 @@ import numpy as np
 from craft_eval.scoring import retention
 
 
-def collect_runs(root: str | Path) -> list[dict[str, Any]]:
-    """Every summary.json under `root` (one per run), with its directory under "_dir"."""
+class BadSummary(ValueError):
+    """A summary.json that cannot be read as a run's summary; the message names the file."""
+
+
+def collect_runs(root: str | Path, skipped: list[str] | None = None) -> list[dict[str, Any]]:
+    """Every summary.json under `root` (one per run), with its directory under "_dir".
+
+    A file that is not a run's summary raises `BadSummary` naming it; when a `skipped` list
+    is given, the file is left out instead and its "path: reason" appended to the list."""
     out = []
     for path in sorted(Path(root).rglob("summary.json")):
-        summary = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            summary = read_summary(path)
+        except BadSummary as error:
+            if skipped is None:
+                raise
+            skipped.append(str(error))
+            continue
         summary["_dir"] = str(path.parent)
         out.append(summary)
     return out
+
+
+def read_summary(path: Path) -> dict[str, Any]:
+    """One run's summary.json, with the fields the report reads checked (BadSummary)."""
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise BadSummary(f"{path}: not a readable JSON summary ({error})") from None
+    config = summary.get("config") if isinstance(summary, dict) else None
+    scores = summary.get("scores") if isinstance(summary, dict) else None
+    if not isinstance(config, dict) or not isinstance(scores, dict):
+        raise BadSummary(f"{path}: no 'config' and 'scores' objects (not a run summary)")
+    for field in ("model", "method", "benchmark"):
+        if not isinstance(config.get(field), str):
+            raise BadSummary(f"{path}: config.{field} is missing or not text")
+    for field in ("ratio", "threshold"):
+        value = config.get(field)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise BadSummary(f"{path}: config.{field} is not a number")
+    for field in ("accuracy", "comp_ratio"):
+        value = scores.get(field)
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise BadSummary(f"{path}: scores.{field} is not a finite number")
+    protocol = summary.get("protocol")
+    if not isinstance(protocol, dict) or not {"protocol", "reference"} <= set(protocol):
+        raise BadSummary(f"{path}: no 'protocol' object with protocol and reference")
+    return summary  # type: ignore[no-any-return]
 
 
 def _key(summary: dict[str, Any]) -> tuple[str, str, float | None, float | None]:
@@ -241,13 +286,16 @@ def _save(fig: Any, path: str | Path) -> Path:
 
 
 def write_report(root: str | Path, out_dir: str | Path | None = None) -> dict[str, Any]:
-    """Table + plot + merge maps for every run under `root`; returns the written paths."""
+    """Table + plot + merge maps for every run under `root`; returns the written paths and,
+    under "skipped", the summary files left out as unreadable ("path: reason" each)."""
     root = Path(root)
+    skipped: list[str] = []
+    summaries = collect_runs(root, skipped)
+    if not summaries:
+        why = f" ({len(skipped)} unreadable: {skipped[0]})" if skipped else ""
+        raise FileNotFoundError(f"no usable summary.json under {root}{why}")
     out = Path(out_dir) if out_dir else root / "report"
     out.mkdir(parents=True, exist_ok=True)
-    summaries = collect_runs(root)
-    if not summaries:
-        raise FileNotFoundError(f"no summary.json under {root}")
     table = results_table(summaries)
     (out / "report.md").write_text("# CRAFT evaluation report\n\n" + table + "\n", encoding="utf-8")
     plot = plot_accuracy_vs_compression(summaries, out / "accuracy_vs_compression.png")
@@ -265,4 +313,10 @@ def write_report(root: str | Path, out_dir: str | Path | None = None) -> dict[st
                 title=str(data["title"]),
             )
         )
-    return {"table": table, "markdown": out / "report.md", "plot": plot, "merge_maps": maps}
+    return {
+        "table": table,
+        "markdown": out / "report.md",
+        "plot": plot,
+        "merge_maps": maps,
+        "skipped": skipped,
+    }

@@ -100,6 +100,16 @@ class RunConfig:
 
     def validate(self) -> None:
         """Raise ValueError naming the option of any value that cannot give a meaningful run."""
+        for option, value in (
+            ("--limit", self.limit),
+            ("--fps", self.fps),
+            ("--frames", self.max_frames),
+            ("--ratio", self.ratio),
+            ("--threshold", self.threshold),
+            ("--min-tokens", self.min_tokens),
+        ):
+            if isinstance(value, bool):  # True would read as 1
+                raise ValueError(f"{option} must be a number, got {value!r}")
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"--limit must be a positive number of items, got {self.limit}")
         if not (math.isfinite(self.fps) and self.fps > 0):

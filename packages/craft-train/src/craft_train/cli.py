@@ -18,6 +18,8 @@ import argparse
 import logging
 import sys
 from importlib import resources
+from pathlib import Path
+from typing import Any
 
 from craft_train.config import ConfigError, TrainingConfig, check_paths, dump_config, load_config
 
@@ -80,9 +82,21 @@ def _load(args: argparse.Namespace, stage: int | str | None) -> TrainingConfig:
 
 
 def _exists(path: str) -> bool:
-    from pathlib import Path
-
     return Path(path).exists()
+
+
+def _missing_videos(examples: list[Any]) -> list[str]:
+    """Videos the examples name that are not files; ConfigError when none of them is (the
+    run would train on nothing). Cheap: one stat per distinct video."""
+    videos = sorted({e.video for e in examples})
+    missing = [v for v in videos if not Path(v).is_file()]
+    if videos and len(missing) == len(videos):
+        raise ConfigError(
+            f"data.manifests: all {len(videos)} videos are missing (first: {missing[0]}); "
+            "check data.video_root and the manifests' video paths"
+        )
+    gone = set(missing)
+    return [e.video for e in examples if e.video in gone]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -121,6 +135,13 @@ def _main(args: argparse.Namespace) -> int:
         if cfg.train.deepspeed is not None:
             resolve_deepspeed(load_deepspeed_config(cfg.train.deepspeed), cfg)
         examples = load_examples(cfg)
+        missing = _missing_videos(examples)
+        if missing:
+            print(
+                f"craft-train: warning: {len(missing)} of {len(examples)} examples name a "
+                f"missing video (first: {missing[0]}); training skips them",
+                file=sys.stderr,
+            )
         if args.check:
             from craft_train.data import mixture_summary
 
@@ -134,14 +155,14 @@ def _main(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    from craft_train.trainer import TrainingDiverged, train
+    from craft_train.trainer import CheckpointNotSaved, TrainingDiverged, train
 
     try:
         result = train(cfg)
     except ConfigError as err:  # found only once the run starts (a resume that does not fit)
         print(f"craft-train: {err}", file=sys.stderr)
         return 2
-    except TrainingDiverged as err:
+    except (TrainingDiverged, CheckpointNotSaved) as err:
         print(f"craft-train: {err}", file=sys.stderr)
         return 1
     if result.global_step >= result.total_steps:

@@ -42,6 +42,38 @@ class _Strict(BaseModel):
     # allow_inf_nan=False: `optim.lr=.inf` (or nan) is refused at load time, naming the field
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_as_number(cls, value: Any, info: Any) -> Any:
+        """Strict where lax coercion changes meaning: `true` is not 1 (`optim.epochs: true`,
+        `data.max_frames: yes` in YAML 1.1). Text and int for a float stay accepted (YAML
+        reads `1e-3` as text; documented in the README)."""
+        if _has_bool(value) and not _takes_bool(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"{value!r} holds a boolean; this field takes no true/false")
+        return value
+
+
+def _has_bool(value: Any) -> bool:
+    """A bool, or a list / tuple / mapping holding one (`budget.ratios=[true, 8]`)."""
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, list | tuple):
+        return any(_has_bool(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_bool(v) for v in value.values())
+    return False
+
+
+def _takes_bool(annotation: Any) -> bool:
+    """True when a field of this type may hold a bool (bool, Any, a union or Literal of one)."""
+    from typing import get_args
+
+    if annotation is bool or annotation is Any:
+        return True
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return True  # a nested section checks its own fields
+    return any(a is bool or a is True or a is False or _takes_bool(a) for a in get_args(annotation))
+
 
 class LoraConfig(_Strict):
     """CRAFT+: LoRA on the language model's attention projections (paper: r 32, alpha 64)."""

@@ -59,7 +59,14 @@ from craft_train.distributed import make_accelerator
 from craft_train.hub_export import export_hub_folder
 from craft_train.model import CRAFT_DIR, LORA_DIR, ModelBundle, build_model
 
-__all__ = ["StepInfo", "TrainResult", "TrainingDiverged", "load_examples", "train"]
+__all__ = [
+    "CheckpointNotSaved",
+    "StepInfo",
+    "TrainResult",
+    "TrainingDiverged",
+    "load_examples",
+    "train",
+]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +76,11 @@ CONFIG_FILE = "config.yaml"
 
 class TrainingDiverged(RuntimeError):
     """A non-finite loss, gradient norm or weight: the run stops before saving anything."""
+
+
+class CheckpointNotSaved(RuntimeError):
+    """A checkpoint could not be written (e.g. a full disk); the message names the last
+    complete checkpoint, which is kept."""
 
 
 @dataclass
@@ -209,9 +221,27 @@ class _Runner:
     def save_checkpoint(
         self, state: TrainState, scheduler: Any, optimizer: Any, engine: Any
     ) -> Path:
-        acc = self.acc
+        """Write `checkpoint-N` (via `checkpoint-N.tmp`); on a write error (a full disk) the
+        half-written folder is removed, the last complete checkpoint kept, and
+        `CheckpointNotSaved` says so."""
         final = self.output_dir / f"checkpoint-{state.global_step}"
         tmp = self.output_dir / f"checkpoint-{state.global_step}.tmp"
+        try:
+            return self._write_checkpoint(final, tmp, state, scheduler, optimizer, engine)
+        except OSError as error:
+            if self.acc.is_main_process:
+                shutil.rmtree(tmp, ignore_errors=True)  # ours: the half-written folder
+            last = find_latest_checkpoint(self.output_dir)
+            kept = f"the last complete one, {last}, is kept" if last else "no earlier one exists"
+            raise CheckpointNotSaved(
+                f"{final.name} could not be written ({error}); {kept}; free space and run the "
+                "same command again to resume"
+            ) from error
+
+    def _write_checkpoint(
+        self, final: Path, tmp: Path, state: TrainState, scheduler: Any, optimizer: Any, engine: Any
+    ) -> Path:
+        acc = self.acc
         if acc.is_main_process:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)

@@ -268,6 +268,9 @@ def make_clips(
     Returns:
         `out_dir`, ready for `craft_eval.tasks.get_benchmark("mvbench").load(out_dir)`.
     """
+    for name, value in (("n", n), ("seed", seed), ("start", start)):
+        if isinstance(value, bool) or not isinstance(value, int):  # True is not 1 clip
+            raise TypeError(f"{name} must be an int, got {value!r}")
     if n <= 0:
         raise ValueError(f"n must be positive, got {n}")
     if seed < 0 or start < 0:

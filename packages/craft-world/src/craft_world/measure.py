@@ -63,17 +63,34 @@ def load_items(root: str | Path, task: str | None = "object_existence") -> list[
         raise FileNotFoundError(f"no json/{task or '*'}.json under {root}")
     items = []
     for path in files:
-        for rec in json.loads(path.read_text()):
-            letter = "ABCDE"[rec["candidates"].index(rec["answer"])]
-            items.append(
-                Item(
+        for i, rec in enumerate(_records(path)):
+            try:
+                letter = "ABCDE"[rec["candidates"].index(rec["answer"])]
+                item = Item(
                     video=str(root / "video" / VIDEO_FOLDER / rec["video"]),
                     prompt=mvbench_prompt(rec["question"], rec["candidates"]),
                     answer=letter,
                     task=path.stem,
                 )
-            )
+            except (KeyError, TypeError, ValueError, IndexError, AttributeError) as error:
+                what = f"missing field {error}" if isinstance(error, KeyError) else str(error)
+                raise ValueError(
+                    f"{path}: record {i}: {what} (needs video, question, candidates (at most "
+                    "5) and an answer among them)"
+                ) from None
+            items.append(item)
     return items
+
+
+def _records(path: Path) -> list[Any]:
+    """The JSON list of records in `path`; ValueError naming the file otherwise."""
+    try:
+        records = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path}: not a JSON list of records ({error})") from None
+    if not isinstance(records, list):
+        raise ValueError(f"{path}: not a JSON list of records ({type(records).__name__})")
+    return records
 
 
 _INPUTS: dict[tuple[int, str, str], Any] = {}

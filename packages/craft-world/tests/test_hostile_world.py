@@ -1,0 +1,86 @@
+"""Hostile input to craft-world's public functions, table-driven (issue 25): lax types that
+change meaning (a bool as a clip count), non-integers, out-of-range values, and broken
+question files. Each case must raise the documented error type naming the argument or file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from craft_world import make_clips
+from craft_world.measure import load_items
+
+MAKE_CLIPS_CASES: list[tuple[str, dict[str, Any], type[Exception], str]] = [
+    # (id, keyword arguments, error type, text the message must hold)
+    ("n-bool", {"n": True}, TypeError, "n must be an int"),
+    ("n-float", {"n": 2.0}, TypeError, "n must be an int"),
+    ("n-text", {"n": "2"}, TypeError, "n must be an int"),
+    ("n-zero", {"n": 0}, ValueError, "n must be positive"),
+    ("n-negative", {"n": -3}, ValueError, "n must be positive"),
+    ("seed-bool", {"n": 1, "seed": False}, TypeError, "seed must be an int"),
+    ("seed-float", {"n": 1, "seed": 1.5}, TypeError, "seed must be an int"),
+    ("seed-negative", {"n": 1, "seed": -1}, ValueError, "seed"),
+    ("start-bool", {"n": 1, "start": True}, TypeError, "start must be an int"),
+    ("start-negative", {"n": 1, "start": -2}, ValueError, "start"),
+    ("split-unknown", {"n": 1, "split": "val"}, ValueError, "split"),
+]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "text"),
+    [c[1:] for c in MAKE_CLIPS_CASES],
+    ids=[c[0] for c in MAKE_CLIPS_CASES],
+)
+def test_make_clips_refuses_bad_arguments_before_writing(
+    tmp_path: Path, kwargs: dict[str, Any], error: type[Exception], text: str
+) -> None:
+    with pytest.raises(error, match=text):
+        make_clips(tmp_path / "w", **kwargs)
+    assert not (tmp_path / "w").exists()  # nothing written
+
+
+GOOD = {"video": "a.mp4", "question": "Is it red?", "candidates": ["yes", "no"], "answer": "no"}
+BAD_QUESTION_FILES: list[tuple[str, bytes, str]] = [
+    # (id, content of json/object_existence.json, text the message must hold)
+    ("not-json", b"[{", "not a JSON list"),
+    ("binary", b"\xff\xfe\x00", "not a JSON list"),
+    ("an-object", json.dumps(GOOD).encode(), "not a JSON list"),
+    ("answer-not-a-candidate", json.dumps([{**GOOD, "answer": "maybe"}]).encode(), "record 0"),
+    (
+        "no-candidates",
+        json.dumps([{k: v for k, v in GOOD.items() if k != "candidates"}]).encode(),
+        "missing field 'candidates'",
+    ),
+    ("record-not-object", json.dumps([GOOD, 3]).encode(), "record 1"),
+    (
+        "six-candidates",
+        json.dumps([{**GOOD, "candidates": list("abcdef"), "answer": "f"}]).encode(),
+        "record 0",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("content", "text"),
+    [c[1:] for c in BAD_QUESTION_FILES],
+    ids=[c[0] for c in BAD_QUESTION_FILES],
+)
+def test_load_items_names_the_broken_file(tmp_path: Path, content: bytes, text: str) -> None:
+    path = tmp_path / "json" / "object_existence.json"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=text) as info:
+        load_items(tmp_path)
+    assert str(path) in str(info.value)
+
+
+def test_load_items_control_a_good_file_loads(tmp_path: Path) -> None:
+    path = tmp_path / "json" / "object_existence.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps([GOOD]))
+    (item,) = load_items(tmp_path)
+    assert item.answer == "B" and item.task == "object_existence"
