@@ -27,6 +27,7 @@ from torch import nn
 from craft_core import hub
 from craft_core.budget import Budget, check_tokens, resolve_budget
 from craft_core.config import CraftConfig
+from craft_core.dense import DENSE_MAX_TOKENS, DensePairing
 from craft_core.merge import GatedMerge, group_edges
 from craft_core.pairing import FullPairing, PairingState, ranked_edges
 from craft_core.result import CompressionResult
@@ -126,7 +127,7 @@ def _room(active: int, floor: int) -> int:
 
 
 def _plan_round(
-    pairing: FullPairing | PairingState,
+    pairing: FullPairing | PairingState | DensePairing,
     active_ids: torch.Tensor,
     square_norms: torch.Tensor,
     budget: Budget,
@@ -264,7 +265,7 @@ class CraftCompressor(
             with torch.no_grad():
                 owner, active_ids = _retire(owner, active_ids, plan)
                 new_embed, square_norms[targets] = row_keys(new_rows, weight, self.config.sim_block)
-                pairing.update(targets, new_embed, active_ids)
+                pairing.update(targets, new_embed, active_ids, sources)
         info: dict[str, object] = {
             "method": "craft",
             "mode": "ratio" if budget.threshold is None else "threshold",
@@ -296,18 +297,27 @@ class CraftCompressor(
 
     def _start_pairing(
         self, features: torch.Tensor, weight: torch.Tensor, budget: Budget
-    ) -> tuple[FullPairing | PairingState | None, torch.Tensor]:
-        """The strategy choice: `full` (fixed shapes, one host sync a round: the CUDA default)
-        or `incremental` (fewer multiply-adds, data-dependent shapes: the CPU default)."""
+    ) -> tuple[FullPairing | PairingState | DensePairing | None, torch.Tensor]:
+        """The strategy choice: `full` (fixed shapes, one host sync a round: the CUDA default),
+        `incremental` (fewer multiply-adds, data-dependent shapes: the CPU default) or `dense`
+        (every exact similarity in one matrix: the CPU default up to `DENSE_MAX_TOKENS`)."""
         n = features.shape[0]
         if _room(n, budget.floor) <= 0:
             return None, torch.empty(0, device=features.device)
         config = self.config
         embed, square_norms = row_keys(features, weight, config.sim_block)
-        use_full = config.pairing == "full" or (
-            config.pairing == "auto" and features.device.type == "cuda"
-        )
-        if use_full:
+        if config.pairing == "dense" and config.selection == "recheck":
+            raise ValueError(
+                "pairing='dense' computes every similarity exactly and has no recheck to "
+                "force: use selection='certified' or 'exact' with it, or another pairing"
+            )
+        auto = config.pairing == "auto"
+        on_cpu = features.device.type != "cuda"
+        if config.pairing == "dense" or (
+            auto and on_cpu and n <= DENSE_MAX_TOKENS and config.selection == "certified"
+        ):
+            return DensePairing(embed), square_norms
+        if config.pairing == "full" or (auto and not on_cpu):
             return FullPairing(embed, config.sim_block, check=config.selection), square_norms
         return PairingState(embed, config.sim_block, check=config.selection), square_norms
 
