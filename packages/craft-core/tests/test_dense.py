@@ -98,3 +98,23 @@ def test_dense_refuses_a_forced_recheck() -> None:
     x, coords = clip("drift", seed=1)
     with pytest.raises(ValueError, match="dense"):
         run(x, coords, {"ratio": 4.0}, pairing="dense", selection="recheck")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_copied_rows_store_like_slot_rows(dtype: torch.dtype) -> None:
+    # The small-N row store (one copy, written in place) against the slot store it replaces.
+    from craft_core.compressor import _CopiedRows, _SlotRows
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(40, 6, generator=gen).to(dtype)
+    copied, slots = _CopiedRows(x), _SlotRows(x)
+    before = x.clone()
+    for step in range(5):
+        ids = torch.randperm(40, generator=gen)[: 4 + 3 * step]
+        rows = torch.randn(ids.numel(), 6, generator=gen)
+        copied.replace(ids, rows)
+        slots.replace(ids, rows)
+        probe = torch.randint(0, 40, (25,), generator=gen)
+        assert torch.equal(copied.gather(probe), slots.gather(probe))
+        assert copied.gather(probe).dtype == torch.float32
+    assert torch.equal(x, before)  # the input is never written

@@ -87,6 +87,24 @@ class _SlotRows:
         self.buffer[slot] = rows
 
 
+class _CopiedRows:
+    """Current feature rows in float32, without autograd, for a few hundred tokens: one copy
+    of the input (`[N, D]` float32, N <= `DENSE_MAX_TOKENS`), rewritten in place. The same
+    rows as `_SlotRows` (a float32 upcast is exact) with one op per gather and per write
+    instead of the slot arithmetic: at small N the ops, not the bytes, are the cost."""
+
+    def __init__(self, features: torch.Tensor) -> None:
+        self.rows = features.detach().float().clone()
+
+    def gather(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` (`[k]` original indices) -> `[k, D]` float32."""
+        return self.rows[ids]
+
+    def replace(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Rows `ids` (`[k]`, distinct) now read from `rows` (`[k, D]` float32)."""
+        self.rows[ids] = rows
+
+
 class _PieceRows:
     """Current feature rows in float32, with autograd: nothing is written in place.
 
@@ -288,12 +306,17 @@ class CraftCompressor(
             info=info,
         )
 
-    def _row_store(self, features: torch.Tensor) -> _SlotRows | _PieceRows:
-        """In-place rows without autograd; stitched pieces when a gradient must flow."""
+    def _row_store(self, features: torch.Tensor) -> _SlotRows | _CopiedRows | _PieceRows:
+        """In-place rows without autograd (a plain copy for a few hundred tokens); stitched
+        pieces when a gradient must flow."""
         track_grad = torch.is_grad_enabled() and (
             features.requires_grad or any(p.requires_grad for p in self.merge.parameters())
         )
-        return _PieceRows(features) if track_grad else _SlotRows(features)
+        if track_grad:
+            return _PieceRows(features)
+        return (
+            _CopiedRows(features) if features.shape[0] <= DENSE_MAX_TOKENS else _SlotRows(features)
+        )
 
     def _start_pairing(
         self, features: torch.Tensor, weight: torch.Tensor, budget: Budget
