@@ -326,7 +326,7 @@ def small_n(device: torch.device, repeats: int) -> None:
         print("small N: craft-eval is not installed here; DivPrune and ToMe not timed")
         return
     print(f"{'N':>6}{'D':>6}{'rounds':>7}{'CRAFT ms':>10}{'DivPrune ms':>13}{'ToMe ms':>9}", end="")
-    print(f"{'CRAFT/DivPrune':>16}{'target':>8}")
+    print(f"{'CRAFT/DivPrune':>16}{'target':>8}  pairing        ops/round")
     for frames, grid, dim, target in ((4, 6, 128, 4.0), (8, 16, 1024, 1.5), (16, 16, 1024, 1.5)):
         features, coords = video_like(frames, grid, grid, dim)
         features, coords = features.to(device), coords.to(device)
@@ -336,7 +336,10 @@ def small_n(device: torch.device, repeats: int) -> None:
         ratio = statistics.median(c / p for c, p in zip(craft, prune))
         ms = [1e3 * statistics.median(t) for t in (craft, prune, merge)]
         print(f"{features.shape[0]:>6}{dim:>6}{rounds:>7}{ms[0]:>10.1f}{ms[1]:>13.1f}", end="")
-        print(f"{ms[2]:>9.1f}{ratio:>16.2f}{'<= ' + str(target):>8}")
+        with torch.no_grad(), OpCounter() as count:
+            out = compressor(features, coords, ratio=8.0)
+        print(f"{ms[2]:>9.1f}{ratio:>16.2f}{'<= ' + str(target):>8}  ", end="")
+        print(f"{out.info['pairing']:<15}{count.ops / out.rounds:>9.1f}")
 
 
 def compile_round(device: torch.device, repeats: int) -> None:

@@ -72,3 +72,17 @@ def test_the_pin_can_fail(pinned: int) -> None:
         out = CraftCompressor(config)(x, coords, **budget)
     rows = hashlib.sha256(out.features.contiguous().numpy().tobytes()).hexdigest()[:16]
     assert rows != PINNED[key][1]
+
+
+def test_dense_pairing_selects_what_0_3_0_selected() -> None:
+    # The small-N path (every exact similarity in one matrix) against the same pins.
+    wrong = []
+    for config, seed, n, budget, grad in cases():
+        if config.pairing != "incremental":
+            continue
+        key = f"{config.pairing}/{config.reduce}/{config.weighting}/{n}/{budget}"
+        dense = config.model_copy(update={"pairing": "dense"})
+        selection, rows = digests(dense, seed, n, budget, grad)
+        if selection != PINNED[key][0] or (PINNED[key][1] is not None and rows != PINNED[key][1]):
+            wrong.append(key)
+    assert not wrong, wrong

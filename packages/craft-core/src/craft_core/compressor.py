@@ -33,6 +33,7 @@ from craft_core.checks import (
     check_int,
 )
 from craft_core.config import CraftConfig
+from craft_core.dense import DENSE_MAX_TOKENS, DensePairing
 from craft_core.merge import GatedMerge, group_edges
 from craft_core.pairing import FullPairing, PairingState, ranked_edges
 from craft_core.result import CompressionResult
@@ -92,6 +93,24 @@ class _SlotRows:
         self.buffer[slot] = rows
 
 
+class _CopiedRows:
+    """Current feature rows in float32, without autograd, for a few hundred tokens: one copy
+    of the input (`[N, D]` float32, N <= `DENSE_MAX_TOKENS`), rewritten in place. The same
+    rows as `_SlotRows` (a float32 upcast is exact) with one op per gather and per write
+    instead of the slot arithmetic: at small N the ops, not the bytes, are the cost."""
+
+    def __init__(self, features: torch.Tensor) -> None:
+        self.rows = features.detach().float().clone()
+
+    def gather(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` (`[k]` original indices) -> `[k, D]` float32."""
+        return self.rows[ids]
+
+    def replace(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Rows `ids` (`[k]`, distinct) now read from `rows` (`[k, D]` float32)."""
+        self.rows[ids] = rows
+
+
 class _PieceRows:
     """Current feature rows in float32, with autograd: nothing is written in place.
 
@@ -132,7 +151,7 @@ def _room(active: int, floor: int) -> int:
 
 
 def _plan_round(
-    pairing: FullPairing | PairingState,
+    pairing: FullPairing | PairingState | DensePairing,
     active_ids: torch.Tensor,
     square_norms: torch.Tensor,
     budget: Budget,
@@ -312,7 +331,7 @@ class CraftCompressor(
             with torch.no_grad():
                 owner, active_ids = _retire(owner, active_ids, plan)
                 new_embed, square_norms[targets] = row_keys(new_rows, weight, self.config.sim_block)
-                pairing.update(targets, new_embed, active_ids)
+                pairing.update(targets, new_embed, active_ids, sources)
         info: dict[str, object] = {
             "method": "craft",
             "mode": "ratio" if budget.threshold is None else "threshold",
@@ -335,27 +354,41 @@ class CraftCompressor(
             info=info,
         )
 
-    def _row_store(self, features: torch.Tensor) -> _SlotRows | _PieceRows:
-        """In-place rows without autograd; stitched pieces when a gradient must flow."""
+    def _row_store(self, features: torch.Tensor) -> _SlotRows | _CopiedRows | _PieceRows:
+        """In-place rows without autograd (a plain copy for a few hundred tokens); stitched
+        pieces when a gradient must flow."""
         track_grad = torch.is_grad_enabled() and (
             features.requires_grad or any(p.requires_grad for p in self.merge.parameters())
         )
-        return _PieceRows(features) if track_grad else _SlotRows(features)
+        if track_grad:
+            return _PieceRows(features)
+        return (
+            _CopiedRows(features) if features.shape[0] <= DENSE_MAX_TOKENS else _SlotRows(features)
+        )
 
     def _start_pairing(
         self, features: torch.Tensor, weight: torch.Tensor, budget: Budget
-    ) -> tuple[FullPairing | PairingState | None, torch.Tensor]:
-        """The strategy choice: `full` (fixed shapes, one host sync a round: the CUDA default)
-        or `incremental` (fewer multiply-adds, data-dependent shapes: the CPU default)."""
+    ) -> tuple[FullPairing | PairingState | DensePairing | None, torch.Tensor]:
+        """The strategy choice: `full` (fixed shapes, one host sync a round: the CUDA default),
+        `incremental` (fewer multiply-adds, data-dependent shapes: the CPU default) or `dense`
+        (every exact similarity in one matrix: the CPU default up to `DENSE_MAX_TOKENS`)."""
         n = features.shape[0]
         if _room(n, budget.floor) <= 0:
             return None, torch.empty(0, device=features.device)
         config = self.config
         embed, square_norms = row_keys(features, weight, config.sim_block)
-        use_full = config.pairing == "full" or (
-            config.pairing == "auto" and features.device.type == "cuda"
-        )
-        if use_full:
+        if config.pairing == "dense" and config.selection == "recheck":
+            raise ValueError(
+                "pairing='dense' computes every similarity exactly and has no recheck to "
+                "force: use selection='certified' or 'exact' with it, or another pairing"
+            )
+        auto = config.pairing == "auto"
+        on_cpu = features.device.type != "cuda"
+        if config.pairing == "dense" or (
+            auto and on_cpu and n <= DENSE_MAX_TOKENS and config.selection == "certified"
+        ):
+            return DensePairing(embed), square_norms
+        if config.pairing == "full" or (auto and not on_cpu):
             return FullPairing(embed, config.sim_block, check=config.selection), square_norms
         return PairingState(embed, config.sim_block, check=config.selection), square_norms
 

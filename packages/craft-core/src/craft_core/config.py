@@ -59,12 +59,14 @@ class CraftConfig(BaseModel):
         "to about sim_block x N float64 values (the N x N matrix is never built). A memory "
         "knob only: the selected tokens are the same for every value.",
     )
-    pairing: Literal["auto", "incremental", "full"] = Field(
+    pairing: Literal["auto", "incremental", "full", "dense"] = Field(
         default="auto",
         description="How each round finds every token's best partner (same result either way): "
         "'full' re-pairs the active set every round with fixed shapes and no host sync (the "
         "GPU path); 'incremental' recomputes only what the round changed (fewer multiply-adds, "
-        "data-dependent shapes: the CPU path); 'auto' = 'full' on CUDA, else 'incremental'.",
+        "data-dependent shapes: the CPU path); 'dense' keeps every exact similarity in one "
+        "N x N float64 matrix (least overhead for a few hundred tokens); 'auto' = 'full' on "
+        "CUDA, else 'dense' up to 1,024 tokens (certified selection), else 'incremental'.",
     )
     selection: Literal["certified", "exact", "recheck"] = Field(
         default="certified",

@@ -117,10 +117,14 @@ class FullPairing:
         return RankedEdges(*edges)
 
     def update(
-        self, targets: torch.Tensor, new_embed: torch.Tensor, active_ids: torch.Tensor
+        self,
+        targets: torch.Tensor,
+        new_embed: torch.Tensor,
+        active_ids: torch.Tensor,
+        sources: torch.Tensor | None = None,
     ) -> None:
         """Apply one round: `targets` (`[T]`) take `new_embed` (`[T, d_sim]`)."""
-        del active_ids  # every round re-pairs whatever is active
+        del active_ids, sources  # every round re-pairs whatever is active
         self.embed[targets] = new_embed
 
 
@@ -347,10 +351,16 @@ class PairingState:
         self.bound[rows] = torch.maximum(self.bound[rows], spill)
 
     def update(
-        self, targets: torch.Tensor, new_embed: torch.Tensor, active_ids: torch.Tensor
+        self,
+        targets: torch.Tensor,
+        new_embed: torch.Tensor,
+        active_ids: torch.Tensor,
+        sources: torch.Tensor | None = None,
     ) -> None:
         """Apply one round: `targets` (`[T]`) take `new_embed` (`[T, d_sim]`); `active_ids`
-        (`[n]`, ascending) are the tokens still active after it (its sources have left)."""
+        (`[n]`, ascending) are the tokens still active after it (its `sources` have left;
+        unused: the lists drop whatever is no longer active)."""
+        del sources
         changed_mask = (self.embed[targets] != new_embed).any(dim=1)
         self.embed[targets[changed_mask]] = new_embed[changed_mask]
         if self.fast is not self.embed:
