@@ -325,3 +325,20 @@ def test_bad_config_names_the_field() -> None:
         CraftConfig(hidden_size=0)
     with pytest.raises(ValueError, match="weighting"):
         CraftConfig(hidden_size=8, weighting="softmax")  # type: ignore[arg-type]
+
+
+def test_training_after_an_inference_mode_call() -> None:
+    """A compression under `torch.inference_mode()` (evaluation) must not leave cached inference
+    tensors behind that a later training step cannot save for backward (the round embedding
+    is cached across calls)."""
+    from core_testkit import make_tokens
+
+    torch.manual_seed(0)
+    module = CraftCompressor(CraftConfig(hidden_size=24, round_embed_dim=16))
+    features, coords = make_tokens(3, 64, 24)
+    with torch.inference_mode():
+        module(features, coords, ratio=4.0)
+    out = module(features, coords, ratio=4.0)
+    out.features.sum().backward()
+    grads = [p.grad for p in module.parameters() if p.requires_grad]
+    assert grads and all(g is not None and torch.isfinite(g).all() for g in grads)

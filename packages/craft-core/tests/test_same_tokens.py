@@ -77,10 +77,11 @@ def test_the_pin_can_fail(pinned: int) -> None:
 def test_dense_pairing_selects_what_0_3_0_selected() -> None:
     # The small-N path (every exact similarity in one matrix) against the same pins.
     wrong = []
-    for config, seed, n, budget, grad in cases():
+    for case in reference_cases():
+        config, seed, n, budget, grad = case
         if config.pairing != "incremental":
             continue
-        key = f"{config.pairing}/{config.reduce}/{config.weighting}/{n}/{budget}"
+        key = case_id(case)
         dense = config.model_copy(update={"pairing": "dense"})
         selection, rows = digests(dense, seed, n, budget, grad)
         if selection != PINNED[key][0] or (PINNED[key][1] is not None and rows != PINNED[key][1]):

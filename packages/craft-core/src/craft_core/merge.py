@@ -23,10 +23,13 @@ from craft_core.config import CraftConfig
 
 @functools.lru_cache(maxsize=1024)
 def _round_embedding_cpu(round_index: int, dim: int) -> torch.Tensor:
-    half = dim // 2
-    freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float64) / half)
-    args = float(round_index) * freqs
-    return torch.cat([torch.cos(args), torch.sin(args)]).float()
+    # Cached across calls: a tensor made under an outer `torch.inference_mode()` would be an
+    # inference tensor, which a later call with autograd cannot save for backward.
+    with torch.inference_mode(False):
+        half = dim // 2
+        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float64) / half)
+        args = float(round_index) * freqs
+        return torch.cat([torch.cos(args), torch.sin(args)]).float()
 
 
 def round_embedding(round_index: int, dim: int, device: torch.device) -> torch.Tensor:
