@@ -132,13 +132,13 @@ def build(folder: str | Path, seed: int = 0) -> Path:
     return folder
 
 
-def video(frames: int, seed: int) -> np.ndarray:
-    """`[frames, FRAME, FRAME, 3]` uint8: smooth random blobs that move (no exact ties)."""
+def video(frames: int, seed: int, size: int = FRAME) -> np.ndarray:
+    """`[frames, size, size, 3]` uint8: smooth random blobs that move (no exact ties)."""
     rng = np.random.default_rng(seed)
     base = rng.integers(0, 256, size=(8, 8, 3)).astype(np.float32)
     out = []
     for f in range(frames):
         shifted = np.roll(base, shift=f % 8, axis=1) + rng.normal(0, 12, size=(8, 8, 3))
-        big = np.kron(shifted, np.ones((FRAME // 8, FRAME // 8, 1)))
+        big = np.kron(shifted, np.ones((size // 8, size // 8, 1)))
         out.append(np.clip(big, 0, 255).astype(np.uint8))
     return np.stack(out)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import tiny
 import torch
 
 from craft_adapters.backbones._tiny import SPECIAL_IDS as IDS  # noqa: F401 - engine reads it
@@ -69,12 +70,5 @@ def build(folder: str | Path, seed: int = 0) -> Path:
 
 
 def video(frames: int, seed: int) -> np.ndarray:
-    """`[frames, FRAME, FRAME, 3]` uint8: smooth random blobs that move (no exact ties)."""
-    rng = np.random.default_rng(seed)
-    base = rng.integers(0, 256, size=(8, 8, 3)).astype(np.float32)
-    out = []
-    for f in range(frames):
-        shifted = np.roll(base, shift=f % 8, axis=1) + rng.normal(0, 12, size=(8, 8, 3))
-        big = np.kron(shifted, np.ones((FRAME // 8, FRAME // 8, 1)))
-        out.append(np.clip(big, 0, 255).astype(np.uint8))
-    return np.stack(out)
+    """`[frames, FRAME, FRAME, 3]` uint8: the Qwen2.5-VL tests' moving blobs at this size."""
+    return tiny.video(frames, seed, size=FRAME)
