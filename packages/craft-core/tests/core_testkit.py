@@ -58,6 +58,17 @@ def live_weights(compressor: CraftCompressor, seed: int, scale: float = 0.2) -> 
     return compressor
 
 
+def reference_gate(compressor: CraftCompressor, seed: int) -> CraftCompressor:
+    """The reference cases' gate: W_up and W_mod at 0.3 x seeded noise (a gate that varies
+    per channel and round), the rest as initialised."""
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(seed)
+        for layer in (compressor.merge.w_up, compressor.merge.w_mod):
+            layer.weight.copy_(0.3 * noise(*layer.weight.shape, generator=gen))
+            layer.bias.copy_(0.3 * noise(*layer.bias.shape, generator=gen))
+    return compressor
+
+
 def reference_cases() -> list[tuple[CraftConfig, int, int, dict, bool]]:
     """The 216 reference cases `(config, seed, n, budget, grad)` of `test_reference.py`
     (and pinned by `test_same_tokens.py`): uniform weighting with the target/mean fusions

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from core_testkit import case_id, make_tokens, noise, reference_cases
+from core_testkit import case_id, make_tokens, noise, reference_cases, reference_gate
 
 from craft_core import CraftCompressor, CraftConfig
 
@@ -171,11 +171,7 @@ def check_against_reference(config: CraftConfig, seed: int, n: int, budget: dict
     torch.manual_seed(seed)
     compressor = CraftCompressor(config)
     if config.reduce == "gate":  # a trained-looking gate, not the constant 0.5 of a fresh one
-        with torch.no_grad():
-            gen = torch.Generator().manual_seed(seed)
-            for layer in (compressor.merge.w_up, compressor.merge.w_mod):
-                layer.weight.copy_(0.3 * noise(*layer.weight.shape, generator=gen))
-                layer.bias.copy_(0.3 * noise(*layer.bias.shape, generator=gen))
+        reference_gate(compressor, seed)
     x, coords = make_tokens(seed, n, config.hidden_size)
     with torch.set_grad_enabled(grad):
         out = compressor(x, coords, **budget)

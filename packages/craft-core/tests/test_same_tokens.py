@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from core_testkit import case_id, make_tokens, noise, reference_cases
+from core_testkit import case_id, make_tokens, reference_cases, reference_gate
 
 from craft_core import CraftCompressor, CraftConfig
 
@@ -26,12 +26,8 @@ PINNED = json.loads((Path(__file__).parent / "tokens_0_3_0.json").read_text())
 def digests(config: CraftConfig, seed: int, n: int, budget: dict, grad: bool) -> list[str]:
     torch.manual_seed(seed)
     compressor = CraftCompressor(config)
-    if config.reduce == "gate":
-        with torch.no_grad():
-            gen = torch.Generator().manual_seed(seed)
-            for layer in (compressor.merge.w_up, compressor.merge.w_mod):
-                layer.weight.copy_(0.3 * noise(*layer.weight.shape, generator=gen))
-                layer.bias.copy_(0.3 * noise(*layer.bias.shape, generator=gen))
+    if config.reduce == "gate":  # a trained-looking gate, not the constant 0.5 of a fresh one
+        reference_gate(compressor, seed)
     x, coords = make_tokens(seed, n, config.hidden_size)
     with torch.set_grad_enabled(grad):
         out = compressor(x, coords, **budget)
