@@ -72,19 +72,6 @@ def test_dense_matrix_holds_the_exact_partners_after_rounds() -> None:
         assert torch.equal(partner, active[want_pos])
 
 
-def test_dense_update_finds_the_sources_itself() -> None:
-    embed, _ = row_keys(torch.randn(10, 8), grid_projection(make_projection(8, 4, 0)))
-    given, found = DensePairing(embed.clone()), DensePairing(embed.clone())
-    active, sources, targets = (
-        torch.tensor([0, 2, 3, 5, 6, 8]),
-        torch.tensor([1, 4, 7, 9]),
-        torch.tensor([0, 5]),
-    )
-    given.update(targets, embed[targets], active, sources)
-    found.update(targets, embed[targets], active)
-    assert torch.equal(given.sims, found.sims)
-
-
 def test_auto_pairs_densely_up_to_the_limit_on_a_cpu() -> None:
     compressor = CraftCompressor(CraftConfig(hidden_size=8))
     for n, want in ((DENSE_MAX_TOKENS, "DensePairing"), (DENSE_MAX_TOKENS + 4, "PairingState")):

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from craft_core.selection import RankedEdges, rank_edges
+from craft_core.pairing import ranked_edges
+from craft_core.selection import RankedEdges
 
 DENSE_MAX_TOKENS = 1024
 """Largest N that `pairing="auto"` pairs densely on the CPU (measured: `nox -s bench`)."""
@@ -58,10 +59,7 @@ class DensePairing:
         # rule of `selection.full_partners`.
         sim, partner = self.sims[active_ids].max(dim=1)
         self.counts = (active_ids.numel(), 0)
-        edges = rank_edges(active_ids, partner, sim, square_norms, floor, threshold)
-        if edges is None:
-            raise ValueError("a round needs min(n - floor, n // 2) >= 1; check before pairing")
-        return edges
+        return ranked_edges(active_ids, partner, sim, square_norms, floor, threshold)
 
     def settle(self, active_ids: torch.Tensor, in_doubt: int) -> bool:
         """Nothing to settle: every similarity is exact."""
@@ -76,14 +74,11 @@ class DensePairing:
         targets: torch.Tensor,
         new_embed: torch.Tensor,
         active_ids: torch.Tensor,
-        sources: torch.Tensor | None = None,
+        sources: torch.Tensor,
     ) -> None:
         """Apply one round: `sources` (`[E]`) leave, `targets` (`[T]`) take `new_embed`
-        (`[T, d_sim]`). Without `sources` they are found from `active_ids` (ascending)."""
-        if sources is None:
-            alive = torch.zeros_like(self.gone, dtype=torch.bool)
-            alive[active_ids] = True
-            sources = torch.nonzero(~alive & (self.gone == 0)).squeeze(1)
+        (`[T, d_sim]`); `active_ids` is unused (the struck-out columns say who left)."""
+        del active_ids
         self.gone[sources] = float("-inf")
         self.sims.index_fill_(1, sources, float("-inf"))
         self.embed[targets] = new_embed

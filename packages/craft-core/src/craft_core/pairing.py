@@ -121,7 +121,7 @@ class FullPairing:
         targets: torch.Tensor,
         new_embed: torch.Tensor,
         active_ids: torch.Tensor,
-        sources: torch.Tensor | None = None,
+        sources: torch.Tensor,
     ) -> None:
         """Apply one round: `targets` (`[T]`) take `new_embed` (`[T, d_sim]`)."""
         del active_ids, sources  # every round re-pairs whatever is active
@@ -355,7 +355,7 @@ class PairingState:
         targets: torch.Tensor,
         new_embed: torch.Tensor,
         active_ids: torch.Tensor,
-        sources: torch.Tensor | None = None,
+        sources: torch.Tensor,
     ) -> None:
         """Apply one round: `targets` (`[T]`) take `new_embed` (`[T, d_sim]`); `active_ids`
         (`[n]`, ascending) are the tokens still active after it (its `sources` have left;
