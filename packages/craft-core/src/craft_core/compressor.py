@@ -344,7 +344,7 @@ class CraftCompressor(
             # Per round: rows whose partner the float32 pass decided, and rows rechecked exactly.
             info["rows_fast"] = [fast for fast, _ in counts]
             info["rows_rechecked"] = [rechecked for _, rechecked in counts]
-            info["fallbacks"] = getattr(pairing, "fallbacks", 0)
+            info["fallbacks"] = pairing.fallbacks
         return CompressionResult(
             features=store.gather(active_ids).to(features.dtype),
             coords=coords[active_ids],
@@ -377,11 +377,6 @@ class CraftCompressor(
             return None, torch.empty(0, device=features.device)
         config = self.config
         embed, square_norms = row_keys(features, weight, config.sim_block)
-        if config.pairing == "dense" and config.selection == "recheck":
-            raise ValueError(
-                "pairing='dense' computes every similarity exactly and has no recheck to "
-                "force: use selection='certified' or 'exact' with it, or another pairing"
-            )
         auto = config.pairing == "auto"
         on_cpu = features.device.type != "cuda"
         if config.pairing == "dense" or (

@@ -138,6 +138,11 @@ class CraftConfig(BaseModel):
             raise ValueError(f"rank must be even (RoPE rotates pairs), got {self.rank}")
         if self.round_embed_dim % 2:
             raise ValueError(f"round_embed_dim must be even, got {self.round_embed_dim}")
+        if self.pairing == "dense" and self.selection == "recheck":
+            raise ValueError(
+                "pairing='dense' computes every similarity exactly and has no recheck to "
+                "force: use selection='certified' or 'exact' with it, or another pairing"
+            )
         if any(s < 0 for s in self.rope_sections):
             raise ValueError(f"rope_sections must be non-negative, got {self.rope_sections}")
         if sum(self.rope_sections) != self.rank // 2:

@@ -216,6 +216,7 @@ class PairingState:
         counts: `(fast, rechecked)` rows whose partner was decided for the last call to
             `partners` (since the call before): from a list or a certified pass, or by an
             exact recheck.
+        fallbacks: always 0 (its partners are always exact; `fallback` is never needed).
     """
 
     def __init__(
@@ -239,6 +240,7 @@ class PairingState:
         self.list_sim = torch.full((n, keep), float("-inf"), dtype=f64, device=device)
         self.bound = torch.full((n,), float("-inf"), dtype=f64, device=device)
         self.full_rows = 0.0
+        self.fallbacks = 0
         self.counts = (0, 0)
         self._decided = [0, 0]
         ids = torch.arange(n, device=device)
