@@ -24,13 +24,13 @@ input size and takes none.
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
+from craft_adapters.video import _check_rate
 from craft_core.checks import check_int
 
 __all__ = [
@@ -100,17 +100,6 @@ def _as_frames(frames: Any) -> np.ndarray:
     if min(arr.shape[:3]) < 1:
         raise ValueError(f"frames is empty, got shape {arr.shape}")
     return arr
-
-
-def _check_fps(fps: Any) -> float:
-    # fps = 0 would divide by zero inside the processor (a raw traceback); NaN would give
-    # garbage timestamps silently.
-    if isinstance(fps, bool) or not isinstance(fps, numbers.Real):
-        raise TypeError(f"fps must be a number, got {type(fps).__name__} {fps!r}")
-    rate = float(fps)
-    if not (math.isfinite(rate) and rate > 0):
-        raise ValueError(f"fps must be a positive finite number, got {fps!r}")
-    return rate
 
 
 def _check_pixels(*values: int | None) -> None:
@@ -296,7 +285,7 @@ def build_inputs(
     fps_list = [fps] * len(videos) if not isinstance(fps, (list, tuple)) else list(fps)
     if len(fps_list) != len(videos):
         raise ValueError(f"{len(videos)} video(s) but {len(fps_list)} fps value(s)")
-    rates = [_check_fps(f) for f in fps_list]
+    rates = [_check_rate(f) for f in fps_list]
     _check_pixels(min_pixels, max_pixels, total_pixels)
     texts = [render_prompt(processor, p, add_generation_prompt, system) for p in prompts]
     pixels = {"min_pixels": min_pixels, "max_pixels": max_pixels, "total_pixels": total_pixels}
@@ -325,7 +314,7 @@ def build_session_inputs(
         `(video_inputs, [question input_ids [1, q] per question])`.
     """
     video = _as_frames(frames)
-    fps = _check_fps(fps)
+    fps = _check_rate(fps)
     _check_pixels(min_pixels, max_pixels, total_pixels)
     if isinstance(questions, str):
         raise TypeError("questions must be a list of strings, got one str")

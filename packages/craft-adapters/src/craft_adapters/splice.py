@@ -27,6 +27,7 @@ import torch
 from craft_adapters.registry import VideoLayout
 from craft_adapters.report import CompressionReport, VideoCompression
 from craft_core import TokenBudget
+from craft_core.checks import check_index_tensor
 
 __all__ = ["PER_TOKEN_KEYS", "Prepared", "accepts", "compress_video", "splice_sequence"]
 
@@ -86,18 +87,8 @@ def _check_result(result: Any, n: int, d: int) -> None:
                 f"the compressor must return a CompressionResult-like object with a tensor "
                 f"`{name}`, got {type(result).__name__}"
             )
-    for name in ("kept_index", "assignment"):
-        index = getattr(result, name)
-        if index.dtype == torch.bool or index.is_floating_point() or index.is_complex():
-            raise TypeError(
-                f"compressor returned {name} of dtype {index.dtype}; it must be an integer "
-                "tensor of indices"
-            )
-    if result.kept_index.dim() != 1:
-        raise ValueError(
-            f"compressor returned kept_index of shape {tuple(result.kept_index.shape)}; "
-            "expected [k] (one original index per kept token)"
-        )
+    check_index_tensor("kept_index", result.kept_index)  # [k], one original index per row
+    check_index_tensor("assignment", result.assignment)
     k = int(result.kept_index.shape[0])
     if result.features.dim() != 2 or tuple(result.features.shape) != (k, d):
         raise ValueError(
@@ -136,7 +127,7 @@ def _check_result(result: Any, n: int, d: int) -> None:
             "(assignment[kept_index[j]] must be j)"
         )
     # NaN / inf rows would reach the language model and silently poison every reply
-    if result.features.is_floating_point() and not bool(torch.isfinite(result.features).all()):
+    if not bool(torch.isfinite(result.features).all()):  # features are floating (above)
         bad = int((~torch.isfinite(result.features)).any(dim=-1).sum())
         raise NonFiniteOutput(
             f"compressor returned non-finite features ({bad} of {k} rows hold NaN or inf); "

@@ -90,6 +90,8 @@ class SampledVideo:
 
 
 def _check_rate(fps: Any, name: str = "fps") -> float:
+    # fps = 0 would divide by zero inside the processor (a raw traceback); NaN would give
+    # garbage timestamps silently. (Also `inputs.py`'s check of the processor's fps.)
     if isinstance(fps, bool) or not isinstance(fps, numbers.Real):
         raise TypeError(f"{name} must be a number, got {type(fps).__name__} {fps!r}")
     rate = float(fps)

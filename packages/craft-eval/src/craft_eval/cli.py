@@ -26,7 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from craft_eval.runner import RunConfig, run_benchmark
+from craft_eval.runner import _BUDGET_OPTIONS, RunConfig, run_benchmark
 
 DEFAULT_RATIOS = (2.0, 4.0, 8.0, 16.0, 32.0)
 
@@ -633,9 +633,7 @@ def _check_demo_args(args: argparse.Namespace) -> None:
             raise UsageError(f"--backbone {args.backbone}: unknown backbone; known: {known}")
     if args.ratio is not None:
         try:
-            TokenBudget.parse(
-                args.ratio, None, None, names=("--ratio", "--threshold", "--min-tokens")
-            )
+            TokenBudget.parse(args.ratio, None, None, names=_BUDGET_OPTIONS)
         except ValueError as error:
             raise UsageError(str(error)) from None
     for method in args.methods or []:

@@ -15,8 +15,6 @@ from typing import Any
 
 import numpy as np
 
-LETTERS = "ABCDE"
-
 VideoWriter = Callable[[Path, int], str]
 """`video(path, i) -> file name`: writes item `i`'s clip (or an undecodable file) at `path`."""
 

@@ -39,6 +39,8 @@ __all__ = [
 ]
 
 TRAIN_STATE = "train_state.json"
+LOG_FILE = "log.jsonl"  # a run folder's log, one JSON object per line
+CONFIG_FILE = "config.yaml"  # the resolved config the run was started with
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 

@@ -27,15 +27,13 @@ from typing import Any
 
 import yaml
 
-from craft_train.checkpoint import TRAIN_STATE
+from craft_train.checkpoint import CONFIG_FILE, LOG_FILE, TRAIN_STATE
 from craft_train.model import CRAFT_DIR, LORA_DIR
 
 __all__ = ["HUB_DIR", "SUMMARY_FILE", "export_hub_folder", "summarize_log", "training_recipe"]
 
 HUB_DIR = "hub"
 SUMMARY_FILE = "training_summary.json"
-LOG_FILE = "log.jsonl"  # the trainer's names (not imported: trainer.py imports torch stacks)
-CONFIG_FILE = "config.yaml"
 _WRITES = {"config.json", "model.safetensors", "README.md", SUMMARY_FILE, LORA_DIR}
 
 

@@ -32,6 +32,8 @@ from craft_adapters.splice import NonFiniteOutput
 from craft_core import CraftCompressor
 from craft_train.budget import sample_budget
 from craft_train.checkpoint import (
+    CONFIG_FILE,
+    LOG_FILE,
     TrainState,
     find_latest_checkpoint,
     load_rng_state,
@@ -69,9 +71,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-LOG_FILE = "log.jsonl"
-CONFIG_FILE = "config.yaml"
 
 
 class TrainingDiverged(RuntimeError):

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from craft_core.checks import check_int
+
 __all__ = [
     "CAPTION_PROMPT",
     "FPS",
@@ -269,8 +271,7 @@ def make_clips(
         `out_dir`, ready for `craft_eval.tasks.get_benchmark("mvbench").load(out_dir)`.
     """
     for name, value in (("n", n), ("seed", seed), ("start", start)):
-        if isinstance(value, bool) or not isinstance(value, int):  # True is not 1 clip
-            raise TypeError(f"{name} must be an int, got {value!r}")
+        check_int(name, value)  # True is not 1 clip
     if n <= 0:
         raise ValueError(f"n must be positive, got {n}")
     if seed < 0 or start < 0:

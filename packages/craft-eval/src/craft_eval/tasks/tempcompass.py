@@ -7,8 +7,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from craft_eval.synthetic import LETTERS, VideoWriter, direction_question, write_parquet
-from craft_eval.tasks.base import Benchmark, Item, Prompt, find_annotation, read_records
+from craft_eval.synthetic import VideoWriter, direction_question, write_parquet
+from craft_eval.tasks.base import LETTERS, Benchmark, Item, Prompt, find_annotation, read_records
 from craft_eval.tasks.parsing import strip_reasoning, tempcompass_extract
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from craft_eval.synthetic import LETTERS, VideoWriter, direction_question, write_parquet
+from craft_eval.synthetic import VideoWriter, direction_question, write_parquet
 from craft_eval.tasks.base import (
+    LETTERS,
     Benchmark,
     Item,
     Prompt,
