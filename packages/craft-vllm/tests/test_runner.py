@@ -97,3 +97,6 @@ def test_evs_fails_on_cpu_without_the_fix(workdir) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=False
     )
     assert "FAILED:" in done.stdout and "SERVED" not in done.stdout, done.stdout[-2000:]
+    # and fails with the bug the fix is for ([n, D + 4] rows written into [n, D]), not
+    # with any error (a bad path or import would fail too)
+    assert "Error during index put operation" in done.stdout, done.stdout[-2000:]

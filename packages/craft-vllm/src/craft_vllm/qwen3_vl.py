@@ -44,6 +44,8 @@ from vllm.multimodal.inputs import (
 )
 from vllm.multimodal.processing import PromptReplacement
 
+from craft_adapters.backbones._qwen import group_mean
+from craft_adapters.backbones.qwen3_vl import timestamp_coords
 from craft_vllm.common import attach_compressor, check_settings
 from craft_vllm.options import kept_count, read_options
 
@@ -81,14 +83,6 @@ class CraftQwen3VLMultiModalProcessor(Qwen3VLMultiModalProcessor):
             else u
             for u in updates
         ]
-
-
-def group_mean(rows: torch.Tensor, assignment: torch.Tensor, groups: int) -> torch.Tensor:
-    """Mean of `rows` [N, E] per group of `assignment` [N] -> [groups, E] (craft-adapters' rule:
-    a group of one row returns that row exactly)."""
-    out = rows.new_zeros(groups, rows.shape[-1]).index_add(0, assignment, rows)
-    counts = torch.bincount(assignment, minlength=groups).clamp_min(1)
-    return out / counts.to(rows.dtype).unsqueeze(-1)
 
 
 _original_factor = qwen3_vl.mrope_positions_factor
@@ -155,7 +149,7 @@ class CraftQwen3VLForConditionalGeneration(Qwen3VLForConditionalGeneration):
             n = int(emb.shape[0])
             kept = kept_count(n, ratio)  # refuse a ratio that leaves nothing, never clamp
             pos = self._video_positions(size, timestamps).to(emb.device)
-            coords = torch.stack([pos[0] - pos[0, 0], pos[1] - pos[0], pos[2] - pos[0]], dim=1)
+            coords = timestamp_coords(pos)  # craft-adapters' rule, so the same tokens
             result = self.craft(emb[:, : self.visual_dim], coords, ratio=ratio)
             rows = result.features.to(emb.dtype)
             if self.use_deepstack:
