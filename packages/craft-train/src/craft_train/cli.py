@@ -46,7 +46,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--check",
             action="store_true",
-            help="validate the config and the manifests, print the plan, and exit",
+            help="validate the config and the data files, print the mixture and every row "
+            "that cannot be used (file:line: why), and exit",
         )
     show = sub.add_parser("show-config", help="print the resolved config")
     _config_args(show)
@@ -89,7 +90,7 @@ def _missing_videos(examples: list[Any]) -> list[str]:
     """Videos the examples name that are not files; ConfigError when none of them is (the
     run would train on nothing). Cheap: one stat per distinct video."""
     videos = sorted({e.video for e in examples})
-    missing = [v for v in videos if not Path(v).is_file()]
+    missing = [v for v in videos if not (Path(v).is_file() or Path(v).is_dir())]
     if videos and len(missing) == len(videos):
         raise ConfigError(
             f"data.manifests: all {len(videos)} videos are missing (first: {missing[0]}); "
@@ -97,6 +98,24 @@ def _missing_videos(examples: list[Any]) -> list[str]:
         )
     gone = set(missing)
     return [e.video for e in examples if e.video in gone]
+
+
+def _report_rows(load: Any, missing: list[str], examples: list[Any]) -> None:
+    """`--check`: every row that cannot be used and every missing video, with file:line."""
+    for note in load.notes:
+        print(f"note: {note}")
+    folders = [e for e in examples if e.video_fps is None and Path(e.video).is_dir()]
+    gone = set(missing)
+    bad = [
+        *(str(p) for p in load.problems),
+        *dict.fromkeys(f"{e.origin}: video {e.video} does not exist" for e in examples
+                       if e.video in gone),
+        *dict.fromkeys(f"{e.origin}: video {e.video} is a frame folder; give video_fps in "
+                       "its data entry" for e in folders),
+    ]  # fmt: skip
+    print(f"rows that cannot be used: {len(bad)}")
+    for line in bad:
+        print(f"  {line}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,7 +153,14 @@ def _main(args: argparse.Namespace) -> int:
 
         if cfg.train.deepspeed is not None:
             resolve_deepspeed(load_deepspeed_config(cfg.train.deepspeed), cfg)
-        examples = load_examples(cfg)
+        load = None
+        if args.check and cfg.stage != "distill":
+            from craft_train.data import load_data
+
+            load = load_data(cfg)
+            examples = load.examples
+        else:
+            examples = load_examples(cfg)
         missing = _missing_videos(examples)
         if missing:
             print(
@@ -148,6 +174,8 @@ def _main(args: argparse.Namespace) -> int:
             print(f"config ok: stage {cfg.stage}, {len(examples)} examples after the mixture")
             for source, count in sorted(mixture_summary(examples).items()):
                 print(f"  {source}: {count}")
+            if load is not None:
+                _report_rows(load, missing, examples)
             return 0
     except ConfigError as err:
         print(f"craft-train: {err}", file=sys.stderr)

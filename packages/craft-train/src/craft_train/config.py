@@ -9,6 +9,8 @@ config touches no model, video or GPU: the CLI validates everything first, then 
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +22,7 @@ __all__ = [
     "BudgetConfig",
     "ConfigError",
     "DataConfig",
+    "DataFile",
     "DistillConfig",
     "LoraConfig",
     "MixtureConfig",
@@ -163,8 +166,70 @@ class SourceSpec(_Strict):
         return self
 
 
+SAMPLING = re.compile(r"^(all|(first|end|random):(\d+|\d+(\.\d+)?%))$")
+
+
+class DataFile(_Strict):
+    """One data file of a mixture, as LLaVA-OneVision's data YAML writes it."""
+
+    json_path: str = Field(
+        min_length=1,
+        description="The file (JSON array or JSONL); relative to the mixture's `root`.",
+    )
+    format: Literal["auto", "llava", "sharegpt", "caption", "craft"] = Field(
+        default="auto",
+        description="Row format (craft_train.formats); auto: told from the first row's keys.",
+    )
+    sampling_strategy: str = Field(
+        default="all",
+        description="all | first:N | first:P% | end:N | end:P% | random:N | random:P% "
+        "(random: a seeded subset, kept in file order).",
+    )
+    source: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Source name of every row (per-source caps); default: the row's "
+        "`data_source`, else the file name without suffix.",
+    )
+    video_root: str | None = Field(
+        default=None, description="Folder relative video paths start in (default: the file's)."
+    )
+    video_fps: float | None = Field(
+        default=None, gt=0, description="Frames per second of the videos given as frame folders."
+    )
+    duration: Literal["short", "medium", "long"] | None = Field(
+        default=None, description="Duration bucket of the file's videos (`duration_mix`)."
+    )
+
+    @field_validator("sampling_strategy")
+    @classmethod
+    def _strategy(cls, value: str) -> str:
+        value = value.strip()
+        if not SAMPLING.match(value):
+            raise ValueError(f"{value!r} is not all, first:N, end:N or random:N (N a count or P%)")
+        if value.endswith("%") and not 0 < float(value.split(":")[1][:-1]) <= 100:
+            raise ValueError(f"{value!r}: a percentage lies in (0, 100]")
+        return value
+
+
 class MixtureConfig(_Strict):
-    """Per-source caps (the paper caps every source at 30K rows) and resampling."""
+    """Data files and how much of each enters (`datasets`), per-source caps (the paper caps
+    every source at 30K rows) and resampling, and an optional duration mix."""
+
+    root: str | None = Field(
+        default=None,
+        description="Folder relative `datasets` paths start in (`$VAR` expanded); default: "
+        "the mixture file's folder (inline: the working directory).",
+    )
+    datasets: list[DataFile] = Field(
+        default_factory=list, description="Data files read in addition to data.manifests."
+    )
+    duration_mix: dict[Literal["short", "medium", "long"], float] | None = Field(
+        default=None,
+        description="Shares of the duration buckets after the caps (e.g. long 0.33, medium "
+        "0.35, short 0.31): each bucket is resampled to its share of the mixture's size; every "
+        "dataset must then give `duration`.",
+    )
 
     default_cap: int | None = Field(
         default=30000, gt=0, description="Cap of every source not listed in `sources`."
@@ -176,15 +241,42 @@ class MixtureConfig(_Strict):
         default=None, ge=0, description="Seed of the subsampling; None: optim.seed."
     )
 
+    @model_validator(mode="after")
+    def _durations(self) -> MixtureConfig:
+        if self.duration_mix is None:
+            return self
+        shares = self.duration_mix
+        if (
+            not shares
+            or any(v <= 0 for v in shares.values())
+            or abs(sum(shares.values()) - 1) > 0.02
+        ):
+            raise ValueError(f"duration_mix: positive shares summing to 1, got {shares}")
+        missing = [d.json_path for d in self.datasets if d.duration not in shares]
+        if missing or not self.datasets:
+            raise ValueError(
+                f"duration_mix: every dataset needs a `duration` among {sorted(shares)}; "
+                f"missing in {missing or 'datasets (empty)'}"
+            )
+        return self
+
+    def dataset_path(self, entry: DataFile) -> Path:
+        """`entry.json_path`, relative ones under `root` (`$VAR` / `~` expanded)."""
+        path = Path(os.path.expandvars(entry.json_path)).expanduser()
+        if path.is_absolute() or self.root is None:
+            return path
+        return Path(os.path.expandvars(self.root)).expanduser() / path
+
 
 class DataConfig(_Strict):
     """Manifests, mixture, video decoding and prompts."""
 
     manifests: list[str] = Field(
-        min_length=1,
-        description="JSONL files, one row per example: {video, caption, source} (stage 1) or "
-        "{video, question, answer, source} (stage 2). Relative video paths are resolved "
-        "against video_root, else the manifest's folder.",
+        default_factory=list,
+        description="Data files read whole: craft-train JSONL manifests ({video, caption, "
+        "source} / {video, question, answer, source}) or any format of craft_train.formats "
+        "(detected). Relative video paths are resolved against video_root, else the file's "
+        "folder. More files, with sampling: `mixture.datasets`.",
     )
     video_root: str | None = Field(default=None, description="Folder relative paths start in.")
     mixture: MixtureConfig | str = Field(
@@ -493,6 +585,8 @@ def _read_yaml(path: Path, what: str) -> dict[str, Any]:
 def load_mixture(path: str | Path) -> MixtureConfig:
     """A mixture from its own YAML file."""
     data = _read_yaml(Path(path), "mixture file")
+    if data.get("root") is None:  # relative `datasets` paths: the file's own folder
+        data["root"] = str(Path(path).parent)
     try:
         return MixtureConfig.model_validate(data)
     except ValidationError as err:
@@ -534,8 +628,11 @@ def load_config(
         cfg = TrainingConfig.model_validate(raw)
     except ValidationError as err:
         raise _format(err, f"{path}" if path is not None else "") from None
-    if isinstance(cfg.data.mixture, str):
-        cfg.mixture()  # a bad mixture file fails now, naming its fields
+    mixture = cfg.mixture()  # a bad mixture file fails now, naming its fields
+    if not cfg.data.manifests and not mixture.datasets:
+        raise ConfigError(
+            "data.manifests: no data; list files in data.manifests or in data.mixture's datasets"
+        )
     return cfg
 
 
@@ -560,6 +657,13 @@ def check_paths(cfg: TrainingConfig) -> None:
         raise ConfigError(f"data.video_root: folder {cfg.data.video_root} does not exist")
     if isinstance(cfg.data.mixture, str) and not Path(cfg.data.mixture).is_file():
         raise ConfigError(f"data.mixture: file {cfg.data.mixture} does not exist")
+    mixture = cfg.mixture()
+    for i, entry in enumerate(mixture.datasets):
+        if not mixture.dataset_path(entry).is_file():
+            raise ConfigError(
+                f"data.mixture.datasets.{i}.json_path: file {mixture.dataset_path(entry)} "
+                "does not exist"
+            )
     if cfg.model.init_from is not None and not Path(cfg.model.init_from).exists():
         raise ConfigError(f"model.init_from: {cfg.model.init_from} does not exist")
     lora_init = cfg.model.lora.init_from

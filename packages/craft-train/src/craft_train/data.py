@@ -13,8 +13,10 @@ the same order.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import math
 import random
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -24,17 +26,21 @@ from typing import Any
 
 import torch
 
-from craft_train.config import ConfigError, MixtureConfig
+from craft_train.config import ConfigError, MixtureConfig, TrainingConfig
+from craft_train.formats import Example, FormatError, Problem, iter_rows, read_data_file
 
 __all__ = [
+    "DataLoad",
     "DecodeError",
     "Example",
     "VideoTextDataset",
     "build_mixture",
     "collate",
     "epoch_order",
+    "load_data",
     "rank_indices",
     "read_manifest",
+    "sample_rows",
 ]
 
 log = logging.getLogger(__name__)
@@ -45,16 +51,6 @@ SEQUENCE_KEYS = ("input_ids", "attention_mask", "labels", "mm_token_type_ids", "
 
 class DecodeError(RuntimeError):
     """A video could not be read; the dataset skips the example and counts it."""
-
-
-@dataclass(frozen=True)
-class Example:
-    """One training example: a video, the user's prompt, and the target text."""
-
-    video: str
-    prompt: str
-    target: str
-    source: str
 
 
 def json_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
@@ -112,7 +108,9 @@ def read_manifest(
             target = row["caption"]
         else:
             prompt, target = row["question"], row["answer"]
-        examples.append(Example(str(video), prompt.strip(), target.strip(), row["source"]))
+        examples.append(
+            Example(str(video), prompt.strip(), target.strip(), row["source"], origin=where)
+        )
     if not examples:
         raise ConfigError(f"{path}: the manifest holds no examples")
     return examples
@@ -143,12 +141,7 @@ def build_mixture(examples: Sequence[Example], mixture: MixtureConfig, seed: int
         rng = random.Random(f"craft-mixture/{seed}/{name}")
         n = len(rows)
         if spec is not None and spec.target is not None:
-            count = spec.target
-            if count <= n:
-                out.extend(rows[i] for i in sorted(rng.sample(range(n), count)))
-            else:
-                out.extend(rows * (count // n))
-                out.extend(rows[i] for i in sorted(rng.sample(range(n), count % n)))
+            out.extend(_resample(rows, spec.target, rng))
             continue
         cap = spec.cap if spec is not None and spec.cap is not None else mixture.default_cap
         if cap is None or n <= cap:
@@ -156,6 +149,135 @@ def build_mixture(examples: Sequence[Example], mixture: MixtureConfig, seed: int
         else:
             out.extend(rows[i] for i in sorted(rng.sample(range(n), cap)))
     return out
+
+
+@dataclass
+class DataLoad:
+    """What the data files gave: the mixture, the rows that cannot be used, and notes (a
+    sampling strategy that asked for more rows than a file has)."""
+
+    examples: list[Example]
+    problems: list[Problem] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+
+def read_file(
+    path: str | Path,
+    fmt: str,
+    cfg: TrainingConfig,
+    *,
+    source: str | None = None,
+    video_root: str | None = None,
+    video_fps: float | None = None,
+) -> tuple[list[Example], list[Problem]]:
+    """One data file of any format (`fmt` "auto": detected from its first row).
+
+    Raises:
+        ConfigError: the file is not JSON / JSONL, its format cannot be told, or (a craft-train
+            manifest) a row lacks a field.
+    """
+    path = Path(path)
+    root = video_root or cfg.data.video_root
+    try:
+        if fmt == "auto":
+            from craft_train.formats import detect_format
+
+            first = next(iter_rows(path), (0, {}))[1]
+            fmt = detect_format(path, first)
+        if fmt != "craft":
+            return read_data_file(path, fmt, source=source, video_root=root, video_fps=video_fps,
+                                  caption_prompt=cfg.data.caption_prompt)  # fmt: skip
+    except FormatError as err:
+        raise ConfigError(str(err)) from None
+    stage = 2 if cfg.stage == 2 else 1
+    rows = read_manifest(path, stage, caption_prompt=cfg.data.caption_prompt, video_root=root)
+    if source is not None or video_fps is not None:
+        rows = [
+            dataclasses.replace(e, source=source or e.source, video_fps=video_fps) for e in rows
+        ]
+    return rows, []
+
+
+def sample_rows(
+    examples: Sequence[Example], strategy: str, seed: int, key: str
+) -> tuple[list[Example], str | None]:
+    """LLaVA-OneVision's `sampling_strategy` on one file's examples -> (kept, note).
+
+    `first:N` / `end:N`: the first / last N; `random:N`: a seeded subset (key: the file) in
+    file order; `P%` takes ceil(P% of the rows). A count larger than the file takes every
+    row and returns a note saying so.
+    """
+    if strategy == "all":
+        return list(examples), None
+    kind, amount = strategy.split(":")
+    n = len(examples)
+    count = math.ceil(float(amount[:-1]) * n / 100) if amount.endswith("%") else int(amount)
+    note = None
+    if count > n:
+        note = f"{key}: sampling_strategy {strategy} asks {count} rows, the file has {n}; all taken"
+        count = n
+    if kind == "first":
+        return list(examples[:count]), note
+    if kind == "end":
+        return list(examples[n - count :]), note
+    rng = random.Random(f"craft-sampling/{seed}/{key}")
+    return [examples[i] for i in sorted(rng.sample(range(n), count))], note
+
+
+def load_data(cfg: TrainingConfig) -> DataLoad:
+    """Read `data.manifests` and the mixture's `datasets`, sample, cap, mix durations.
+
+    Cheap: no video is opened. Rows that cannot be used are returned in `problems`, not
+    trained on.
+    """
+    mixture = cfg.mixture()
+    seed = mixture.seed if mixture.seed is not None else cfg.optim.seed
+    load = DataLoad([])
+    bucket: dict[int, str] = {}  # id(example) -> its file's duration bucket
+    for manifest in cfg.data.manifests:
+        examples, problems = read_file(manifest, "auto", cfg)
+        load.examples += examples
+        load.problems += problems
+    for entry in mixture.datasets:
+        path = mixture.dataset_path(entry)
+        examples, problems = read_file(path, entry.format, cfg, source=entry.source,
+                                       video_root=entry.video_root, video_fps=entry.video_fps)  # fmt: skip
+        examples, note = sample_rows(examples, entry.sampling_strategy, seed, str(path))
+        load.notes += [note] if note else []
+        load.problems += problems
+        load.examples += examples
+        bucket.update((id(e), str(entry.duration)) for e in examples)
+    if not load.examples:
+        raise ConfigError(f"data: no usable example in the data files ({len(load.problems)} "
+                          "rows that cannot be used; run with --check to list them)")  # fmt: skip
+    load.examples = build_mixture(load.examples, mixture, seed)
+    if mixture.duration_mix is not None:
+        load.examples = mix_durations(load.examples, bucket, mixture.duration_mix, seed)
+    return load
+
+
+def mix_durations(
+    examples: Sequence[Example], bucket: dict[int, str], shares: dict[str, float], seed: int
+) -> list[Example]:
+    """Resample each duration bucket to `round(share * len(examples))` rows (seeded)."""
+    total = len(examples)
+    out: list[Example] = []
+    for name, share in shares.items():
+        rows = [e for e in examples if bucket.get(id(e)) == name]
+        if not rows:
+            raise ConfigError(f"data.mixture.duration_mix: no example in bucket {name!r}")
+        rng = random.Random(f"craft-durations/{seed}/{name}")
+        out.extend(_resample(rows, round(share * total), rng))
+    return out
+
+
+def _resample(rows: Sequence[Example], count: int, rng: random.Random) -> list[Example]:
+    """Exactly `count` rows: a seeded subset (file order kept) when there are enough, else
+    every row `count // n` times plus a seeded subset for the remainder."""
+    n = len(rows)
+    if count <= n:
+        return [rows[i] for i in sorted(rng.sample(range(n), count))]
+    return list(rows) * (count // n) + [rows[i] for i in sorted(rng.sample(range(n), count % n))]
 
 
 def mixture_summary(examples: Sequence[Example]) -> dict[str, int]:

@@ -50,12 +50,11 @@ from craft_train.config import (
 from craft_train.data import (
     Example,
     VideoTextDataset,
-    build_mixture,
     collate,
     epoch_order,
+    load_data,
     mixture_summary,
     rank_indices,
-    read_manifest,
 )
 from craft_train.distributed import make_accelerator
 from craft_train.hub_export import export_hub_folder
@@ -119,19 +118,13 @@ def load_examples(cfg: TrainingConfig) -> list[Example]:
         from craft_train.distill import load_distill_examples
 
         return load_distill_examples(cfg)
-    examples: list[Example] = []
-    for manifest in cfg.data.manifests:
-        examples.extend(
-            read_manifest(
-                manifest,
-                cfg.stage,
-                caption_prompt=cfg.data.caption_prompt,
-                video_root=cfg.data.video_root,
-            )
-        )
-    mixture = cfg.mixture()
-    seed = mixture.seed if mixture.seed is not None else cfg.optim.seed
-    return build_mixture(examples, mixture, seed)
+    load = load_data(cfg)
+    for note in load.notes:
+        log.warning("%s", note)
+    if load.problems:  # reported, never dropped silently; `--check` lists every one
+        log.warning("%d data rows cannot be used and are left out (first: %s); "
+                    "`craft-train ... --check` lists them", len(load.problems), load.problems[0])  # fmt: skip
+    return load.examples
 
 
 def _schedule(cfg: TrainingConfig, optimizer: torch.optim.Optimizer, total_steps: int) -> Any:

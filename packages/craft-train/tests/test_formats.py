@@ -1,0 +1,212 @@
+"""The data formats people hold (LLaVA conversations, ShareGPT / LLaMA-Factory, caption rows),
+their unusable rows (named by file:line), sampling strategies, mixture files, `--check`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from craft_train import cli
+from craft_train.config import ConfigError, load_config
+from craft_train.data import load_data, sample_rows
+from craft_train.formats import Example, FormatError, detect_format, read_data_file
+
+LLAVA = [
+    {  # two turns; `<image>` marks the video (LLaVA-Video-178K writes it so)
+        "id": "v0",
+        "video": "clips/a.mp4",
+        "conversations": [
+            {"from": "human", "value": "<image>\nWhat colour is it?"},
+            {"from": "gpt", "value": "Red."},
+            {"from": "human", "value": "Are you sure?"},
+            {"from": "gpt", "value": "Yes, red."},
+        ],
+        "data_source": "0_30_s_academic_v0_1",
+    },
+    {"id": "i1", "image": "x.jpg", "conversations": [{"from": "human", "value": "<image>"}]},
+    {
+        "id": "v2",
+        "video": ["a.mp4", "b.mp4"],
+        "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}],
+    },
+    {"id": "v3", "video": "c.mp4", "conversations": [{"from": "human", "value": "<video>q"}]},
+    {
+        "id": "v4",
+        "video": "d.mp4",
+        "conversations": [{"from": "gpt", "value": "a"}, {"from": "human", "value": "q"}],
+    },
+    {
+        "id": "v5",
+        "video": "e.mp4",
+        "conversations": [
+            {"from": "human", "value": "<image><video>q"},
+            {"from": "gpt", "value": "a"},
+        ],
+    },
+    {"id": "v6", "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]},
+]
+
+
+def _json_array(path: Path, rows: list) -> Path:
+    """One row per line inside `[...]`, so that row i (0-based) starts on line i + 2."""
+    path.write_text("[\n" + ",\n".join(json.dumps(r) for r in rows) + "\n]\n")
+    return path
+
+
+def _jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_llava_rows_and_every_unusable_row_by_line(tmp_path: Path) -> None:
+    path = _json_array(tmp_path / "llava.json", LLAVA)
+    examples, problems = read_data_file(path)
+    assert examples == [
+        Example(
+            str(tmp_path / "clips/a.mp4"),
+            "What colour is it?",
+            "Red.",
+            "0_30_s_academic_v0_1",
+            follow_up=(("Are you sure?", "Yes, red."),),
+        )
+    ]
+    assert examples[0].origin == f"{path}:2"
+    reasons = {p.where.rsplit(":", 1)[1]: p.reason for p in problems}
+    assert sorted(reasons) == ["3", "4", "5", "6", "7", "8"]  # every bad row, none dropped
+    assert "image-only" in reasons["3"]
+    assert "2 videos" in reasons["4"]
+    assert "no assistant turn" in reasons["5"]
+    assert "alternate" in reasons["6"]
+    assert "2 <image>/<video> tags" in reasons["7"]
+    assert "no video" in reasons["8"]
+
+
+def test_sharegpt_llamafactory_rows_keep_system_and_turns(tmp_path: Path) -> None:
+    rows = [
+        {
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Look: <video> what happens?"},
+                {"role": "assistant", "content": "A cup falls."},
+                {"role": "user", "content": "Then?"},
+                {"role": "assistant", "content": "It breaks."},
+            ],
+            "videos": ["/abs/v.mp4"],
+        },
+        {"messages": [{"role": "user", "content": "<image>"}], "images": ["a.png"]},
+    ]
+    path = _jsonl(tmp_path / "lf.jsonl", rows)
+    (ex,), (problem,) = read_data_file(path, "sharegpt", source="lf", video_fps=3.0)
+    assert ex == Example("/abs/v.mp4", "Look:  what happens?", "A cup falls.", "lf",
+                         (("Then?", "It breaks."),), "Be brief.", 3.0)  # fmt: skip
+    assert problem.where == f"{path}:2" and "image-only" in problem.reason
+
+
+def test_caption_rows_one_example_per_caption(tmp_path: Path) -> None:
+    rows = [
+        {"video_path": "v.mp4", "captions": [{"content": "A dog."}, "A brown dog."]},
+        {"video": "w.mp4", "caption": "  "},
+    ]
+    examples, problems = read_data_file(_jsonl(tmp_path / "c.jsonl", rows), caption_prompt="D.")
+    assert [(e.prompt, e.target, e.source) for e in examples] == [("D.", "A dog.", "c"),
+                                                                  ("D.", "A brown dog.", "c")]  # fmt: skip
+    assert [p.where.rsplit(":", 1)[1] for p in problems] == ["2"]
+
+
+def test_unknown_format_names_the_file_and_the_choices(tmp_path: Path) -> None:
+    with pytest.raises(FormatError, match=r"x\.json: cannot tell the format.*llava, sharegpt"):
+        detect_format(tmp_path / "x.json", {"clip": "a.mp4", "text": "t"})
+    bad = tmp_path / "bad.json"
+    bad.write_text('[\n{"video": "a"},\n{"video": \n')
+    with pytest.raises(FormatError, match=r"bad\.json:3: not valid JSON"):
+        read_data_file(bad, "caption")
+
+
+def _examples(n: int) -> list[Example]:
+    return [Example(f"{i}.mp4", "p", "t", "s") for i in range(n)]
+
+
+def test_sampling_strategies() -> None:
+    rows = _examples(10)
+    assert sample_rows(rows, "all", 0, "f") == (rows, None)
+    assert sample_rows(rows, "first:3", 0, "f")[0] == rows[:3]
+    assert sample_rows(rows, "end:25%", 0, "f")[0] == rows[7:]  # ceil(2.5) = 3
+    picked, note = sample_rows(rows, "random:4", 0, "f")
+    assert len(set(picked)) == 4 and picked == sorted(picked, key=rows.index) and note is None
+    assert picked == sample_rows(rows, "random:4", 0, "f")[0]
+    assert {tuple(sample_rows(rows, "random:4", s, "f")[0]) for s in range(6)} != {tuple(picked)}
+    everything, note = sample_rows(rows, "random:50", 0, "f")
+    assert everything == rows and note is not None and "asks 50 rows, the file has 10" in note
+
+
+def test_bad_sampling_strategy_is_a_config_error(tmp_path: Path) -> None:
+    data = _config(tmp_path, [{"json_path": "a.json", "sampling_strategy": "some:3"}])
+    with pytest.raises(ConfigError, match=r"datasets\.0\.sampling_strategy.*'some:3'"):
+        load_config(data=data, stage=1)
+
+
+def _config(tmp_path: Path, datasets: list, **mixture) -> dict:
+    return {
+        "stage": 1,
+        "model": {"backbone": "unused"},
+        "data": {"mixture": {"root": str(tmp_path), "datasets": datasets, **mixture}},
+        "optim": {"lr": 1e-3},
+        "train": {"output_dir": str(tmp_path / "out")},
+    }
+
+
+def _write_sources(tmp_path: Path) -> None:
+    _json_array(tmp_path / "llava.json", LLAVA)
+    rows = [{"messages": [{"role": "user", "content": f"<video>q{i}"},
+                          {"role": "assistant", "content": f"a{i}"}], "videos": [f"l{i}.mp4"]}
+            for i in range(20)]  # fmt: skip
+    _jsonl(tmp_path / "lf.jsonl", rows)
+
+
+def test_mixture_file_reads_samples_caps_and_mixes_durations(tmp_path: Path) -> None:
+    _write_sources(tmp_path)
+    mixture = {
+        "datasets": [
+            {"json_path": "llava.json", "duration": "long"},
+            {
+                "json_path": "lf.jsonl",
+                "sampling_strategy": "first:50%",
+                "source": "lf",
+                "duration": "short",
+            },
+        ],  # fmt: skip
+        "default_cap": 8,
+        "duration_mix": {"long": 0.5, "short": 0.5},
+    }
+    (tmp_path / "mix.yaml").write_text(yaml.safe_dump(mixture))  # paths relative to the file
+    cfg = _config(tmp_path, [])
+    cfg["data"]["mixture"] = str(tmp_path / "mix.yaml")
+    load = load_data(load_config(data=cfg, stage=1))
+    assert len(load.problems) == 6
+    long = [e for e in load.examples if e.source == "0_30_s_academic_v0_1"]
+    short = [e for e in load.examples if e.source == "lf"]
+    # lf: first 10 of 20 rows, capped at 8 (seeded subset of those 10); the one llava row;
+    # then both buckets resampled to half of the 9 rows: round(4.5) = 4 each.
+    assert len(long) == 4 and len(set(long)) == 1
+    assert len(short) == 4 and {e.target for e in short} <= {f"a{i}" for i in range(10)}
+    assert load.examples == load_data(load_config(data=cfg, stage=1)).examples
+
+
+def test_check_lists_every_unusable_row_with_file_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _write_sources(tmp_path)
+    (tmp_path / "l0.mp4").write_bytes(b"not checked by --check")
+    data = _config(tmp_path, [{"json_path": "llava.json"}, {"json_path": "lf.jsonl"}])
+    data["train"]["deepspeed"] = None
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    assert cli.main(["stage1", "--check", "--config", str(tmp_path / "c.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "21 examples" in out and "rows that cannot be used: 26" in out  # 6 bad + 20 missing
+    for line in (3, 4, 5, 6, 7, 8):
+        assert f"llava.json:{line}: " in out
+    assert f"lf.jsonl:2: video {tmp_path / 'l1.mp4'} does not exist" in out
+    assert "lf.jsonl:1:" not in out  # its video exists
