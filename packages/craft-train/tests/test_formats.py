@@ -177,7 +177,7 @@ def test_mixture_file_reads_samples_caps_and_mixes_durations(tmp_path: Path) -> 
                 "source": "lf",
                 "duration": "short",
             },
-        ],  # fmt: skip
+        ],
         "default_cap": 8,
         "duration_mix": {"long": 0.5, "short": 0.5},
     }
@@ -210,3 +210,44 @@ def test_check_lists_every_unusable_row_with_file_and_line(
         assert f"llava.json:{line}: " in out
     assert f"lf.jsonl:2: video {tmp_path / 'l1.mp4'} does not exist" in out
     assert "lf.jsonl:1:" not in out  # its video exists
+
+
+def test_shipped_curriculum_runs_on_the_releases_file_layout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user with the data under $CRAFT_DATA, laid out as the releases are, runs one
+    command: every file the stage-2 mixture names is read, capped, and duration-mixed."""
+    from craft_train.config import load_mixture
+
+    stage2 = load_mixture("craft_stage2.yaml")
+    assert len(stage2.datasets) == 27 and stage2.duration_mix is not None
+    monkeypatch.setenv("CRAFT_DATA", str(tmp_path))
+    for entry in stage2.datasets:
+        path = stage2.dataset_path(entry)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        row = {**LLAVA[0], "video": f"{path.stem}.mp4"}
+        (path.parent / f"{path.stem}.mp4").write_bytes(b"")
+        _json_array(path, [row])
+    argv = ["stage2", "--check", "--config", "qwen3_5_4b_stage2.yaml",
+            "--set", f"model.init_from={tmp_path}"]  # fmt: skip
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    # 27 files of one row; buckets short 7, medium 13, long 7 rows, resampled to
+    # round(27 x 0.31 / 0.99) = 8, round(27 x 0.35 / 0.99) = 10, round(27 x 0.33 / 0.99) = 9
+    assert "27 examples" in out and "rows that cannot be used: 0" in out
+    for source in ("academic", "youtube", "nextqa", "perceptiontest", "longvitu"):
+        assert f"  {source}: " in out
+    monkeypatch.delenv("CRAFT_DATA")
+    assert cli.main(argv) == 2
+    assert "is an environment variable in it unset?" in capsys.readouterr().err
+
+
+def test_shipped_stage1_names_the_eight_caption_corpora() -> None:
+    from craft_train.config import load_mixture
+
+    stage1 = load_mixture("craft_stage1.yaml")
+    assert stage1.default_cap == 30000 and stage1.root == "${CRAFT_DATA}"
+    assert [d.source for d in stage1.datasets] == [
+        "webvid", "vatex_en", "vatex_zh", "didemo", "msrvtt", "msvd", "lovr", "ucf_crime"
+    ]  # fmt: skip
+    assert {d.format for d in stage1.datasets} == {"caption"}

@@ -582,8 +582,20 @@ def _read_yaml(path: Path, what: str) -> dict[str, Any]:
     return data
 
 
+def shipped_mixture(name: str | Path) -> Path | None:
+    """The package's own mixture file of that name (`craft_train/mixtures/`), if `name` is
+    a bare file name that exists there and not in the working directory."""
+    from importlib import resources
+
+    if Path(name).exists() or Path(name).name != str(name):
+        return None
+    shipped = Path(str(resources.files("craft_train").joinpath("mixtures", str(name))))
+    return shipped if shipped.is_file() else None
+
+
 def load_mixture(path: str | Path) -> MixtureConfig:
-    """A mixture from its own YAML file."""
+    """A mixture from its own YAML file (or a shipped one, by name: `craft_stage1.yaml`)."""
+    path = shipped_mixture(path) or path
     data = _read_yaml(Path(path), "mixture file")
     if data.get("root") is None:  # relative `datasets` paths: the file's own folder
         data["root"] = str(Path(path).parent)
@@ -629,6 +641,11 @@ def load_config(
     except ValidationError as err:
         raise _format(err, f"{path}" if path is not None else "") from None
     mixture = cfg.mixture()  # a bad mixture file fails now, naming its fields
+    if cfg.stage == "distill" and mixture.datasets:
+        raise ConfigError(
+            "data.mixture.datasets: a distillation run reads data.manifests only (unlabeled "
+            "videos with optional prompts); list the files there"
+        )
     if not cfg.data.manifests and not mixture.datasets:
         raise ConfigError(
             "data.manifests: no data; list files in data.manifests or in data.mixture's datasets"
@@ -655,14 +672,17 @@ def check_paths(cfg: TrainingConfig) -> None:
             raise ConfigError(f"data.manifests.{i}: file {manifest} does not exist")
     if cfg.data.video_root is not None and not Path(cfg.data.video_root).is_dir():
         raise ConfigError(f"data.video_root: folder {cfg.data.video_root} does not exist")
-    if isinstance(cfg.data.mixture, str) and not Path(cfg.data.mixture).is_file():
+    if isinstance(cfg.data.mixture, str) and not (
+        Path(cfg.data.mixture).is_file() or shipped_mixture(cfg.data.mixture)
+    ):
         raise ConfigError(f"data.mixture: file {cfg.data.mixture} does not exist")
     mixture = cfg.mixture()
     for i, entry in enumerate(mixture.datasets):
-        if not mixture.dataset_path(entry).is_file():
+        path = mixture.dataset_path(entry)
+        if not path.is_file():
+            unset = "; is an environment variable in it unset?" if "$" in str(path) else ""
             raise ConfigError(
-                f"data.mixture.datasets.{i}.json_path: file {mixture.dataset_path(entry)} "
-                "does not exist"
+                f"data.mixture.datasets.{i}.json_path: file {path} does not exist{unset}"
             )
     if cfg.model.init_from is not None and not Path(cfg.model.init_from).exists():
         raise ConfigError(f"model.init_from: {cfg.model.init_from} does not exist")

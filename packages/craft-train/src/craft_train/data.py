@@ -259,8 +259,9 @@ def load_data(cfg: TrainingConfig) -> DataLoad:
 def mix_durations(
     examples: Sequence[Example], bucket: dict[int, str], shares: dict[str, float], seed: int
 ) -> list[Example]:
-    """Resample each duration bucket to `round(share * len(examples))` rows (seeded)."""
-    total = len(examples)
+    """Resample each duration bucket to `round(share / sum(shares) * len(examples))` rows
+    (seeded; the paper's 33 / 35 / 31 % sum to 99 %)."""
+    total = len(examples) / sum(shares.values())
     out: list[Example] = []
     for name, share in shares.items():
         rows = [e for e in examples if bucket.get(id(e)) == name]
