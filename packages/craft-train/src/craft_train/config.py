@@ -9,6 +9,7 @@ config touches no model, video or GPU: the CLI validates everything first, then 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -402,6 +403,22 @@ class TrainConfig(_Strict):
         "one; 'never': start over; or the path of a checkpoint folder.",
     )
     progress_bar: bool = Field(default=True, description="tqdm progress bar on rank 0.")
+    report_to: list[Literal["tensorboard", "wandb", "none"]] = Field(
+        default_factory=list,
+        description="Also log to TensorBoard (output_dir/tensorboard) and / or Weights & "
+        "Biases (extras craft-train[tensorboard], craft-train[wandb]); [] or [none]: "
+        "log.jsonl only.",
+    )
+    wandb_project: str = Field(default="craft", min_length=1, description="W&B project.")
+
+    @field_validator("report_to")
+    @classmethod
+    def _report_to(cls, value: list[str]) -> list[str]:
+        if "none" in value and len(value) > 1:
+            raise ValueError(f"'none' excludes the others, got {value}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"a backend named twice: {value}")
+        return value
 
 
 DEFAULT_DISTILL_PROMPTS = (
@@ -589,7 +606,7 @@ def shipped_mixture(name: str | Path) -> Path | None:
 
     if Path(name).exists() or Path(name).name != str(name):
         return None
-    shipped = Path(str(resources.files("craft_train").joinpath("mixtures", str(name))))
+    shipped = Path(str(resources.files("craft_train").joinpath("mixtures").joinpath(str(name))))
     return shipped if shipped.is_file() else None
 
 
@@ -692,6 +709,11 @@ def check_paths(cfg: TrainingConfig) -> None:
     ds = cfg.train.deepspeed
     if ds is not None and ds != "zero2" and not Path(ds).is_file():
         raise ConfigError(f"train.deepspeed: {ds} is neither 'zero2' nor an existing file")
+    for name in cfg.train.report_to:  # the optional extras (craft_train.report)
+        if name != "none" and importlib.util.find_spec(name) is None:
+            raise ConfigError(
+                f"train.report_to: {name} is not installed; pip install 'craft-train[{name}]'"
+            )
     resume = cfg.train.resume
     if resume not in ("auto", "never") and not Path(resume).is_dir():
         raise ConfigError(f"train.resume: checkpoint folder {resume} does not exist")
@@ -713,6 +735,8 @@ RESUMABLE_FIELDS = (
     "train.resume",
     "train.output_dir",
     "train.progress_bar",
+    "train.report_to",
+    "train.wandb_project",
     "train.logging_steps",
     "train.save_steps",
     "train.save_total_limit",

@@ -19,7 +19,7 @@ import logging
 import math
 import random
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,7 +182,7 @@ def read_file(
         if fmt == "auto":
             from craft_train.formats import detect_format
 
-            first = next(iter_rows(path), (0, {}))[1]
+            first: Any = next(iter_rows(path), (0, {}))[1]
             fmt = detect_format(path, first)
         if fmt != "craft":
             return read_data_file(path, fmt, source=source, video_root=root, video_fps=video_fps,
@@ -252,12 +252,13 @@ def load_data(cfg: TrainingConfig) -> DataLoad:
                           "rows that cannot be used; run with --check to list them)")  # fmt: skip
     load.examples = build_mixture(load.examples, mixture, seed)
     if mixture.duration_mix is not None:
-        load.examples = mix_durations(load.examples, bucket, mixture.duration_mix, seed)
+        shares = {str(k): v for k, v in mixture.duration_mix.items()}
+        load.examples = mix_durations(load.examples, bucket, shares, seed)
     return load
 
 
 def mix_durations(
-    examples: Sequence[Example], bucket: dict[int, str], shares: dict[str, float], seed: int
+    examples: Sequence[Example], bucket: dict[int, str], shares: Mapping[str, float], seed: int
 ) -> list[Example]:
     """Resample each duration bucket to `round(share / sum(shares) * len(examples))` rows
     (seeded; the paper's 33 / 35 / 31 % sum to 99 %)."""

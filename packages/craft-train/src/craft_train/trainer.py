@@ -59,6 +59,7 @@ from craft_train.data import (
 from craft_train.distributed import make_accelerator
 from craft_train.hub_export import export_hub_folder
 from craft_train.model import CRAFT_DIR, LORA_DIR, ModelBundle, build_model
+from craft_train.report import open_reporter
 
 __all__ = [
     "CheckpointNotSaved",
@@ -173,6 +174,7 @@ class _Runner:
         self.bundle = bundle
         self.output_dir = Path(cfg.train.output_dir)
         self.deepspeed = cfg.train.deepspeed is not None
+        self.reporter: Any = None  # train.report_to (rank 0; craft_train.report)
 
     # -- weights -------------------------------------------------------------------------------
 
@@ -304,6 +306,8 @@ class _Runner:
         if self.acc.is_main_process:
             with (self.output_dir / LOG_FILE).open("a") as handle:
                 handle.write(json.dumps(row) + "\n")
+            if self.reporter is not None:
+                self.reporter.log(row)
 
 
 def _resume_folder(cfg: TrainingConfig) -> Path | None:
@@ -357,7 +361,13 @@ def train(
             total=plan.total_steps, initial=start_step, desc=f"stage {cfg.stage}", unit="step"
         )
     result = TrainResult(output_dir, start_step, plan.total_steps, resumed_from=resumed_from)
-    step = loop.run(start_step, result, progress, on_step)
+    if accelerator.is_main_process:
+        loop.runner.reporter = open_reporter(cfg, output_dir, start_step)
+    try:
+        step = loop.run(start_step, result, progress, on_step)
+    finally:
+        if loop.runner.reporter is not None:
+            loop.runner.reporter.close()
     if progress is not None:
         progress.close()
     final = loop.state(step, finished=True)
