@@ -1,5 +1,6 @@
-"""The data formats people hold (LLaVA conversations, ShareGPT / LLaMA-Factory, caption rows),
-their unusable rows (named by file:line), sampling strategies, mixture files, `--check`."""
+"""Data files in the formats people hold, in training: sampling strategies, mixture files
+(the shipped curriculum included), `--check` naming every unusable row by file:line. The
+readers themselves are tested in craft-adapters (`tests/test_data_files.py`)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from craft_adapters.data_files import Example
 from craft_train import cli
 from craft_train.config import ConfigError, load_config
 from craft_train.data import load_data, sample_rows
-from craft_train.formats import Example, FormatError, detect_format, read_data_file
 
-LLAVA = [
+LLAVA = [  # the rows of craft-adapters' test_data_files.py: one good, six unusable
     {  # two turns; `<image>` marks the video (LLaVA-Video-178K writes it so)
         "id": "v0",
         "video": "clips/a.mp4",
@@ -59,70 +60,6 @@ def _json_array(path: Path, rows: list) -> Path:
 def _jsonl(path: Path, rows: list) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
-
-
-def test_llava_rows_and_every_unusable_row_by_line(tmp_path: Path) -> None:
-    path = _json_array(tmp_path / "llava.json", LLAVA)
-    examples, problems = read_data_file(path)
-    assert examples == [
-        Example(
-            str(tmp_path / "clips/a.mp4"),
-            "What colour is it?",
-            "Red.",
-            "0_30_s_academic_v0_1",
-            follow_up=(("Are you sure?", "Yes, red."),),
-        )
-    ]
-    assert examples[0].origin == f"{path}:2"
-    reasons = {p.where.rsplit(":", 1)[1]: p.reason for p in problems}
-    assert sorted(reasons) == ["3", "4", "5", "6", "7", "8"]  # every bad row, none dropped
-    assert "image-only" in reasons["3"]
-    assert "2 videos" in reasons["4"]
-    assert "no assistant turn" in reasons["5"]
-    assert "alternate" in reasons["6"]
-    assert "2 <image>/<video> tags" in reasons["7"]
-    assert "no video" in reasons["8"]
-
-
-def test_sharegpt_llamafactory_rows_keep_system_and_turns(tmp_path: Path) -> None:
-    rows = [
-        {
-            "messages": [
-                {"role": "system", "content": "Be brief."},
-                {"role": "user", "content": "Look: <video> what happens?"},
-                {"role": "assistant", "content": "A cup falls."},
-                {"role": "user", "content": "Then?"},
-                {"role": "assistant", "content": "It breaks."},
-            ],
-            "videos": ["/abs/v.mp4"],
-        },
-        {"messages": [{"role": "user", "content": "<image>"}], "images": ["a.png"]},
-    ]
-    path = _jsonl(tmp_path / "lf.jsonl", rows)
-    (ex,), (problem,) = read_data_file(path, "sharegpt", source="lf", video_fps=3.0)
-    assert ex == Example("/abs/v.mp4", "Look:  what happens?", "A cup falls.", "lf",
-                         (("Then?", "It breaks."),), "Be brief.", 3.0)  # fmt: skip
-    assert problem.where == f"{path}:2" and "image-only" in problem.reason
-
-
-def test_caption_rows_one_example_per_caption(tmp_path: Path) -> None:
-    rows = [
-        {"video_path": "v.mp4", "captions": [{"content": "A dog."}, "A brown dog."]},
-        {"video": "w.mp4", "caption": "  "},
-    ]
-    examples, problems = read_data_file(_jsonl(tmp_path / "c.jsonl", rows), caption_prompt="D.")
-    assert [(e.prompt, e.target, e.source) for e in examples] == [("D.", "A dog.", "c"),
-                                                                  ("D.", "A brown dog.", "c")]  # fmt: skip
-    assert [p.where.rsplit(":", 1)[1] for p in problems] == ["2"]
-
-
-def test_unknown_format_names_the_file_and_the_choices(tmp_path: Path) -> None:
-    with pytest.raises(FormatError, match=r"x\.json: cannot tell the format.*llava, sharegpt"):
-        detect_format(tmp_path / "x.json", {"clip": "a.mp4", "text": "t"})
-    bad = tmp_path / "bad.json"
-    bad.write_text('[\n{"video": "a"},\n{"video": \n')
-    with pytest.raises(FormatError, match=r"bad\.json:3: not valid JSON"):
-        read_data_file(bad, "caption")
 
 
 def _examples(n: int) -> list[Example]:

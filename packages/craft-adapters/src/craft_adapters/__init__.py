@@ -26,7 +26,7 @@ from craft_adapters.wrapper import (
     wrap,
 )
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "BackboneAdapter",

@@ -10,7 +10,6 @@ config touches no model, video or GPU: the CLI validates everything first, then 
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -179,7 +178,7 @@ class DataFile(_Strict):
     )
     format: Literal["auto", "llava", "sharegpt", "caption", "craft"] = Field(
         default="auto",
-        description="Row format (craft_train.formats); auto: told from the first row's keys.",
+        description="Row format (craft_adapters.data_files); auto: told from the first row's keys.",
     )
     sampling_strategy: str = Field(
         default="all",
@@ -263,10 +262,9 @@ class MixtureConfig(_Strict):
 
     def dataset_path(self, entry: DataFile) -> Path:
         """`entry.json_path`, relative ones under `root` (`$VAR` / `~` expanded)."""
-        path = Path(os.path.expandvars(entry.json_path)).expanduser()
-        if path.is_absolute() or self.root is None:
-            return path
-        return Path(os.path.expandvars(self.root)).expanduser() / path
+        from craft_adapters.data_files import dataset_path
+
+        return dataset_path(self.root, entry.json_path)
 
 
 class DataConfig(_Strict):
@@ -275,7 +273,7 @@ class DataConfig(_Strict):
     manifests: list[str] = Field(
         default_factory=list,
         description="Data files read whole: craft-train JSONL manifests ({video, caption, "
-        "source} / {video, question, answer, source}) or any format of craft_train.formats "
+        "source} / {video, question, answer, source}) or any format of craft_adapters.data_files "
         "(detected). Relative video paths are resolved against video_root, else the file's "
         "folder. More files, with sampling: `mixture.datasets`.",
     )

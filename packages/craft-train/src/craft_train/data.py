@@ -26,8 +26,8 @@ from typing import Any
 
 import torch
 
+from craft_adapters.data_files import Example, FormatError, Problem, iter_rows, read_data_file
 from craft_train.config import ConfigError, MixtureConfig, TrainingConfig
-from craft_train.formats import Example, FormatError, Problem, iter_rows, read_data_file
 
 __all__ = [
     "DataLoad",
@@ -180,7 +180,7 @@ def read_file(
     root = video_root or cfg.data.video_root
     try:
         if fmt == "auto":
-            from craft_train.formats import detect_format
+            from craft_adapters.data_files import detect_format
 
             first: Any = next(iter_rows(path), (0, {}))[1]
             fmt = detect_format(path, first)

@@ -2,6 +2,9 @@
 
     examples, problems = read_data_file("llava_video_178k.json", fmt="auto")
 
+Shared by craft-train (training on these files) and craft-eval (`craft-eval audit`: the
+files against the benchmarks), which may not import each other: so the readers live here.
+
 Formats (`fmt`, or "auto": told apart by the first row's keys):
 
 - `llava`: LLaVA-Video-178K / LLaVA-OneVision conversation JSON or JSONL,
@@ -12,8 +15,8 @@ Formats (`fmt`, or "auto": told apart by the first row's keys):
   becomes the system turn).
 - `caption`: ShareGPT4Video-style caption rows, `{"video" | "video_path", "caption"}` or
   `"captions": [...]` (each caption one example; an entry may be `{"content": ...}`).
-- `craft`: craft-train's own JSONL manifest (`data.read_manifest`, strict: a bad row is an
-  error).
+- `craft`: craft-train's own JSONL manifest (detected here; read by craft-train's
+  `read_manifest`, strict: a bad row is an error; `read_data_file` reads its caption rows).
 
 `<image>` / `<video>` in a user turn marks the video; the tag is taken out and the video goes
 where the backbone's chat template puts it (first in the first user turn). A row that cannot
@@ -25,6 +28,7 @@ silently. The `--check` of the CLI lists them all.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,7 +38,9 @@ from typing import Any
 __all__ = [
     "FORMATS",
     "Example",
+    "FormatError",
     "Problem",
+    "dataset_path",
     "detect_format",
     "iter_rows",
     "read_data_file",
@@ -117,6 +123,15 @@ def _array_rows(path: Path, text: str, pos: int) -> Iterator[tuple[int, Any]]:
         yield line, row
 
 
+def dataset_path(root: str | None, json_path: str) -> Path:
+    """A mixture entry's file: `json_path` (`$VAR` and `~` expanded), a relative one under
+    `root` (also expanded; None: the working directory)."""
+    path = Path(os.path.expandvars(json_path)).expanduser()
+    if path.is_absolute() or root is None:
+        return path
+    return Path(os.path.expandvars(root)).expanduser() / path
+
+
 def detect_format(path: Path, row: Any) -> str:
     """The format of a file from its first row's keys.
 
@@ -168,7 +183,9 @@ def read_data_file(
         if fmt == "auto":
             fmt = detect_format(path, row)
             if fmt == "craft":
-                raise FormatError(f"{path}: a craft-train manifest; read it with read_manifest")
+                raise FormatError(
+                    f"{path}: a craft-train manifest; read it with craft_train.data.read_manifest"
+                )
         if not isinstance(row, dict):
             problems.append(Problem(where, "a row must be a JSON object"))
             continue
