@@ -132,3 +132,19 @@ def test_dataset_path_expands_variables_under_root(monkeypatch: pytest.MonkeyPat
     assert dataset_path("${CRAFT_DATA}/x", "a/b.json") == Path("/data/craft/x/a/b.json")
     assert dataset_path("${CRAFT_DATA}", "/abs/c.json") == Path("/abs/c.json")
     assert dataset_path(None, "d.json") == Path("d.json")
+
+
+def test_craft_manifest_rows_are_read_too(tmp_path: Path) -> None:
+    rows = [
+        {"video": "a.mp4", "question": "Q?", "answer": "A.", "source": "nextqa"},
+        {"video": "b.mp4", "caption": "A cat.", "source": "webvid"},
+        {"video": "c.mp4", "question": "Q?", "source": "nextqa"},
+    ]
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    examples, problems = read_data_file(path, caption_prompt="D.")
+    assert [(e.prompt, e.target, e.source) for e in examples] == [
+        ("Q?", "A.", "nextqa"),
+        ("D.", "A cat.", "webvid"),
+    ]
+    assert [p.where for p in problems] == [f"{path}:3"]

@@ -15,8 +15,9 @@ Formats (`fmt`, or "auto": told apart by the first row's keys):
   becomes the system turn).
 - `caption`: ShareGPT4Video-style caption rows, `{"video" | "video_path", "caption"}` or
   `"captions": [...]` (each caption one example; an entry may be `{"content": ...}`).
-- `craft`: craft-train's own JSONL manifest (detected here; read by craft-train's
-  `read_manifest`, strict: a bad row is an error; `read_data_file` reads its caption rows).
+- `craft`: craft-train's own JSONL manifest, `{"video", "caption" | "question" + "answer",
+  "source"}` (craft-train trains on it with its strict `read_manifest`: a bad row is an
+  error there).
 
 `<image>` / `<video>` in a user turn marks the video; the tag is taken out and the video goes
 where the backbone's chat template puts it (first in the first user turn). A row that cannot
@@ -162,11 +163,11 @@ def read_data_file(
     video_fps: float | None = None,
     caption_prompt: str = "Describe this video in detail.",
 ) -> tuple[list[Example], list[Problem]]:
-    """Read one data file of a `llava`, `sharegpt` or `caption` format ("auto": detected).
+    """Read one data file of any format ("auto": detected from its first row).
 
     Args:
-        source: source name of every row (default: the row's `data_source`, else the file's
-            name without suffix).
+        source: source name of every row (default: the row's `data_source` or `source`, else
+            the file's name without suffix).
         video_root: folder relative video paths start in (default: the file's folder).
         video_fps: frames per second of the videos that are frame folders.
         caption_prompt: prompt of caption rows that give no `prompt` of their own.
@@ -182,15 +183,11 @@ def read_data_file(
         where = f"{path}:{lineno}"
         if fmt == "auto":
             fmt = detect_format(path, row)
-            if fmt == "craft":
-                raise FormatError(
-                    f"{path}: a craft-train manifest; read it with craft_train.data.read_manifest"
-                )
         if not isinstance(row, dict):
             problems.append(Problem(where, "a row must be a JSON object"))
             continue
-        name = source or _text(row.get("data_source")) or path.stem
-        read = {"llava": _llava, "sharegpt": _sharegpt, "caption": _caption}[fmt]
+        name = source or _text(row.get("data_source")) or _text(row.get("source")) or path.stem
+        read = {"llava": _llava, "sharegpt": _sharegpt, "caption": _caption, "craft": _craft}[fmt]
         for made in read(row, caption_prompt):
             if isinstance(made, str):
                 problems.append(Problem(where, made))
@@ -282,6 +279,19 @@ def _caption(row: dict[str, Any], caption_prompt: str) -> list[_Made | str]:
         return ["a caption is missing, empty or not text"]
     prompt = _text(row.get("prompt")) or caption_prompt
     return [(video, [(prompt, t)], None) for t in texts if t is not None]
+
+
+def _craft(row: dict[str, Any], caption_prompt: str) -> list[_Made | str]:
+    """A craft-train manifest row, leniently (craft-train's own reader is the strict one)."""
+    if "question" not in row and "answer" not in row:
+        return _caption(row, caption_prompt)
+    video, why = _one_video(row, "video")
+    if video is None:
+        return [why]
+    question, answer = _text(row.get("question")), _text(row.get("answer"))
+    if question is None or answer is None:
+        return ["'question' and 'answer' must be non-empty text"]
+    return [(video, [(question, answer)], None)]
 
 
 def _example(
