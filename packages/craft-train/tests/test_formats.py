@@ -188,3 +188,24 @@ def test_shipped_stage1_names_the_eight_caption_corpora() -> None:
         "webvid", "vatex_en", "vatex_zh", "didemo", "msrvtt", "msvd", "lovr", "ucf_crime"
     ]  # fmt: skip
     assert {d.format for d in stage1.datasets} == {"caption"}
+
+
+def test_random_sampling_is_the_same_wherever_the_data_lies(tmp_path: Path) -> None:
+    picked = []
+    for where in ("a", "b"):
+        root = tmp_path / where
+        root.mkdir()
+        _write_sources(root)
+        entry = {"json_path": "lf.jsonl", "sampling_strategy": "random:5"}
+        cfg = load_config(data=_config(root, [entry], default_cap=None), stage=1)
+        picked.append([e.target for e in load_data(cfg).examples])
+    assert len(picked[0]) == 5 and picked[0] == picked[1]
+
+
+def test_duration_mix_refuses_files_without_a_duration(tmp_path: Path) -> None:
+    _write_sources(tmp_path)
+    data = _config(tmp_path, [{"json_path": "lf.jsonl", "duration": "short"}],
+                   duration_mix={"short": 1.0})  # fmt: skip
+    data["data"]["manifests"] = [str(tmp_path / "llava.json")]
+    with pytest.raises(ConfigError, match=r"data\.manifests have no duration"):
+        load_data(load_config(data=data, stage=1))

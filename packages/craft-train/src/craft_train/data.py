@@ -203,7 +203,7 @@ def sample_rows(
 ) -> tuple[list[Example], str | None]:
     """LLaVA-OneVision's `sampling_strategy` on one file's examples -> (kept, note).
 
-    `first:N` / `end:N`: the first / last N; `random:N`: a seeded subset (key: the file) in
+    `first:N` / `end:N`: the first / last N; `random:N`: a seeded subset (`key`: the file) in
     file order; `P%` takes ceil(P% of the rows). A count larger than the file takes every
     row and returns a note saying so.
     """
@@ -242,7 +242,8 @@ def load_data(cfg: TrainingConfig) -> DataLoad:
         path = mixture.dataset_path(entry)
         examples, problems = read_file(path, entry.format, cfg, source=entry.source,
                                        video_root=entry.video_root, video_fps=entry.video_fps)  # fmt: skip
-        examples, note = sample_rows(examples, entry.sampling_strategy, seed, str(path))
+        # keyed by json_path as written: the same subset wherever $CRAFT_DATA points
+        examples, note = sample_rows(examples, entry.sampling_strategy, seed, entry.json_path)
         load.notes += [note] if note else []
         load.problems += problems
         load.examples += examples
@@ -252,6 +253,9 @@ def load_data(cfg: TrainingConfig) -> DataLoad:
                           "rows that cannot be used; run with --check to list them)")  # fmt: skip
     load.examples = build_mixture(load.examples, mixture, seed)
     if mixture.duration_mix is not None:
+        if cfg.data.manifests:
+            raise ConfigError("data.mixture.duration_mix: data.manifests have no duration; "
+                              "list those files as mixture datasets with `duration:`")  # fmt: skip
         shares = {str(k): v for k, v in mixture.duration_mix.items()}
         load.examples = mix_durations(load.examples, bucket, shares, seed)
     return load
