@@ -84,6 +84,7 @@ def test_wandb_offline_run_holds_the_logged_steps(
 ) -> None:
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_ERROR_REPORTING", "false")  # no Sentry from a test
     out = tmp_path / "wb"
     train(load_config(data=_config(tiny, out, ["wandb", "tensorboard"]), stage=1))
     rows = _log_rows(out)
