@@ -15,52 +15,9 @@ from craft_adapters.data_files import (
     detect_format,
     read_data_file,
 )
-
-LLAVA = [
-    {  # two turns; `<image>` marks the video (LLaVA-Video-178K writes it so)
-        "id": "v0",
-        "video": "clips/a.mp4",
-        "conversations": [
-            {"from": "human", "value": "<image>\nWhat colour is it?"},
-            {"from": "gpt", "value": "Red."},
-            {"from": "human", "value": "Are you sure?"},
-            {"from": "gpt", "value": "Yes, red."},
-        ],
-        "data_source": "0_30_s_academic_v0_1",
-    },
-    {"id": "i1", "image": "x.jpg", "conversations": [{"from": "human", "value": "<image>"}]},
-    {
-        "id": "v2",
-        "video": ["a.mp4", "b.mp4"],
-        "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}],
-    },
-    {"id": "v3", "video": "c.mp4", "conversations": [{"from": "human", "value": "<video>q"}]},
-    {
-        "id": "v4",
-        "video": "d.mp4",
-        "conversations": [{"from": "gpt", "value": "a"}, {"from": "human", "value": "q"}],
-    },
-    {
-        "id": "v5",
-        "video": "e.mp4",
-        "conversations": [
-            {"from": "human", "value": "<image><video>q"},
-            {"from": "gpt", "value": "a"},
-        ],
-    },
-    {"id": "v6", "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]},
-]
-
-
-def _json_array(path: Path, rows: list) -> Path:
-    """One row per line inside `[...]`, so that row i (0-based) starts on line i + 2."""
-    path.write_text("[\n" + ",\n".join(json.dumps(r) for r in rows) + "\n]\n")
-    return path
-
-
-def _jsonl(path: Path, rows: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
+from craft_adapters.data_samples import LLAVA_ROWS as LLAVA
+from craft_adapters.data_samples import write_json_array as _json_array
+from craft_adapters.data_samples import write_jsonl as _jsonl
 
 
 def test_llava_rows_and_every_unusable_row_by_line(tmp_path: Path) -> None:

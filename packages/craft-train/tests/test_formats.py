@@ -4,62 +4,18 @@ readers themselves are tested in craft-adapters (`tests/test_data_files.py`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import yaml
 
 from craft_adapters.data_files import Example
+from craft_adapters.data_samples import LLAVA_ROWS as LLAVA
+from craft_adapters.data_samples import write_json_array as _json_array
+from craft_adapters.data_samples import write_jsonl as _jsonl
 from craft_train import cli
 from craft_train.config import ConfigError, load_config
 from craft_train.data import load_data, sample_rows
-
-LLAVA = [  # the rows of craft-adapters' test_data_files.py: one good, six unusable
-    {  # two turns; `<image>` marks the video (LLaVA-Video-178K writes it so)
-        "id": "v0",
-        "video": "clips/a.mp4",
-        "conversations": [
-            {"from": "human", "value": "<image>\nWhat colour is it?"},
-            {"from": "gpt", "value": "Red."},
-            {"from": "human", "value": "Are you sure?"},
-            {"from": "gpt", "value": "Yes, red."},
-        ],
-        "data_source": "0_30_s_academic_v0_1",
-    },
-    {"id": "i1", "image": "x.jpg", "conversations": [{"from": "human", "value": "<image>"}]},
-    {
-        "id": "v2",
-        "video": ["a.mp4", "b.mp4"],
-        "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}],
-    },
-    {"id": "v3", "video": "c.mp4", "conversations": [{"from": "human", "value": "<video>q"}]},
-    {
-        "id": "v4",
-        "video": "d.mp4",
-        "conversations": [{"from": "gpt", "value": "a"}, {"from": "human", "value": "q"}],
-    },
-    {
-        "id": "v5",
-        "video": "e.mp4",
-        "conversations": [
-            {"from": "human", "value": "<image><video>q"},
-            {"from": "gpt", "value": "a"},
-        ],
-    },
-    {"id": "v6", "conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]},
-]
-
-
-def _json_array(path: Path, rows: list) -> Path:
-    """One row per line inside `[...]`, so that row i (0-based) starts on line i + 2."""
-    path.write_text("[\n" + ",\n".join(json.dumps(r) for r in rows) + "\n]\n")
-    return path
-
-
-def _jsonl(path: Path, rows: list) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def _examples(n: int) -> list[Example]:
