@@ -37,6 +37,7 @@ from craft_train.checkpoint import (
     TrainState,
     find_latest_checkpoint,
     load_rng_state,
+    load_state_file,
     prune_checkpoints,
     save_rng_state,
 )
@@ -289,8 +290,8 @@ class _Runner:
             if self.bundle.peft_model is not None:
                 lora = load_file(str(folder / LORA_DIR / "adapter_model.safetensors"))
                 self.bundle.load_lora_state_dict(lora)
-            optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
-        scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
+            optimizer.load_state_dict(load_state_file(folder / "optimizer.pt"))
+        scheduler.load_state_dict(load_state_file(folder / "scheduler.pt"))
         for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr()):
             group["lr"] = lr
         load_rng_state(folder, self.acc.process_index)
