@@ -3,11 +3,13 @@ checkpoint is written. Each writer of a checkpoint raises its own error when the
 (torch.save a RuntimeError from its zip writer, safetensors a SafetensorError, a text or JSON
 file an OSError); whichever it is, the run stops with `CheckpointNotSaved`, no `.tmp` folder
 is left, the last complete checkpoint is kept, and once space is freed the same command
-resumes. Skipped where a tmpfs cannot be mounted (not root).
+resumes. The same for one rank of two, and for distill's teacher cache. Skipped where a
+tmpfs cannot be mounted (not root).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -23,6 +25,8 @@ from conftest import PAGE, TinySetup, fill_filesystem, small_filesystem
 from craft_train import cli
 from craft_train.checkpoint import find_latest_checkpoint
 from craft_train.config import load_config
+from craft_train.data import Example
+from craft_train.teacher_cache import TeacherCache, example_key, fill_cache
 from craft_train.trainer import CheckpointNotSaved, StepInfo, train
 
 # the files of a checkpoint in the order they are written (craft/'s three together)
@@ -145,3 +149,44 @@ def _port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _examples(n: int) -> list[Example]:
+    return [Example(f"/videos/clip{i:03d}.mp4", "What happens?", "", "unlabeled") for i in range(n)]
+
+
+def _teacher(example: Example) -> list[int]:
+    """A deterministic stand-in for the teacher's greedy ids (the cache is under test)."""
+    seed = int(example.video[-7:-4])
+    return [(seed * 31 + j) % 1000 for j in range(40)]
+
+
+def test_the_teacher_cache_on_a_disk_that_fills(tmp_path: Path) -> None:
+    """distill's teacher cache: the responses written before the disk filled are kept, the
+    error names the cache file, nothing is generated twice after space is freed, and a
+    `meta.json` that cannot be written leaves no `meta.tmp`."""
+    examples = _examples(60)  # ~60 x 200 bytes: several pages
+    with small_filesystem(tmp_path / "disk", 256 * 1024) as disk:
+        cache = TeacherCache(disk / "teacher", {"teacher": "t"})
+        filler = fill_filesystem(disk, PAGE)
+        with pytest.raises(OSError, match=r"teacher cache .*responses-0\.jsonl") as stopped:
+            fill_cache(cache, examples, _teacher)
+        assert stopped.value.errno == errno.ENOSPC and "run the same command" in str(stopped.value)
+        kept = cache.responses()
+        assert 0 < len(kept) < len(examples)
+
+        filler.unlink()
+        made: list[str] = []
+
+        def counted(example: Example) -> list[int]:
+            made.append(example.video)
+            return _teacher(example)
+
+        assert fill_cache(cache, examples, counted) == len(examples) - len(kept)
+        assert {example_key(e) for e in _examples(60) if e.video in made}.isdisjoint(kept)
+        assert cache.responses() == {example_key(e): _teacher(e) for e in examples}
+
+        filler = fill_filesystem(disk, 0)
+        with pytest.raises(OSError, match=r"teacher cache .*meta\.json"):
+            TeacherCache(disk / "other", {"teacher": "t"})
+        assert list((disk / "other").iterdir()) == []
