@@ -473,8 +473,8 @@ def merge_run(run_dir: str | Path) -> dict[str, Any]:
     records = sorted(rows.values(), key=lambda r: r["index"])
     bench = get_benchmark(header["config"]["benchmark"])
     merged_header = {k: v for k, v in header.items() if k != "rank"}
-    lines = [json.dumps(row, sort_keys=True) + "\n" for row in [merged_header, *records]]
-    _write_whole(run_dir / "records.jsonl", "".join(lines))
+    merged = "".join(json.dumps(row, sort_keys=True) + "\n" for row in [merged_header, *records])
+    _write_whole(run_dir / "records.jsonl", merged)
     summary = {
         "config": header["config"],
         "protocol": header["protocol"],
