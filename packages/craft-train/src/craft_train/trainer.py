@@ -267,8 +267,10 @@ class _Runner:
         waits for one that gave up."""
         acc, main = self.acc, self.acc.is_main_process
         error = _attempt(lambda: _fresh_folder(tmp)) if main else None
-        acc.wait_for_everyone()
-        if self.deepspeed and error is None:  # DeepSpeed's own barriers: see the README
+        failed = _failed_ranks(acc, error)  # and a barrier: the folder exists before any write
+        if failed:
+            return failed
+        if self.deepspeed:  # a collective: every rank calls it (a failure inside: README)
             folder = str(tmp / "deepspeed")
             error = _attempt(lambda: engine.save_checkpoint(folder, exclude_frozen_parameters=True))
         error = error or _attempt(lambda: save_rng_state(tmp, acc.process_index))
