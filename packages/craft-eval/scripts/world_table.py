@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     items = load_items(make_clips(out.parent / f"clips-{args.clips}", args.clips), task=None)
     store = out.with_suffix(".items.pt")
-    saved = torch.load(store) if store.is_file() else {}
+    saved = torch.load(store, weights_only=True) if store.is_file() else {}  # no code at load
     ref = answer_logprobs(model, processor, items)
     rows: dict[str, Score] = {k: Score(**v) for k, v in saved.items()}
     rows["uncompressed"] = evaluate(model, processor, items, ref)

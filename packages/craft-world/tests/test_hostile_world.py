@@ -84,3 +84,34 @@ def test_load_items_control_a_good_file_loads(tmp_path: Path) -> None:
     path.write_text(json.dumps([GOOD]))
     (item,) = load_items(tmp_path)
     assert item.answer == "B" and item.task == "object_existence"
+
+
+class _Payload:
+    """Unpickling this runs `open(marker, "w")`: what a hostile `state.pt` would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (exec, (f"open({str(self.marker)!r}, 'w').close()",))
+
+
+def test_train_backbone_refuses_a_state_that_runs_code(tmp_path: Path) -> None:
+    """Issue 32: a `state.pt` from someone else must not run code at resume (the CLI turns
+    the ValueError into its one-line usage error, exit 2)."""
+    import torch
+
+    from craft_world.train_backbone import Recipe, train_backbone
+
+    marker, work = tmp_path / "pwned", tmp_path / "work"
+    work.mkdir()
+    torch.save({"recipe": {}, "model": _Payload(marker)}, work / "state.pt")
+    with pytest.raises(ValueError, match=r"state\.pt holds Python objects") as err:
+        train_backbone(
+            work, tmp_path / "out", Recipe(steps_a=1, steps_b=1), eval_clips=1, final_clips=1
+        )
+    assert str(work / "state.pt") in str(err.value) and "refused" in str(err.value)
+    assert not marker.exists() and not (tmp_path / "out").exists()
+    # control: the payload is live; the unsafe loader runs it
+    torch.load(work / "state.pt", weights_only=False)
+    assert marker.exists()

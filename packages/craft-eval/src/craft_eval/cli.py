@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import sys
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -152,7 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return _dispatch(args)
+        with warnings.catch_warnings():  # restores Python's own format when main returns
+            warnings.showwarning = _show_warning
+            return _dispatch(args)
     except KeyboardInterrupt:
         print("craft-eval: interrupted; the same command resumes a run", file=sys.stderr)
         return 130
@@ -167,6 +170,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def _show_warning(message: Warning | str, category: type[Warning], *args: Any, **kw: Any) -> None:
+    """A Python warning as the CLI's own line: `craft-eval: warning: ...` (no file:line, no
+    source line: the user did not write that code)."""
+    kind = "" if category is UserWarning else f"{category.__name__}: "
+    print(f"craft-eval: warning: {kind}{message}", file=sys.stderr)
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -301,7 +301,7 @@ def write_report(root: str | Path, out_dir: str | Path | None = None) -> dict[st
     plot = plot_accuracy_vs_compression(summaries, out / "accuracy_vs_compression.png")
     maps = []
     for npz in sorted(root.rglob("merge_map*.npz")):
-        data = np.load(npz)
+        data = np.load(npz, allow_pickle=False)  # a results folder may come from anyone
         name = f"{npz.parent.parent.name}_{npz.parent.name}_{npz.stem}.png".replace("/", "_")
         maps.append(
             render_merge_map(

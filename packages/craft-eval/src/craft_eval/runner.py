@@ -473,10 +473,8 @@ def merge_run(run_dir: str | Path) -> dict[str, Any]:
     records = sorted(rows.values(), key=lambda r: r["index"])
     bench = get_benchmark(header["config"]["benchmark"])
     merged_header = {k: v for k, v in header.items() if k != "rank"}
-    with open(run_dir / "records.jsonl", "w", encoding="utf-8") as f:
-        f.write(json.dumps(merged_header, sort_keys=True) + "\n")
-        for row in records:
-            f.write(json.dumps(row, sort_keys=True) + "\n")
+    merged = "".join(json.dumps(row, sort_keys=True) + "\n" for row in [merged_header, *records])
+    _write_whole(run_dir / "records.jsonl", merged)
     summary = {
         "config": header["config"],
         "protocol": header["protocol"],
@@ -490,7 +488,17 @@ def merge_run(run_dir: str | Path) -> dict[str, Any]:
         summary["submission"] = str(
             write_submission(records, run_dir / "egoschema_submission.json")
         )
-    (run_dir / "summary.json").write_text(
-        json.dumps(summary, indent=1, sort_keys=True), encoding="utf-8"
-    )
+    _write_whole(run_dir / "summary.json", json.dumps(summary, indent=1, sort_keys=True))
     return summary
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """`text` into `path` via `path.tmp`, renamed once complete: a full disk (or a kill)
+    leaves the previous file or none, never half of one, and no `.tmp` behind."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

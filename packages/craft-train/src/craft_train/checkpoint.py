@@ -15,11 +15,16 @@
 
 A checkpoint is written into `checkpoint-N.tmp` and renamed when complete, so a run killed
 while saving leaves no folder that looks finished.
+
+The `.pt` files are read with `load_state_file` (`torch.load(weights_only=True)`): tensors and
+plain values only, so a checkpoint folder from someone else cannot run code at resume. A file
+holding anything else is refused with `UnsafeCheckpoint`, naming it.
 """
 
 from __future__ import annotations
 
 import json
+import pickle
 import random
 import re
 import shutil
@@ -29,11 +34,15 @@ from typing import Any
 
 import torch
 
+from craft_train.config import ConfigError
+
 __all__ = [
     "TRAIN_STATE",
     "TrainState",
+    "UnsafeCheckpoint",
     "find_latest_checkpoint",
     "load_rng_state",
+    "load_state_file",
     "prune_checkpoints",
     "save_rng_state",
 ]
@@ -42,6 +51,29 @@ TRAIN_STATE = "train_state.json"
 LOG_FILE = "log.jsonl"  # a run folder's log, one JSON object per line
 CONFIG_FILE = "config.yaml"  # the resolved config the run was started with
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+class UnsafeCheckpoint(ConfigError):
+    """A checkpoint file holds pickled objects other than tensors and plain values (the CLI
+    exits with 2, as for any bad input)."""
+
+
+def load_state_file(path: Path) -> Any:
+    """A `.pt` file written by `torch.save` of a state dict, loaded without running code.
+
+    `weights_only=True` unpickles tensors, numbers, strings, lists, tuples and dicts only: the
+    optimizer, LR-schedule and RNG states need nothing else. Unpickling any other object can
+    run arbitrary code, so a file that holds one is refused (`UnsafeCheckpoint`), naming it.
+    """
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UnsafeCheckpoint(
+            f"{path} holds Python objects other than tensors and plain values, which could "
+            f"run code when loaded; refused ({first}). craft-train never writes such a file: "
+            "resume only from checkpoint folders you trust"
+        ) from err
 
 
 @dataclass
@@ -107,7 +139,7 @@ def load_rng_state(folder: Path, rank: int) -> bool:
     path = folder / f"rng_state_{rank}.pt"
     if not path.is_file():
         return False
-    state = torch.load(path, weights_only=False)
+    state = load_state_file(path)
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -121,7 +122,9 @@ def _report_rows(load: Any, missing: list[str], examples: list[Any]) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        return _main(args)
+        with warnings.catch_warnings():  # restores Python's own format when main returns
+            warnings.showwarning = _show_warning
+            return _main(args)
     except KeyboardInterrupt:
         print("craft-train: interrupted; run the same command again to resume", file=sys.stderr)
         return 130
@@ -133,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def _show_warning(message: Warning | str, category: type[Warning], *args: Any, **kw: Any) -> None:
+    """A Python warning as the CLI's own line: `craft-train: warning: ...` (no file:line)."""
+    kind = "" if category is UserWarning else f"{category.__name__}: "
+    print(f"craft-train: warning: {kind}{message}", file=sys.stderr)
 
 
 def _main(args: argparse.Namespace) -> int:

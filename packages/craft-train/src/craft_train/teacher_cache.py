@@ -18,9 +18,11 @@ decode is recorded with its error (and skipped in training) rather than retried.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -66,8 +68,12 @@ class TeacherCache:
         elif create:
             self.folder.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(self.meta, indent=1))
-            tmp.rename(path)
+            try:
+                tmp.write_text(json.dumps(self.meta, indent=1))
+                tmp.rename(path)
+            except OSError as err:  # a full disk: no half-written meta.tmp stays behind
+                tmp.unlink(missing_ok=True)
+                raise OSError(err.errno, f"teacher cache {path}: {err.strerror}") from err
 
     def responses(self) -> dict[str, list[int] | str]:
         """Every cached pair: key -> token ids, or the error text of a failed video."""
@@ -87,19 +93,32 @@ class TeacherCache:
 
 
 class _Appender:
+    """Appends rows to one responses file, flushing each. A write that fails (a full disk)
+    raises an OSError naming the file; the rows before it are kept."""
+
     def __init__(self, path: Path) -> None:
+        self.path, self.written = path, 0
         if path.is_file():
             data = path.read_bytes()
-            if data and not data.endswith(b"\n"):
-                path.write_bytes(data[: data.rfind(b"\n") + 1])
+            if data and not data.endswith(b"\n"):  # truncated in place: needs no free space
+                os.truncate(path, data.rfind(b"\n") + 1)
         self.handle = path.open("a")
 
     def write(self, row: dict[str, Any]) -> None:
-        self.handle.write(json.dumps(row) + "\n")
-        self.handle.flush()
+        try:
+            self.handle.write(json.dumps(row) + "\n")
+            self.handle.flush()
+        except OSError as err:
+            raise OSError(
+                err.errno,
+                f"teacher cache {self.path}: {err.strerror}; the {self.written} responses "
+                "written before are kept: free space and run the same command again",
+            ) from err
+        self.written += 1
 
     def close(self) -> None:
-        self.handle.close()
+        with contextlib.suppress(OSError):  # the unwritten rest of a failed row: dropped on read
+            self.handle.close()
 
 
 def fill_cache(

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from craft_adapters.splice import NonFiniteOutput
@@ -37,6 +38,7 @@ from craft_train.checkpoint import (
     TrainState,
     find_latest_checkpoint,
     load_rng_state,
+    load_state_file,
     prune_checkpoints,
     save_rng_state,
 )
@@ -194,6 +196,10 @@ class _Runner:
     def save_weights(self, folder: Path) -> None:
         """craft/ (and lora/) into `folder`. Call on EVERY rank: under ZeRO, gathering the
         fp32 master weights is a collective; only the main process writes."""
+        self._write_weights(folder, self._finite_state(folder))
+
+    def _finite_state(self, folder: Path) -> dict[str, torch.Tensor]:
+        """`craft_state()` (a collective under ZeRO), refused when not finite (every rank)."""
         state = self.craft_state()
         bad = [name for name, tensor in state.items() if not bool(torch.isfinite(tensor).all())]
         if bad:
@@ -201,6 +207,9 @@ class _Runner:
                 f"merge-module weights {', '.join(bad[:3])} are not finite; nothing saved to "
                 f"{folder}"
             )
+        return state
+
+    def _write_weights(self, folder: Path, state: dict[str, torch.Tensor]) -> None:
         if not self.acc.is_main_process:
             return
         with torch.random.fork_rng():  # building the copy must not move any RNG
@@ -215,48 +224,64 @@ class _Runner:
     def save_checkpoint(
         self, state: TrainState, scheduler: Any, optimizer: Any, engine: Any
     ) -> Path:
-        """Write `checkpoint-N` (via `checkpoint-N.tmp`); on a write error (a full disk) the
-        half-written folder is removed, the last complete checkpoint kept, and
-        `CheckpointNotSaved` says so."""
+        """Write `checkpoint-N` (via `checkpoint-N.tmp`). Call on every rank. When a write
+        fails on any rank (a full disk: torch.save, safetensors, json and DeepSpeed each raise
+        their own error), every rank raises `CheckpointNotSaved` naming the ranks that failed;
+        the half-written folder is removed and the last complete checkpoint kept."""
         final = self.output_dir / f"checkpoint-{state.global_step}"
         tmp = self.output_dir / f"checkpoint-{state.global_step}.tmp"
         try:
-            return self._write_checkpoint(final, tmp, state, scheduler, optimizer, engine)
-        except OSError as error:
+            failed = self._write_checkpoint(tmp, state, scheduler, optimizer, engine)
+        except BaseException:
             if self.acc.is_main_process:
                 shutil.rmtree(tmp, ignore_errors=True)  # ours: the half-written folder
+            raise
+        if failed:
+            if self.acc.is_main_process:
+                shutil.rmtree(tmp, ignore_errors=True)
+            self.acc.wait_for_everyone()  # the folder is gone before any rank reports
             last = find_latest_checkpoint(self.output_dir)
             kept = f"the last complete one, {last}, is kept" if last else "no earlier one exists"
+            free = shutil.disk_usage(self.output_dir).free
             raise CheckpointNotSaved(
-                f"{final.name} could not be written ({error}); {kept}; free space and run the "
-                "same command again to resume"
-            ) from error
-
-    def _write_checkpoint(
-        self, final: Path, tmp: Path, state: TrainState, scheduler: Any, optimizer: Any, engine: Any
-    ) -> Path:
-        acc = self.acc
-        if acc.is_main_process:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-        acc.wait_for_everyone()
-        if self.deepspeed:
-            engine.save_checkpoint(str(tmp / "deepspeed"), exclude_frozen_parameters=True)
-        save_rng_state(tmp, acc.process_index)
-        self.save_weights(tmp)
-        if acc.is_main_process:
-            if not self.deepspeed:
-                torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-            torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-            (tmp / CONFIG_FILE).write_text(dump_config(self.cfg))
-        acc.wait_for_everyone()
-        if acc.is_main_process:
-            state.save(tmp)  # last: marks the folder complete
+                f"{final.name} could not be written ({'; '.join(failed)}; {free} bytes free on "
+                f"its filesystem); {kept}; free space and run the same command again to resume"
+            )
+        if self.acc.is_main_process:
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
             prune_checkpoints(self.output_dir, self.cfg.train.save_total_limit)
-        acc.wait_for_everyone()
+        self.acc.wait_for_everyone()
         return final
+
+    def _write_checkpoint(
+        self, tmp: Path, state: TrainState, scheduler: Any, optimizer: Any, engine: Any
+    ) -> list[str]:
+        """Every part into `tmp`; "rank R: error" of each rank whose writes failed (the same
+        list on every rank). The collectives run on every rank whatever failed, so no rank
+        waits for one that gave up."""
+        acc, main = self.acc, self.acc.is_main_process
+        error = _attempt(lambda: _fresh_folder(tmp)) if main else None
+        failed = _failed_ranks(acc, error)  # and a barrier: the folder exists before any write
+        if failed:
+            return failed
+        if self.deepspeed:  # a collective: every rank calls it (a failure inside: README)
+            folder = str(tmp / "deepspeed")
+            error = _attempt(lambda: engine.save_checkpoint(folder, exclude_frozen_parameters=True))
+        error = error or _attempt(lambda: save_rng_state(tmp, acc.process_index))
+        weights = self._finite_state(tmp)
+        if main and error is None:
+
+            def write_main() -> None:
+                self._write_weights(tmp, weights)
+                if not self.deepspeed:
+                    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+                torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+                (tmp / CONFIG_FILE).write_text(dump_config(self.cfg))
+                state.save(tmp)  # last: marks the folder complete (renamed once all agree)
+
+            error = _attempt(write_main)
+        return _failed_ranks(acc, error)
 
     def load_checkpoint(
         self, folder: Path, scheduler: Any, optimizer: Any, engine: Any
@@ -284,8 +309,8 @@ class _Runner:
             if self.bundle.peft_model is not None:
                 lora = load_file(str(folder / LORA_DIR / "adapter_model.safetensors"))
                 self.bundle.load_lora_state_dict(lora)
-            optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=False))
-        scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=False))
+            optimizer.load_state_dict(load_state_file(folder / "optimizer.pt"))
+        scheduler.load_state_dict(load_state_file(folder / "scheduler.pt"))
         for group, lr in zip(scheduler.optimizer.param_groups, scheduler.get_last_lr()):
             group["lr"] = lr
         load_rng_state(folder, self.acc.process_index)
@@ -308,6 +333,37 @@ class _Runner:
                 handle.write(json.dumps(row) + "\n")
             if self.reporter is not None:
                 self.reporter.log(row)
+
+
+# What the writers raise on a full disk: open()/json -> OSError, torch.save (and DeepSpeed,
+# which calls it) -> RuntimeError "[enforce fail at inline_container.cc] unexpected pos",
+# safetensors -> SafetensorError.
+_WRITE_ERRORS: tuple[type[BaseException], ...] = (OSError, RuntimeError, SafetensorError)
+
+
+def _attempt(write: Callable[[], object]) -> str | None:
+    """None when `write()` succeeds, else its error as one line."""
+    try:
+        write()
+    except _WRITE_ERRORS as error:
+        if isinstance(error, TrainingDiverged):
+            raise
+        return f"{type(error).__name__}: {error}".splitlines()[0]
+    return None
+
+
+def _fresh_folder(folder: Path) -> None:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+
+
+def _failed_ranks(acc: Any, error: str | None) -> list[str]:
+    """ "rank R: error" for every rank whose `error` is set (a collective)."""
+    errors: list[str | None] = [error]
+    if acc.num_processes > 1:
+        errors = [None] * acc.num_processes
+        torch.distributed.all_gather_object(errors, error)
+    return [f"rank {rank}: {text}" for rank, text in enumerate(errors) if text is not None]
 
 
 def _resume_folder(cfg: TrainingConfig) -> Path | None:

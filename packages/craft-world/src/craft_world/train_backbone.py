@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import pickle
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -333,10 +334,18 @@ def _resume(
     path: Path, recipe: Recipe, model: Any, probe: torch.nn.Module, opt: Any
 ) -> tuple[int, int]:
     """(phase, step) of the state saved at `path`, loaded into the modules; (0, 0) without
-    one. A state of another recipe is refused."""
+    one. A state of another recipe is refused, and so is a file holding anything but tensors
+    and plain values: unpickling other objects can run code (`weights_only=True`)."""
     if not path.is_file():
         return 0, 0
-    state = torch.load(path, weights_only=False)
+    try:
+        state = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise ValueError(
+            f"{path} holds Python objects other than tensors and plain values, which could run "
+            "code when loaded; refused. train_backbone never writes such a file: delete it to "
+            "start afresh, or resume only from a state you trust"
+        ) from err
     if state["recipe"] != asdict(recipe):
         raise ValueError(f"{path} is of another recipe: {state['recipe']}")
     model.load_state_dict(state["model"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,20 +149,89 @@ class Benchmark:
         return ""
 
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """Rows of a .json (list, or {"data": [...]}) / .jsonl / .parquet annotation file.
+class AnnotationError(ValueError):
+    """An annotation file or record is malformed; the message names the file, the record (its
+    index and id) and what was expected."""
+
+
+_ID_FIELDS = ("question_id", "id", "question_idx", "uid", "_key")
+
+
+class Record(dict):  # type: ignore[type-arg]
+    """One record of an annotation file: a plain dict (JSON-safe, as stored in `Item.record`)
+    whose missing fields and badly typed values raise `AnnotationError` naming where it is."""
+
+    where = "an annotation record"  # set by read_records: "annotation file F, record I (id X)"
+
+    def __missing__(self, key: str) -> Any:
+        fields = ", ".join(sorted(str(k) for k in self)) or "none"
+        raise AnnotationError(f"{self.where} has no field {key!r} (its fields: {fields})")
+
+    def options(self, key: str) -> list[str]:
+        """Field `key` as option texts: a non-empty list of strings or numbers."""
+        value = self[key]
+        if (
+            not isinstance(value, list)
+            or not value
+            or any(isinstance(v, (dict, list)) for v in value)
+        ):
+            raise self.bad(key, "a non-empty list of option texts")
+        return [str(v) for v in value]
+
+    def number(self, key: str) -> float:
+        """Field `key` as a finite number (seconds, ...)."""
+        value = self[key]
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise self.bad(key, "a number") from None
+        if isinstance(value, bool) or not math.isfinite(number):
+            raise self.bad(key, "a finite number")
+        return number
+
+    def choice(self, key: str, options: list[str]) -> str:
+        """Field `key`, an option index 0 .. len(options) - 1, as its letter."""
+        value = self[key]
+        try:
+            index = int(value) if not isinstance(value, (bool, float)) else -1
+        except (TypeError, ValueError):
+            index = -1
+        if not 0 <= index < len(options):
+            raise self.bad(key, f"an option index 0..{len(options) - 1}")
+        return LETTERS[index]
+
+    def bad(self, key: str, expected: str) -> AnnotationError:
+        """The error for field `key` not holding `expected`."""
+        got = repr(self[key])
+        got = got if len(got) <= 60 else got[:57] + "..."
+        return AnnotationError(f"{self.where}: field {key!r} must be {expected}, got {got}")
+
+
+def read_records(path: Path) -> list[Record]:
+    """Rows of a .json (list, {"data": [...]}, or {id: record}) / .jsonl / .parquet file.
 
     Raises:
-        ValueError: the file cannot be parsed (the message names it).
+        ValueError: the file cannot be parsed, or is not a list of objects (`AnnotationError`);
+            the message names it.
     """
     try:
         rows = _read_records(path)
+    except AnnotationError:
+        raise
     except (OSError, ValueError, UnicodeDecodeError) as error:  # pyarrow's errors are ValueErrors
         raise ValueError(f"annotation file {path} cannot be read: {error}") from None
     bad = next((i for i, row in enumerate(rows) if not isinstance(row, dict)), None)
     if bad is not None:
-        raise ValueError(f"annotation file {path}: record {bad} is not an object")
-    return rows
+        raise AnnotationError(f"annotation file {path}: record {bad} is not an object")
+    records = []
+    for index, row in enumerate(rows):
+        record = Record(row)
+        ident = next((row[k] for k in _ID_FIELDS if row.get(k) not in (None, "")), None)
+        record.where = f"annotation file {path}, record {index}" + (
+            f" (id {ident!r})" if ident is not None else ""
+        )
+        records.append(record)
+    return records
 
 
 def _read_records(path: Path) -> list[dict[str, Any]]:
@@ -179,11 +249,18 @@ def _read_records(path: Path) -> list[dict[str, Any]]:
         for key in ("data", "questions", "records"):
             if isinstance(data.get(key), list):
                 return list(data[key])
-        return [
-            dict(v, _key=k) if isinstance(v, dict) else {"_key": k, "value": v}
-            for k, v in data.items()
-        ]
-    return list(data)
+        if not all(isinstance(v, dict) for v in data.values()):
+            keys = ", ".join(list(map(str, data))[:6])
+            raise AnnotationError(
+                f"annotation file {path} is an object (keys: {keys}); expected a list of "
+                'records, {"data": [records]}, or {id: record}'
+            )
+        return [dict(v, _key=k) for k, v in data.items()]
+    if not isinstance(data, list):
+        raise AnnotationError(
+            f"annotation file {path} holds a {type(data).__name__}; expected a list of records"
+        )
+    return data
 
 
 def _plain(value: Any) -> Any:

@@ -40,14 +40,14 @@ class EgoSchema(Benchmark):
         items = []
         for path in find_annotation(root, patterns, f"{self.title} ({which})"):
             for rec in read_records(path):
-                answer = _answer_letter(rec.get("answer"), len(rec["option"]), path)
+                answer = _answer_letter(rec.get("answer"), len(rec.options("option")), path)
                 items.append(
                     Item(
                         benchmark=self.name,
                         id=str(rec["question_idx"]),
                         video=str(root / "videos" / f"{rec['video_idx']}.mp4"),
                         question=str(rec["question"]),
-                        options=[strip_letter(str(o)) for o in rec["option"]],
+                        options=[strip_letter(o) for o in rec.options("option")],
                         answer=answer,
                         record=rec,
                     )

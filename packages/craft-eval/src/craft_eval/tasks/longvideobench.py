@@ -29,7 +29,7 @@ class LongVideoBench(Benchmark):
         for path in files:
             for rec in read_records(path):
                 if "candidates" in rec and rec["candidates"] is not None:
-                    options = [str(c) for c in rec["candidates"]]
+                    options = rec.options("candidates")
                 else:  # parquet form: option0..option4, "N/A" for absent ones
                     options = [
                         str(rec[f"option{i}"])
@@ -43,7 +43,7 @@ class LongVideoBench(Benchmark):
                         video=str(root / "videos" / str(rec["video_path"])),
                         question=str(rec["question"]),
                         options=options,
-                        answer=LETTERS[int(rec["correct_choice"])],
+                        answer=rec.choice("correct_choice", options),
                         categories={k: str(rec.get(k, "")) for k in self.breakdowns},
                         record=rec,
                     )

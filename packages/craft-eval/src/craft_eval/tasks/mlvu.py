@@ -43,7 +43,7 @@ class MLVU(Benchmark):
                         id=str(qid) if qid not in (None, "") else f"{path.stem}/{index}",
                         video=str(video),
                         question=str(rec["question"]).split("\n")[0],
-                        options=[str(c) for c in rec["candidates"]],
+                        options=rec.options("candidates"),
                         answer=str(rec["answer"]).strip(),
                         categories={"task_type": str(rec.get("task_type", ""))},
                         record=rec,

@@ -67,13 +67,13 @@ class MVBench(Benchmark):
             if not path.exists():
                 continue
             for index, rec in enumerate(read_records(path)):
-                candidates = [str(c) for c in rec["candidates"]]
+                candidates = rec.options("candidates")
                 answer = str(rec["answer"])
                 if answer not in candidates:
-                    raise ValueError(f"MVBench {task}[{index}]: answer not among candidates")
+                    raise rec.bad("answer", f"one of its candidates {candidates}")
                 segment = None
                 if rec.get("start") is not None and rec.get("end") is not None:
-                    segment = (float(rec["start"]), float(rec["end"]))
+                    segment = (rec.number("start"), rec.number("end"))
                 folder = VIDEO_FOLDERS[task]
                 video = first_existing(
                     [root / "video" / folder / rec["video"], root / folder / rec["video"]]

@@ -61,7 +61,7 @@ class VideoMME(Benchmark):
                         id=str(rec["question_id"]),
                         video=str(video),
                         question=str(rec["question"]),
-                        options=[strip_letter(str(o)) for o in rec["options"]],
+                        options=[strip_letter(o) for o in rec.options("options")],
                         answer=str(rec["answer"]).strip(),
                         categories={k: str(rec.get(k, "")) for k in self.breakdowns},
                         record=rec,
