@@ -80,6 +80,18 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true")
 
 
+def _add_audit_parser(sub: Any) -> None:
+    """`craft-eval audit`: training files against the benchmarks' videos."""
+    audit = sub.add_parser("audit", help="training data against the benchmarks (exit 1: overlap)")
+    audit.add_argument("train", nargs="+", help="training data files, or one mixture YAML")
+    audit.add_argument("--benchmark", "-b", nargs="+", required=True, help="benchmarks to audit")
+    audit.add_argument("--data-root", nargs="+", required=True, help="DIR or B=DIR pairs")
+    audit.add_argument("--subset", help="MVBench tasks / EgoSchema subset, as for run")
+    audit.add_argument("--write-clean", metavar="DIR", help="write the files minus overlaps")
+    audit.add_argument("--no-hash", action="store_true", help="match video names only")
+    audit.add_argument("--no-progress", action="store_true")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="craft-eval", description=__doc__.split("\n")[0])
     parser.add_argument(
@@ -130,14 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     eff.add_argument("--json", help="also write the result as JSON here")
 
-    audit = sub.add_parser("audit", help="training data against the benchmarks (exit 1: overlap)")
-    audit.add_argument("train", nargs="+", help="training data files, or one mixture YAML")
-    audit.add_argument("--benchmark", "-b", nargs="+", required=True, help="benchmarks to audit")
-    audit.add_argument("--data-root", nargs="+", required=True, help="DIR or B=DIR pairs")
-    audit.add_argument("--subset", help="MVBench tasks / EgoSchema subset, as for run")
-    audit.add_argument("--write-clean", metavar="DIR", help="write the files minus overlaps")
-    audit.add_argument("--no-hash", action="store_true", help="match video names only")
-    audit.add_argument("--no-progress", action="store_true")
+    _add_audit_parser(sub)
 
     demo = sub.add_parser("demo", help="the whole pipeline on a laptop CPU, nothing downloaded")
     demo.add_argument("--model", help="another checkpoint instead of the world's backbone")

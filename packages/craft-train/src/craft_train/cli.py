@@ -144,6 +144,17 @@ def _show_warning(message: Warning | str, category: type[Warning], *args: Any, *
     print(f"craft-train: warning: {kind}{message}", file=sys.stderr)
 
 
+def _print_check(cfg: Any, examples: list, load: Any, missing: list) -> None:
+    """`--check`'s report: the mixture's counts per source, then every unusable row."""
+    from craft_train.data import mixture_summary
+
+    print(f"config ok: stage {cfg.stage}, {len(examples)} examples after the mixture")
+    for source, count in sorted(mixture_summary(examples).items()):
+        print(f"  {source}: {count}")
+    if load is not None:
+        _report_rows(load, missing, examples)
+
+
 def _main(args: argparse.Namespace) -> int:
     if args.command == "configs":
         for name in shipped_configs():
@@ -178,13 +189,7 @@ def _main(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         if args.check:
-            from craft_train.data import mixture_summary
-
-            print(f"config ok: stage {cfg.stage}, {len(examples)} examples after the mixture")
-            for source, count in sorted(mixture_summary(examples).items()):
-                print(f"  {source}: {count}")
-            if load is not None:
-                _report_rows(load, missing, examples)
+            _print_check(cfg, examples, load, missing)
             return 0
     except ConfigError as err:
         print(f"craft-train: {err}", file=sys.stderr)

@@ -374,6 +374,15 @@ def _resume_folder(cfg: TrainingConfig) -> Path | None:
     return Path(cfg.train.resume)
 
 
+def _progress_bar(cfg: TrainingConfig, main_process: bool, total: int, start: int) -> Any:
+    """A tqdm bar over the optimizer steps on the main process, or None."""
+    if not (cfg.train.progress_bar and main_process):
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=start, desc=f"stage {cfg.stage}", unit="step")
+
+
 def train(
     cfg: TrainingConfig,
     *,
@@ -409,13 +418,7 @@ def train(
     start_step, loop.skipped_base = 0, 0
     if resumed_from is not None:
         start_step, loop.skipped_base = loop.resume(resumed_from)
-    progress = None
-    if cfg.train.progress_bar and accelerator.is_main_process:
-        from tqdm.auto import tqdm
-
-        progress = tqdm(
-            total=plan.total_steps, initial=start_step, desc=f"stage {cfg.stage}", unit="step"
-        )
+    progress = _progress_bar(cfg, accelerator.is_main_process, plan.total_steps, start_step)
     result = TrainResult(output_dir, start_step, plan.total_steps, resumed_from=resumed_from)
     if accelerator.is_main_process:
         loop.runner.reporter = open_reporter(cfg, output_dir, start_step)
@@ -424,8 +427,8 @@ def train(
     finally:
         if loop.runner.reporter is not None:
             loop.runner.reporter.close()
-    if progress is not None:
-        progress.close()
+        if progress is not None:
+            progress.close()
     final = loop.state(step, finished=True)
     loop.runner.save_weights(output_dir)
     if accelerator.is_main_process:
