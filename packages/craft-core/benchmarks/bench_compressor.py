@@ -11,7 +11,9 @@ N = 8,192, D = 1,024, both budget modes, on a CPU in float32. Features are video
 (scenes of slowly drifting patches), where the paper's loop needs several full pairing passes
 because chain prevention defers many tokens. `rechk %` is the share of partner decisions
 that the float32 pass could not certify (recomputed exactly), over all rounds; adversarial
-inputs (a static clip, letterbox bars of identical tokens) are timed too.
+inputs (a static clip, letterbox bars of identical tokens) are timed too. `--part merge`
+states the cost of the merge's float64 arithmetic (the same rows on every CPU path) against
+the same code in float32 (0.4's arithmetic, whose rows depend on the instruction set).
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import time
 import torch
 
 from craft_core import CraftCompressor, CraftConfig, target_token_count
+from craft_core import merge as merge_module
 from craft_core.certify import certified_partners
+from craft_core.compiling import inductor_options
 from craft_core.opcount import OpCounter
 from craft_core.selection import full_partners, grid_projection, row_keys
 
@@ -163,7 +167,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--part",
-        choices=["all", "ratio", "cost", "ops", "small", "compile"],
+        choices=["all", "ratio", "cost", "ops", "small", "compile", "merge"],
         default="all",
         help="what to run",
     )
@@ -183,6 +187,8 @@ def main() -> None:
         return small_n(device, repeats)
     if args.part == "compile":
         return compile_round(device, repeats)
+    if args.part == "merge":
+        return merge_cost(device, repeats)
     params = sum(p.numel() for p in CraftCompressor(CraftConfig(hidden_size=2560)).parameters())
     print(f"learnable parameters at D = 2560: {params:,} ({params / 1e6:.2f}M)")
 
@@ -238,6 +244,7 @@ def main() -> None:
         count_ops(device)
         small_n(device, repeats)
         compile_round(device, repeats)
+        merge_cost(device, repeats)
 
 
 def exactness_cost(device: torch.device, dim: int, repeats: int) -> None:
@@ -363,7 +370,7 @@ def compile_round(device: torch.device, repeats: int) -> None:
         similarity_bound(128),
         64,
     )
-    compiled = torch.compile(fixed_round, fullgraph=True, dynamic=True)
+    compiled = torch.compile(fixed_round, fullgraph=True, dynamic=True, options=inductor_options())
     start = time.perf_counter()
     compiled(*args)
     seconds = time.perf_counter() - start
@@ -375,6 +382,42 @@ def compile_round(device: torch.device, repeats: int) -> None:
         f"one round (N = {n:,}, pairing + selection) compiled whole: compile {seconds:.1f} s, "
         f"eager {1e3 * statistics.median(eager):.1f} ms, compiled {1e3 * statistics.median(fast):.1f} ms"
     )
+
+
+def _float32_merge(fn):  # type: ignore[no-untyped-def]
+    """`fn` with the merge's arithmetic in float32 (0.4's): `merge._exact` swapped for a
+    float32 cast, everything else the same code."""
+
+    def run():  # type: ignore[no-untyped-def]
+        exact = merge_module._exact
+        merge_module._exact = lambda x: x.to(torch.float32)
+        try:
+            return fn()
+        finally:
+            merge_module._exact = exact
+
+    return run
+
+
+def merge_cost(device: torch.device, repeats: int) -> None:
+    """Whole compression with the merge in float64 (0.5: the same rows on every CPU path)
+    against the same code in float32 (0.4), N = 8,192, ratio 8, interleaved in one run."""
+    for dim in (1024, 2560):
+        features, coords = video_like(32, 16, 16, dim)
+        features, coords = features.to(device), coords.to(device)
+        compressor = CraftCompressor(CraftConfig(hidden_size=dim)).to(device).eval()
+
+        def whole(compressor=compressor, features=features, coords=coords) -> None:  # type: ignore[no-untyped-def]
+            compressor(features, coords, ratio=8.0)
+
+        with torch.no_grad():
+            wide, narrow = timed_pair(whole, _float32_merge(whole), repeats, device)
+        ratio = statistics.median(a / b for a, b in zip(wide, narrow))
+        print(
+            f"merge arithmetic, N = {features.shape[0]:,}, D = {dim:,}, ratio 8: float64 "
+            f"{statistics.median(wide):.3f} s, float32 {statistics.median(narrow):.3f} s, "
+            f"float64 / float32 = {ratio:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from craft_core.certify import (
     certified_partners,
     similarity_bound,
 )
+from craft_core.compiling import inductor_options
 from craft_core.selection import full_partners, grid_projection, make_projection, row_keys
 
 
@@ -241,7 +242,9 @@ def test_one_round_compiles_whole_and_selects_like_eager() -> None:
     active = torch.arange(0, 200, 2)
     norms = (embed * embed).sum(1) * torch.linspace(1, 2, 200, dtype=torch.float64)
     args = (embed, active, norms, 10, None, 64, similarity_bound(32), 16)
-    compiled = torch.compile(fixed_round, fullgraph=True, dynamic=True)  # no graph break
+    options = inductor_options()
+    # fullgraph: no graph break; the options key the cache by the CPU path (compiling.py)
+    compiled = torch.compile(fixed_round, fullgraph=True, dynamic=True, options=options)
     got, want = compiled(*args), fixed_round(*args)
     assert torch.equal(got[5], want[5])  # sizes: edges, targets, lone targets, rows in doubt
     edges, targets = want[5][:2].tolist()

@@ -1,11 +1,16 @@
-"""craft-core 0.4 selects the same tokens as 0.3.0, bit for bit, on every CPU path.
+"""craft-core's kept tokens and output rows are pinned, bit for bit, on every CPU path.
 
-`tokens_0_3_0.json` holds, for each of the 216 reference cases of `test_reference.py`, a
-digest of 0.3.0's `(kept_index, assignment, rounds)` and (for the `target`/`mean` fusions,
-whose rows are sums and products only) of the output rows' bytes, written by 0.3.0 on this
-project's development CPU and identical there under `ATEN_CPU_CAPABILITY=default` and
-`MKL_CBWR=AVX2`. The gate's rows go through matmuls whose last bits depend on the CPU path,
-so only their selection is pinned. `nox -s core_paths` runs this under both settings.
+`pins_0_5_0.json` holds, for each of the 216 reference cases of `test_reference.py`, a digest
+of `(kept_index, assignment, rounds)` and a digest of the output rows' bytes, written by
+0.5.0 (the same tokens are checked against `test_reference.py`'s integer reference). Every
+case's rows are pinned, the gate's included: since 0.5 the merge computes in float64 and
+rounds once, so its rows no longer depend on the CPU path (0.3.0 pinned the `target`/`mean`
+rows only). Re-pinned in 0.5.0, with reasons: the float64 mean rounds the rows of groups of
+three or more sources differently (36 `mean` cases, tokens unchanged), and the gate cases
+draw W_q, W_k and W_down from the default init, which is now the same bits on every CPU path
+(other weights: all 24 gate cases' rows, 16 of their token sets). The other 200 token sets
+are 0.3.0's. `nox -s core_paths` runs this under `ATEN_CPU_CAPABILITY=default` and
+`MKL_CBWR=AVX2`.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from core_testkit import case_id, make_tokens, reference_cases, reference_gate
 
 from craft_core import CraftCompressor, CraftConfig
 
-PINNED = json.loads((Path(__file__).parent / "tokens_0_3_0.json").read_text())
+PINNED = json.loads((Path(__file__).parent / "pins_0_5_0.json").read_text())
 
 
 def digests(config: CraftConfig, seed: int, n: int, budget: dict, grad: bool) -> list[str]:
@@ -39,7 +44,7 @@ def digests(config: CraftConfig, seed: int, n: int, budget: dict, grad: bool) ->
     ]
 
 
-def test_every_reference_case_selects_what_0_3_0_selected() -> None:
+def test_every_reference_case_matches_its_pin() -> None:
     all_cases = reference_cases()
     assert len(all_cases) == len(PINNED) == 216
     wrong_selection, wrong_rows = [], []
@@ -49,7 +54,7 @@ def test_every_reference_case_selects_what_0_3_0_selected() -> None:
         selection, rows = digests(config, seed, n, budget, grad)
         if selection != PINNED[key][0]:
             wrong_selection.append(key)
-        if PINNED[key][1] is not None and rows != PINNED[key][1]:
+        if rows != PINNED[key][1]:
             wrong_rows.append(key)
     assert not wrong_selection, wrong_selection
     assert not wrong_rows, wrong_rows
@@ -70,7 +75,7 @@ def test_the_pin_can_fail(pinned: int) -> None:
     assert rows != PINNED[key][1]
 
 
-def test_dense_pairing_selects_what_0_3_0_selected() -> None:
+def test_dense_pairing_matches_the_pins() -> None:
     # The small-N path (every exact similarity in one matrix) against the same pins.
     wrong = []
     for case in reference_cases():
@@ -80,6 +85,6 @@ def test_dense_pairing_selects_what_0_3_0_selected() -> None:
         key = case_id(case)
         dense = config.model_copy(update={"pairing": "dense"})
         selection, rows = digests(dense, seed, n, budget, grad)
-        if selection != PINNED[key][0] or (PINNED[key][1] is not None and rows != PINNED[key][1]):
+        if selection != PINNED[key][0] or rows != PINNED[key][1]:
             wrong.append(key)
     assert not wrong, wrong

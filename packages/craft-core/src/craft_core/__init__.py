@@ -18,7 +18,7 @@ from craft_core.config import CraftConfig
 from craft_core.merge import GatedMerge
 from craft_core.result import CompressionResult
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 __all__ = [
     "Budget",

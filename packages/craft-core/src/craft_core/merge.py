@@ -6,6 +6,16 @@
 the tokens' original (t, h, w)) plus the selection similarity; `G` is a per-channel gate from
 an MLP on `[x_t ; x_i]`, modulated by the merge round through adaLN-Zero, so that a fresh
 module gives `G = 0.5` everywhere. About 5M parameters at D = 2560.
+
+Arithmetic: every step (projections, norms, RoPE, softmax, gate MLP, LayerNorm, the fusion)
+runs in float64 from float32-exact inputs (float32/bf16 rows and weights upcast exactly), and
+the new rows are rounded once, at the end, to the rows' dtype. A float32 reduction, norm or
+transcendental rounds differently per instruction set (AVX-512 / AVX2 / generic ATen, CUDA,
+a compiled kernel's order), and the next round's exact similarities see the last bit. In
+float64 those paths differ by a few units of 2^-53 relative, so the one rounding to float32
+gives the same bits unless the exact value lies within about 1e-16 (relative) of a float32
+rounding boundary: the rows, and so the tokens, are the same on every path except with a
+probability of about 1e-8 per value.
 """
 
 from __future__ import annotations
@@ -24,21 +34,38 @@ from craft_core.config import CraftConfig
 @functools.lru_cache(maxsize=1024)
 def _round_embedding_cpu(round_index: int, dim: int) -> torch.Tensor:
     # Cached across calls: a tensor made under an outer `torch.inference_mode()` would be an
-    # inference tensor, which a later call with autograd cannot save for backward.
+    # inference tensor, which a later call with autograd cannot save for backward. Python's
+    # math (libm, scalar), not a vectorised kernel: the same float64 on every CPU path.
     with torch.inference_mode(False):
         half = dim // 2
-        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float64) / half)
-        args = float(round_index) * freqs
-        return torch.cat([torch.cos(args), torch.sin(args)]).float()
+        args = [round_index * math.exp(-math.log(10000.0) * i / half) for i in range(half)]
+        values = [math.cos(a) for a in args] + [math.sin(a) for a in args]
+        return torch.tensor(values, dtype=torch.float64)
 
 
 def round_embedding(round_index: int, dim: int, device: torch.device) -> torch.Tensor:
-    """phi(m): sine-cosine encoding of the merge round, as for diffusion timesteps. `[dim]`.
+    """phi(m): sine-cosine encoding of the merge round, as for diffusion timesteps. `[dim]`
+    float64.
 
     Computed once per (m, dim) on the CPU and copied: one small transfer instead of seven
     kernel launches every round.
     """
     return _round_embedding_cpu(round_index, dim).to(device)
+
+
+@functools.lru_cache(maxsize=64)
+def _rope_inv_freq_cpu(rank: int, theta: float) -> torch.Tensor:
+    # float64 from Python's math, cached: not a buffer, which `module.to(bf16)` would round.
+    with torch.inference_mode(False):
+        return torch.tensor([theta ** (-i / rank) for i in range(0, rank, 2)], dtype=torch.float64)
+
+
+def _exact(x: torch.Tensor) -> torch.Tensor:
+    """float64 copy of a float32/bf16/f16 tensor (exact: no rounding), differentiable.
+
+    Every value enters the merge's arithmetic through here (the benchmark swaps it for a
+    float32 cast to time the 0.4 arithmetic beside this one)."""
+    return x.to(torch.float64)
 
 
 @dataclass
@@ -81,7 +108,6 @@ class GatedMerge(nn.Module):
     `w_mod` `[d_phi -> 2 d_h]` whose bias is `b_mod`; `w_up` `[d_h -> D]`.
     """
 
-    rope_inv_freq: torch.Tensor
     rope_axis: torch.Tensor
 
     def __init__(self, config: CraftConfig) -> None:
@@ -95,16 +121,30 @@ class GatedMerge(nn.Module):
         self.w_down = nn.Linear(2 * width, hidden)
         self.w_mod = nn.Linear(config.round_embed_dim, 2 * hidden)
         self.w_up = nn.Linear(hidden, width)
-        self.reset_gate()
+        self.reset_parameters()
 
         pairs = rank // 2
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, rank, 2).float() / rank))
         # Pair p is rotated by coordinate axis section[p]: the first rope_sections[0] pairs by
         # t, the next by h, the last by w (Qwen2-VL's M-RoPE layout).
         section = torch.repeat_interleave(torch.arange(3), torch.tensor(config.rope_sections))
         assert section.numel() == pairs
-        self.register_buffer("rope_inv_freq", inv_freq, persistent=False)
         self.register_buffer("rope_axis", section, persistent=False)
+
+    def reset_parameters(self) -> None:
+        """nn.Linear's default init (U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias),
+        drawn so that it is the same bits on every CPU path, then `reset_gate`.
+
+        torch's `uniform_` rounds `a + (b - a) u` differently with AVX-512 / AVX2 / generic
+        kernels: here u is drawn in float64 (exact multiples of 2^-53 from the global
+        generator, so `torch.manual_seed` still decides), scaled by separate, correctly
+        rounded float64 ops, and rounded once to float32."""
+        with torch.no_grad():
+            for layer in (self.w_q, self.w_k, self.w_down):
+                bound = 1.0 / math.sqrt(layer.in_features)
+                for param in layer.parameters():
+                    u = torch.rand(param.shape, dtype=torch.float64, device=param.device)
+                    param.copy_((u * 2.0 - 1.0) * bound)
+        self.reset_gate()
 
     def reset_gate(self) -> None:
         """adaLN-Zero: W_up, its bias, W_mod and b_mod at zero, so G = 0.5 exactly."""
@@ -113,10 +153,11 @@ class GatedMerge(nn.Module):
             nn.init.zeros_(layer.bias)
 
     def rope3d(self, x: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
-        """3D rotary embedding. `x [n, r]` float32, `coords [n, 3]` -> `[n, r]`.
+        """3D rotary embedding. `x [n, r]` float64, `coords [n, 3]` -> `[n, r]` float64.
 
         Pair p = (x_p, x_{p + r/2}) turns by `coords[axis(p)] * inv_freq[p]` (rotate-half)."""
-        angles = coords[:, self.rope_axis].float() * self.rope_inv_freq  # [n, r/2]
+        inv_freq = _rope_inv_freq_cpu(self.config.rank, self.config.rope_theta).to(x.device)
+        angles = _exact(coords[:, self.rope_axis]) * _exact(inv_freq)  # [n, r/2]
         cos, sin = angles.cos(), angles.sin()
         first, second = x.chunk(2, dim=-1)
         return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
@@ -130,26 +171,27 @@ class GatedMerge(nn.Module):
         coords_sources: torch.Tensor,
         similarity: torch.Tensor,
     ) -> torch.Tensor:
-        """w `[E]` float32: softmax over each target's sources (sums to 1 per target).
+        """w `[E]` float64: softmax over each target's sources (sums to 1 per target).
 
         Shapes: `x_targets [T, D]`, `x_sources [E, D]`, `group [E]` (target row of each
         edge), `coords_* [., 3]`, `similarity [E]`.
         """
         num_targets = x_targets.shape[0]
         if self.config.weighting == "uniform":
-            counts = torch.zeros(num_targets, device=group.device)  # no bincount: no host sync
-            counts.index_add_(0, group, torch.ones(group.shape, device=group.device))
+            ones = torch.ones(group.shape, dtype=torch.float64, device=group.device)
+            counts = torch.zeros(num_targets, dtype=torch.float64, device=group.device)
+            counts.index_add_(0, group, ones)  # no bincount: no host sync
             return 1.0 / counts[group]
-        dtype = self.w_q.weight.dtype
-        query = F.normalize(self.w_q(x_sources.to(dtype)).float(), dim=-1)
-        key = F.normalize(self.w_k(x_targets.to(dtype)).float(), dim=-1)
+        query = F.normalize(F.linear(_exact(x_sources), _exact(self.w_q.weight)), dim=-1)
+        key = F.normalize(F.linear(_exact(x_targets), _exact(self.w_k.weight)), dim=-1)
         query = self.rope3d(query, coords_sources)
         key = self.rope3d(key, coords_targets)
-        logits = ((query * key[group]).sum(-1) + similarity.float()) / self.config.temperature
-        peak = torch.full((num_targets,), float("-inf"), device=logits.device)
+        logits = ((query * key[group]).sum(-1) + _exact(similarity)) / self.config.temperature
+        peak = torch.full((num_targets,), float("-inf"), dtype=logits.dtype, device=logits.device)
         peak = peak.scatter_reduce(0, group, logits.detach(), reduce="amax")
         exp = torch.exp(logits - peak[group])
-        total = torch.zeros(num_targets, device=exp.device).index_add(0, group, exp)
+        total = torch.zeros(num_targets, dtype=exp.dtype, device=exp.device)
+        total = total.index_add(0, group, exp)
         return exp / total[group]
 
     def gate(
@@ -159,23 +201,24 @@ class GatedMerge(nn.Module):
         group: torch.Tensor,
         round_index: int,
     ) -> torch.Tensor:
-        """G `[E, D]` in (0, 1): the per-channel gate of each (target, source) edge."""
-        dtype = self.w_down.weight.dtype
+        """G `[E, D]` float64 in (0, 1): the per-channel gate of each (target, source) edge."""
         width = self.config.hidden_size
+        weight = _exact(self.w_down.weight)
         # W_down [x_t ; x_i] = W_t x_t + W_s x_i: the target half once per target, not per edge.
-        weight_target = self.w_down.weight[:, :width]
-        weight_source = self.w_down.weight[:, width:]
-        hidden = F.linear(x_targets.to(dtype), weight_target)[group]
-        hidden = hidden + F.linear(x_sources.to(dtype), weight_source, self.w_down.bias)
+        hidden = F.linear(_exact(x_targets), weight[:, :width])[group]
+        hidden = hidden + F.linear(_exact(x_sources), weight[:, width:], _exact(self.w_down.bias))
         return self.gate_from_hidden(hidden, round_index)
 
     def gate_from_hidden(self, hidden: torch.Tensor, round_index: int) -> torch.Tensor:
-        """GELU, affine-free LN, round modulation, W_up, sigmoid: `[E, d_h] -> [E, D]`."""
-        hidden = F.gelu(hidden)
+        """GELU, affine-free LN, round modulation, W_up, sigmoid: `[E, d_h] -> [E, D]`, in
+        float64 (the input is upcast exactly)."""
+        hidden = F.gelu(_exact(hidden))
         hidden = F.layer_norm(hidden, (hidden.shape[-1],), eps=self.config.layer_norm_eps)
         phi = round_embedding(round_index, self.config.round_embed_dim, hidden.device)
-        gamma, beta = self.w_mod(phi.to(hidden.dtype)).chunk(2)
-        return torch.sigmoid(self.w_up(hidden * (1 + gamma) + beta))
+        modulation = F.linear(_exact(phi), _exact(self.w_mod.weight), _exact(self.w_mod.bias))
+        gamma, beta = modulation.chunk(2)
+        up = F.linear(hidden * (1 + gamma) + beta, _exact(self.w_up.weight), _exact(self.w_up.bias))
+        return torch.sigmoid(up)
 
     def forward(
         self,
@@ -199,7 +242,8 @@ class GatedMerge(nn.Module):
             round_index: the merge round m (1-based).
 
         Returns:
-            `[T, D]` new target rows, in the dtype of `x_targets`.
+            `[T, D]` new target rows, in the dtype of `x_targets`: computed in float64 and
+            rounded once (module docstring).
         """
         reduce = self.config.reduce
         if reduce == "target":
@@ -207,15 +251,15 @@ class GatedMerge(nn.Module):
         lone, group = layout.lone, layout.group
         gate = None
         if reduce == "gate":
-            gate = self.gate(x_targets, x_sources, group, round_index).float()
+            gate = self.gate(x_targets, x_sources, group, round_index)
         # x_t - sum_i w_i G_i (x_t - x_i): a lone source has w = 1, so x_t + G (x_i - x_t);
-        # with G = 1 that is x_i itself. Separate mul and add (no lerp, whose FMA use differs
-        # between CPU instruction paths) keep every row the same bits on every path.
+        # with G = 1 that is x_i itself. Separate mul and add, not lerp (whose FMA use differs
+        # between CPU instruction paths).
         if gate is None:
-            lone_rows = x_sources[:lone].float()
+            lone_rows = _exact(x_sources[:lone])
         else:
-            base = x_targets[:lone].float()
-            lone_rows = base + gate[:lone] * (x_sources[:lone].float() - base)
+            base = _exact(x_targets[:lone])
+            lone_rows = base + gate[:lone] * (_exact(x_sources[:lone]) - base)
         if lone == x_targets.shape[0]:
             return lone_rows.to(x_targets.dtype)
         shared_group = group[lone:] - lone
@@ -228,7 +272,7 @@ class GatedMerge(nn.Module):
             similarity[lone:],
         ).unsqueeze(1)
         coeff = weights if gate is None else gate[lone:] * weights
-        shared_base = x_targets[lone:].float()
-        step = coeff * (x_sources[lone:].float() - shared_base[shared_group])
+        shared_base = _exact(x_targets[lone:])
+        step = coeff * (_exact(x_sources[lone:]) - shared_base[shared_group])
         shared_rows = shared_base.index_add(0, shared_group, step)
         return torch.cat([lone_rows, shared_rows]).to(x_targets.dtype)
