@@ -22,6 +22,7 @@ ARCH = "CraftQwen3VLForConditionalGeneration"
 HIDDEN = 128
 FRAME = 96
 PER_PAIR = 9  # merged tokens per frame pair (3 x 3)
+DTYPE = "float32"
 
 
 def processor() -> Any:

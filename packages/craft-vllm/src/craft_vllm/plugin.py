@@ -31,6 +31,9 @@ ARCHITECTURES = {
     "CraftQwen3VLForConditionalGeneration": (
         "craft_vllm.qwen3_vl:CraftQwen3VLForConditionalGeneration"
     ),
+    "CraftQwen3_5ForConditionalGeneration": (
+        "craft_vllm.qwen3_5:CraftQwen3_5ForConditionalGeneration"
+    ),
 }
 CPU_PRUNING_BUG = ((0, 32), (0, 33))  # [first, first fixed) (major, minor) of the CPU bug
 
