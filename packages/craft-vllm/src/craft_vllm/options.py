@@ -21,9 +21,11 @@ KEYS = ("craft_checkpoint", "craft_ratio")
 REFUSED = {
     "craft_threshold": "the threshold mode is refused: vLLM reserves each video's token count "
     "when it preprocesses the prompt, before the compressor runs, and a threshold makes that "
-    "count depend on the video's content; use craft_ratio",
+    "count depend on the video's content; use craft_ratio, and send threshold-mode videos "
+    "compressed beforehand (craft_adapters' compress_videos + craft_vllm.precompressed."
+    "video_payload, with enable_mm_embeds)",
     "craft_min_tokens": "craft_min_tokens belongs to the threshold mode, which vLLM cannot "
-    "serve; use craft_ratio alone",
+    "run in the server; use craft_ratio alone (threshold-mode videos: compressed beforehand)",
 }
 
 
