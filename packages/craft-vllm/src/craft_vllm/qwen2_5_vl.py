@@ -10,7 +10,8 @@ Three hooks of vLLM's video pruning (the ones its EVS uses), nothing else change
   uncompressed, so prefix-cached prompts need no encoder run to be right.
 
 Images pass through uncompressed (with position columns, as the runner expects of every
-item once pruning is on).
+item once pruning is on). A video that arrives already compressed (`precompressed.py`: the
+threshold mode) skips the vision tower and CRAFT: its K rows are placed at their coords.
 """
 
 from __future__ import annotations
