@@ -94,14 +94,13 @@ class CraftProcessor:
             mm_items, hf_processor_mm_kwargs, out_mm_kwargs
         )
         ratio = read_options(self.info.get_hf_config(), self.architecture).ratio
-        merge = self.info.get_image_processor(**hf_processor_mm_kwargs).merge_size
 
         def video(item_idx: int) -> Any:
             item = out_mm_kwargs["video"][item_idx]
             if COUNT in item:  # a compressed video (precompressed.py): its own count
                 return self.craft_placeholder(item, int(item[COUNT].data))
-            t, h, w = (int(x) for x in item["video_grid_thw"].data.tolist())
-            return self.craft_placeholder(item, kept_count(t * h * w // (merge * merge), ratio))
+            n = self.craft_video_tokens(item, hf_processor_mm_kwargs)
+            return self.craft_placeholder(item, kept_count(n, ratio))
 
         return [
             PromptReplacement(modality="video", target=u.target, replacement=video)
@@ -109,6 +108,12 @@ class CraftProcessor:
             else u
             for u in updates
         ]
+
+    def craft_video_tokens(self, item: Any, hf_processor_mm_kwargs: Mapping[str, Any]) -> int:
+        """N, the compressible tokens of one video (Qwen: its merged `t x h x w` grid)."""
+        merge = self.info.get_image_processor(**hf_processor_mm_kwargs).merge_size
+        t, h, w = (int(x) for x in item["video_grid_thw"].data.tolist())
+        return t * h * w // (merge * merge)
 
     def craft_placeholder(self, item: Any, kept: int) -> Any:
         """The prompt tokens of one video (`item`: its processed fields) keeping `kept`."""

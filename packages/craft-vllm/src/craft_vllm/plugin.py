@@ -34,7 +34,11 @@ ARCHITECTURES = {
     "CraftQwen3_5ForConditionalGeneration": (
         "craft_vllm.qwen3_5:CraftQwen3_5ForConditionalGeneration"
     ),
+    "CraftLlavaOnevisionForConditionalGeneration": (
+        "craft_vllm.llava_onevision:CraftLlavaOnevisionForConditionalGeneration"
+    ),
 }
+ONE_D = "CraftLlavaOnevisionForConditionalGeneration"  # 1-D RoPE served as M-RoPE row 0
 CPU_PRUNING_BUG = ((0, 32), (0, 33))  # [first, first fixed) (major, minor) of the CPU bug
 
 
@@ -113,6 +117,21 @@ def patch_runners() -> None:
     _patch_load_model(CPUModelRunner, fix_cpu=fix)
 
 
+def register_config_update() -> None:
+    """Have vLLM's model config give LLaVA-OneVision's variant the M-RoPE layout it needs
+    (`llava_onevision.update_model_config`), before the runner reads `uses_mrope`."""
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP, VerifyAndUpdateConfig
+
+    class OneDimensionalAsMRoPE(VerifyAndUpdateConfig):
+        @staticmethod
+        def verify_and_update_model_config(model_config: Any) -> None:
+            from craft_vllm.llava_onevision import update_model_config
+
+            update_model_config(model_config)
+
+    MODELS_CONFIG_MAP.setdefault(ONE_D, OneDimensionalAsMRoPE)
+
+
 def register() -> None:
     """Entry point: register every CRAFT architecture with vLLM and patch the runners."""
     from vllm import ModelRegistry
@@ -121,4 +140,5 @@ def register() -> None:
     for name, target in ARCHITECTURES.items():
         if name not in supported:
             ModelRegistry.register_model(name, target)
+    register_config_update()
     patch_runners()
