@@ -11,6 +11,9 @@ everything here is idempotent. Two runner patches, both applied after `load_mode
    error (`[n, D + 4]` into `[n, D]`). Guarded by version: applied for vLLM < 0.33 only,
    where the bug is known; a later vLLM runs its own code.
 
+`register()` also gives LLaVA-OneVision's variant its M-RoPE layout (vLLM's per-architecture
+config hook, `MODELS_CONFIG_MAP`), which must be in the config before the runner is built.
+
 A config holding `craft_*` keys served by an architecture that is not a CRAFT one is refused
 at load time: without the architecture override the keys would be silently ignored.
 """
