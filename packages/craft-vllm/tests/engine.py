@@ -33,8 +33,15 @@ def overrides(
     return out
 
 
-def run(model: Path, hf_overrides: dict[str, Any], work: Callable[[Any], T], **kwargs: Any) -> T:
-    """`work(llm)` on a fresh `vllm.LLM` (CPU, float32 for exact greedy comparisons).
+def run(
+    model: Path,
+    hf_overrides: dict[str, Any],
+    work: Callable[[Any], T],
+    dtype: str = "float32",
+    **kwargs: Any,
+) -> T:
+    """`work(llm)` on a fresh `vllm.LLM` (CPU; float32 for exact greedy comparisons, unless
+    the backbone's CPU kernels need another `dtype`).
 
     The engine is dropped before returning: vLLM tears down its process-wide groups when an
     engine is collected, so no reference may outlive the call (a later engine would lose them).
@@ -43,7 +50,7 @@ def run(model: Path, hf_overrides: dict[str, Any], work: Callable[[Any], T], **k
 
     llm = LLM(
         str(model),
-        dtype="float32",
+        dtype=dtype,
         enforce_eager=True,
         max_model_len=2048,
         hf_overrides=hf_overrides,
@@ -100,6 +107,8 @@ def adapters_generate(
     ratio: float | None,
     videos: list[np.ndarray],
     kind: Any = tiny,
+    dtype: torch.dtype = torch.float32,
+    threshold: float | None = None,
 ) -> list[tuple[list[int], int, list[float]]]:
     """craft-adapters' `generate()` on the same folder and videos, one video at a time.
 
@@ -110,8 +119,8 @@ def adapters_generate(
 
     import craft_adapters
 
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32).eval()
-    wrapped = craft_adapters.wrap(model, compressor, ratio=ratio)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype).eval()
+    wrapped = craft_adapters.wrap(model, compressor, ratio=ratio, threshold=threshold)
     processor = kind.processor()
     out = []
     for frames in videos:
@@ -143,9 +152,14 @@ and transformers' differ by up to ~0.003 nats here (measured on the uncompressed
 a greedy step closer than that may go either way on another machine."""
 
 
+def compared(margins: list[float]) -> int:
+    """Steps `agree` compares: those before the reference's first near-tie."""
+    return next((i for i, m in enumerate(margins) if m < TIE), len(margins))
+
+
 def agree(served: list[int], reference: list[int], margins: list[float]) -> bool:
     """Greedy tokens equal up to (not including) the reference's first near-tie step."""
-    stop = next((i for i, m in enumerate(margins) if m < TIE), len(reference))
+    stop = compared(margins)
     return served[:stop] == reference[:stop] and (stop < len(reference) or served == reference)
 
 

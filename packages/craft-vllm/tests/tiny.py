@@ -46,7 +46,7 @@ def _byte_vocab() -> dict[str, int]:
     return vocab
 
 
-def processor() -> Any:
+def processor(frame: int = FRAME) -> Any:
     from tokenizers import AddedToken
     from transformers import (
         Qwen2_5_VLProcessor,
@@ -58,7 +58,7 @@ def processor() -> Any:
     tok = Qwen2Tokenizer(vocab=_byte_vocab(), merges=[], chat_template=TEMPLATE)
     tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
     tok.pad_token, tok.eos_token = "<|endoftext|>", "<|im_end|>"
-    size = {"shortest_edge": 28 * 28, "longest_edge": FRAME * FRAME}
+    size = {"shortest_edge": 28 * 28, "longest_edge": frame * frame}
     kwargs = {"size": size, "patch_size": 14, "merge_size": 2}
     return Qwen2_5_VLProcessor(
         image_processor=Qwen2VLImageProcessor(**kwargs),
@@ -70,7 +70,8 @@ def processor() -> Any:
     )
 
 
-def config() -> Any:
+def config(**text_sizes: Any) -> Any:
+    """The tiny config; `text_sizes` replace the language model's (hidden_size, layers, ...)."""
     from transformers import Qwen2_5_VLConfig
 
     text = {
@@ -89,6 +90,7 @@ def config() -> Any:
             "rope_theta": 10000.0,
             "mrope_section": [8, 12, 12],
         },
+        **text_sizes,
     }
     vision = {
         "depth": 2,
@@ -98,7 +100,7 @@ def config() -> Any:
         "patch_size": 14,
         "spatial_merge_size": 2,
         "temporal_patch_size": 2,
-        "out_hidden_size": HIDDEN,
+        "out_hidden_size": text["hidden_size"],
         "window_size": 56,
         "fullatt_block_indexes": [1],
         "tokens_per_second": 2,
@@ -115,20 +117,27 @@ def config() -> Any:
     return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **ids)
 
 
-def build(folder: str | Path, seed: int = 0) -> Path:
-    """Save a tiny random Qwen2.5-VL (float32) + processor into `folder`; return it."""
+def build(
+    folder: str | Path,
+    seed: int = 0,
+    frame: int = FRAME,
+    dtype: torch.dtype = torch.float32,
+    **text_sizes: Any,
+) -> Path:
+    """Save a tiny random Qwen2.5-VL + processor (frames up to `frame` x `frame`) into
+    `folder`; return it. `text_sizes`: see `config`."""
     from transformers import AutoModelForImageTextToText
 
     folder = Path(folder)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = AutoModelForImageTextToText.from_config(config(), dtype=torch.float32)
+        model = AutoModelForImageTextToText.from_config(config(**text_sizes), dtype=dtype)
         # Louder video rows: at a random init they are too small for the language model's
         # greedy tokens to depend on them, and then no test could tell two compressions apart.
         with torch.no_grad():
             model.model.visual.merger.mlp[2].weight.mul_(8.0)
     model.save_pretrained(folder)
-    processor().save_pretrained(folder)
+    processor(frame).save_pretrained(folder)
     return folder
 
 

@@ -22,6 +22,7 @@ ARCH = "CraftQwen3VLForConditionalGeneration"
 HIDDEN = 128
 FRAME = 96
 PER_PAIR = 9  # merged tokens per frame pair (3 x 3)
+DTYPE = "float32"
 
 
 def processor() -> Any:
@@ -72,3 +73,8 @@ def build(folder: str | Path, seed: int = 0) -> Path:
 def video(frames: int, seed: int) -> np.ndarray:
     """`[frames, FRAME, FRAME, 3]` uint8: the Qwen2.5-VL tests' moving blobs at this size."""
     return tiny.video(frames, seed, size=FRAME)
+
+
+def video_tokens(frames: int) -> int:
+    """N, the compressible video tokens of a `frames`-frame video."""
+    return frames // 2 * PER_PAIR

@@ -9,6 +9,11 @@ answer_ids = session.ask(question_ids, max_new_tokens=16)      # reuses the pref
 craft_adapters.supported_model_types()
 """
 
+from craft_adapters.compressed import (
+    CompressedVideo,
+    load_compressed_video,
+    save_compressed_video,
+)
 from craft_adapters.inputs import build_inputs, build_session_inputs, render_prompt
 from craft_adapters.registry import (
     BackboneAdapter,
@@ -30,6 +35,7 @@ __version__ = "0.4.0"
 
 __all__ = [
     "BackboneAdapter",
+    "CompressedVideo",
     "CompressionReport",
     "CraftModel",
     "SampledVideo",
@@ -39,10 +45,12 @@ __all__ = [
     "build_inputs",
     "build_session_inputs",
     "get_adapter",
+    "load_compressed_video",
     "read_video",
     "register_backbone",
     "render_prompt",
     "sample_indices",
+    "save_compressed_video",
     "supported_model_types",
     "wrap",
 ]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -47,6 +47,8 @@ class Prepared:
     kept: list[torch.Tensor]  # per row: original sequence indices kept, ascending
     rope_deltas: torch.Tensor  # [B, 1]: original max position + 1 - compressed length
     report: CompressionReport
+    # per video: (kept rows among its N feature rows, their [K, D] new features)
+    video_rows: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
 
 def _call_compressor(

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 
 from craft_adapters.attention import encode_videos_with_attention
+from craft_adapters.backbones._qwen import QwenAdapter
+from craft_adapters.compressed import CompressedVideo
 from craft_adapters.registry import BackboneAdapter, get_adapter
 from craft_adapters.report import CompressionReport, VideoCompression
 from craft_adapters.session import VideoSession
@@ -266,7 +268,9 @@ class CraftModel(torch.nn.Module):
         enc_image = adapter.encode_images(inputs)
         if enc_image is not None:
             enc["image"] = enc_image
-        return splice_sequence(inputs, positions, keep, enc, reports, adapter.pad_token_id)
+        prep = splice_sequence(inputs, positions, keep, enc, reports, adapter.pad_token_id)
+        prep.video_rows = list(zip(kept_rows_all, new_feats_all))
+        return prep
 
     @staticmethod
     def _split(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -316,6 +320,37 @@ class CraftModel(torch.nn.Module):
         if kept is None:
             raise RuntimeError("no compressed call has run yet")
         return kept[batch_index]  # type: ignore[no-any-return]
+
+    @torch.no_grad()
+    def compress_videos(self, **inputs: Any) -> list[CompressedVideo]:
+        """Each video of a processor batch as CRAFT leaves it, to save or serve later
+        (`craft_adapters.save_compressed_video`; craft-vllm serves them). Qwen backbones.
+
+        -> one `CompressedVideo` per video: kept rows `[K, D]`, their original `(t, h, w)`
+        in the merged grid, the grid, and metadata (backbone, budget, seconds per grid step).
+        """
+        if self.compressor is None or not isinstance(self.adapter, QwenAdapter):
+            raise ValueError(
+                "compress_videos needs a compressor and a Qwen backbone (Qwen2.5-VL, "
+                f"Qwen3-VL, Qwen3.5); got {type(self.adapter).__name__}, compressor "
+                f"{type(self.compressor).__name__}"
+            )
+        prep = self._prepare(self._split(inputs)[0])
+        self.last_compression = prep.report
+        merge = self.model.config.vision_config.spatial_merge_size
+        grids = inputs["video_grid_thw"].tolist()
+        seconds = inputs.get("second_per_grid_ts")
+        out = []
+        for i, ((rows, feats), (t, h, w)) in enumerate(zip(prep.video_rows, grids)):
+            grid = (int(t), int(h) // merge, int(w) // merge)
+            coords = torch.stack(torch.unravel_index(rows.cpu(), grid), dim=1)
+            meta: dict[str, Any] = {"model_type": self.model.config.model_type}
+            if self.token_budget is not None:
+                meta["budget"] = self.token_budget.describe()
+            if seconds is not None:
+                meta["second_per_grid"] = float(seconds[i])
+            out.append(CompressedVideo(feats.detach().cpu(), coords, grid, meta))
+        return out
 
     @torch.no_grad()
     def generate(self, **kwargs: Any) -> Any:

@@ -10,6 +10,6 @@ here imports vLLM at import time.
 
 from craft_vllm.options import CraftConfigError, CraftOptions, kept_count, read_options
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = ["CraftConfigError", "CraftOptions", "kept_count", "read_options"]

@@ -1,15 +1,19 @@
-"""What every CRAFT model class does around vLLM's own `__init__`: check, then attach.
+"""The base every CRAFT variant shares: the model's `__init__` and the processor's count.
 
-`check_settings` runs before any weight is built (a bad setting fails in a second, not after
-loading the backbone); `attach_compressor` loads the CRAFT checkpoint once the language
-model's width is known.
+`CraftModel` (mixed in before vLLM's model class) checks the settings before any weight is
+built (a bad setting fails in a second, not after loading the backbone), runs vLLM's own
+`__init__`, then loads the CRAFT checkpoint once the language model's width is known.
+`CraftProcessor` (mixed in before vLLM's multimodal processor) gives the number of
+placeholders a video reserves, from craft-core's budget (`options.kept_count`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from vllm.multimodal import MULTIMODAL_REGISTRY
+from vllm.multimodal.processing import PromptReplacement
 
 from craft_vllm.options import (
     CraftConfigError,
@@ -18,6 +22,7 @@ from craft_vllm.options import (
     load_compressor,
     read_options,
 )
+from craft_vllm.precompressed import COUNT
 
 
 def check_settings(vllm_config: Any, architecture: str) -> CraftOptions:
@@ -53,3 +58,63 @@ def attach_compressor(model: Any, vllm_config: Any) -> None:
     compressor = load_compressor(model.craft_options, hidden, device=device)
     object.__setattr__(model, "craft", compressor)
     model.is_multimodal_pruning_enabled = True  # embed_multimodal post-processes items
+
+
+class CraftModel:
+    """Mixin of every CRAFT model class: `class CraftX(CraftModel, XForConditionalGeneration)`.
+
+    Subclasses set `architecture` (the name users put in `--hf-overrides`).
+    """
+
+    architecture: ClassVar[str]
+    craft_compression = True  # read by the runner patch in plugin.py
+
+    # vLLM reads the signature: `vllm_config` and `prefix` by name (it always passes both)
+    def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
+        self.craft_options = check_settings(vllm_config, self.architecture)  # before any weight
+        super().__init__(vllm_config=vllm_config, prefix=prefix)  # type: ignore[call-arg]
+        attach_compressor(self, vllm_config)
+
+
+class CraftProcessor:
+    """Mixin of every CRAFT multimodal processor (before vLLM's processor class): vLLM's own
+    prompt updates, with each video's placeholder made for `floor(N / ratio)` kept tokens.
+
+    Subclasses set `architecture` and write the placeholder (`craft_placeholder`). The ratio
+    is read from the served config (the API server's copy of `--hf-overrides`).
+    """
+
+    architecture: ClassVar[str]
+    info: Any
+
+    def _get_prompt_updates(
+        self, mm_items: Any, hf_processor_mm_kwargs: Mapping[str, Any], out_mm_kwargs: Any
+    ) -> Sequence[PromptReplacement]:
+        updates = super()._get_prompt_updates(  # type: ignore[misc]
+            mm_items, hf_processor_mm_kwargs, out_mm_kwargs
+        )
+        ratio = read_options(self.info.get_hf_config(), self.architecture).ratio
+
+        def video(item_idx: int) -> Any:
+            item = out_mm_kwargs["video"][item_idx]
+            if COUNT in item:  # a compressed video (precompressed.py): its own count
+                return self.craft_placeholder(item, int(item[COUNT].data))
+            n = self.craft_video_tokens(item, hf_processor_mm_kwargs)
+            return self.craft_placeholder(item, kept_count(n, ratio))
+
+        return [
+            PromptReplacement(modality="video", target=u.target, replacement=video)
+            if u.modality == "video"
+            else u
+            for u in updates
+        ]
+
+    def craft_video_tokens(self, item: Any, hf_processor_mm_kwargs: Mapping[str, Any]) -> int:
+        """N, the compressible tokens of one video (Qwen: its merged `t x h x w` grid)."""
+        merge = self.info.get_image_processor(**hf_processor_mm_kwargs).merge_size
+        t, h, w = (int(x) for x in item["video_grid_thw"].data.tolist())
+        return t * h * w // (merge * merge)
+
+    def craft_placeholder(self, item: Any, kept: int) -> Any:
+        """The prompt tokens of one video (`item`: its processed fields) keeping `kept`."""
+        raise NotImplementedError

@@ -11,18 +11,21 @@ the same values from the same config. Everything is checked here, before a reque
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from craft_core import TokenBudget
 
 KEYS = ("craft_checkpoint", "craft_ratio")
 REFUSED = {
     "craft_threshold": "the threshold mode is refused: vLLM reserves each video's token count "
     "when it preprocesses the prompt, before the compressor runs, and a threshold makes that "
-    "count depend on the video's content; use craft_ratio",
+    "count depend on the video's content; use craft_ratio, and send threshold-mode videos "
+    "compressed beforehand (craft_adapters' compress_videos + craft_vllm.precompressed."
+    "video_payload, with enable_mm_embeds)",
     "craft_min_tokens": "craft_min_tokens belongs to the threshold mode, which vLLM cannot "
-    "serve; use craft_ratio alone",
+    "run in the server; use craft_ratio alone (threshold-mode videos: compressed beforehand)",
 }
 
 
@@ -36,11 +39,17 @@ class CraftOptions:
 
     Attributes:
         checkpoint: a folder written by `CraftCompressor.save_pretrained` (craft-train's output).
-        ratio: fixed ratio >= 1: a video of N tokens keeps exactly `floor(N / ratio)`.
+        budget: craft-core's fixed-ratio budget (`ratio` >= 1): a video of N tokens keeps
+            exactly `floor(N / ratio)` (`kept_count`).
     """
 
     checkpoint: Path
-    ratio: float
+    budget: TokenBudget
+
+    @property
+    def ratio(self) -> float:
+        assert self.budget.ratio is not None  # read_options builds ratio budgets only
+        return self.budget.ratio
 
 
 def _get(hf_config: Any, key: str) -> Any:
@@ -62,27 +71,32 @@ def read_options(hf_config: Any, architecture: str) -> CraftOptions:
     ratio = _get(hf_config, "craft_ratio")
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
         raise CraftConfigError(f"craft_ratio must be a number >= 1, got {ratio!r}")
-    if not math.isfinite(ratio) or ratio < 1:
-        raise CraftConfigError(f"craft_ratio must be a finite number >= 1, got {ratio!r}")
+    try:  # craft-core's budget checks the range (one rule for every package)
+        budget = TokenBudget(ratio=ratio)
+    except ValueError as error:
+        raise CraftConfigError(f"craft_{error}") from None
     folder = Path(str(_get(hf_config, "craft_checkpoint"))).expanduser()
     if not folder.is_dir():
         raise CraftConfigError(
             f"craft_checkpoint: folder {folder} does not exist (give the folder that "
             "CraftCompressor.save_pretrained / craft-train wrote: config.json + model.safetensors)"
         )
-    return CraftOptions(checkpoint=folder, ratio=float(ratio))
+    return CraftOptions(checkpoint=folder, budget=budget)
 
 
 def kept_count(num_tokens: int, ratio: float) -> int:
-    """Tokens a video of `num_tokens` keeps: `floor(N / ratio)`; refuse 0 (never clamped)."""
-    kept = math.floor(num_tokens / ratio)
-    if kept < 1:
+    """Tokens a video of `num_tokens` keeps: craft-core's budget, `floor(N / ratio)`.
+
+    craft-core clamps that floor to 1; a server refuses instead (a video shorter than the
+    ratio would silently be compressed less than asked).
+    """
+    if num_tokens < ratio:  # floor(N / ratio) = 0
         raise CraftConfigError(
             f"craft_ratio {ratio:g} leaves no token for a video of {num_tokens} tokens "
             f"(floor({num_tokens} / {ratio:g}) = 0); use a ratio <= {num_tokens} or a longer or "
             "larger video"
         )
-    return kept
+    return TokenBudget(ratio=ratio).resolve(num_tokens).floor
 
 
 def load_compressor(options: CraftOptions, hidden_size: int, device: Any) -> Any:

@@ -11,6 +11,9 @@ everything here is idempotent. Two runner patches, both applied after `load_mode
    error (`[n, D + 4]` into `[n, D]`). Guarded by version: applied for vLLM < 0.33 only,
    where the bug is known; a later vLLM runs its own code.
 
+`register()` also gives LLaVA-OneVision's variant its M-RoPE layout (vLLM's per-architecture
+config hook, `MODELS_CONFIG_MAP`), which must be in the config before the runner is built.
+
 A config holding `craft_*` keys served by an architecture that is not a CRAFT one is refused
 at load time: without the architecture override the keys would be silently ignored.
 """
@@ -31,7 +34,14 @@ ARCHITECTURES = {
     "CraftQwen3VLForConditionalGeneration": (
         "craft_vllm.qwen3_vl:CraftQwen3VLForConditionalGeneration"
     ),
+    "CraftQwen3_5ForConditionalGeneration": (
+        "craft_vllm.qwen3_5:CraftQwen3_5ForConditionalGeneration"
+    ),
+    "CraftLlavaOnevisionForConditionalGeneration": (
+        "craft_vllm.llava_onevision:CraftLlavaOnevisionForConditionalGeneration"
+    ),
 }
+ONE_D = "CraftLlavaOnevisionForConditionalGeneration"  # 1-D RoPE served as M-RoPE row 0
 CPU_PRUNING_BUG = ((0, 32), (0, 33))  # [first, first fixed) (major, minor) of the CPU bug
 
 
@@ -110,6 +120,21 @@ def patch_runners() -> None:
     _patch_load_model(CPUModelRunner, fix_cpu=fix)
 
 
+def register_config_update() -> None:
+    """Have vLLM's model config give LLaVA-OneVision's variant the M-RoPE layout it needs
+    (`llava_onevision.update_model_config`), before the runner reads `uses_mrope`."""
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP, VerifyAndUpdateConfig
+
+    class OneDimensionalAsMRoPE(VerifyAndUpdateConfig):
+        @staticmethod
+        def verify_and_update_model_config(model_config: Any) -> None:
+            from craft_vllm.llava_onevision import update_model_config
+
+            update_model_config(model_config)
+
+    MODELS_CONFIG_MAP.setdefault(ONE_D, OneDimensionalAsMRoPE)
+
+
 def register() -> None:
     """Entry point: register every CRAFT architecture with vLLM and patch the runners."""
     from vllm import ModelRegistry
@@ -118,4 +143,5 @@ def register() -> None:
     for name, target in ARCHITECTURES.items():
         if name not in supported:
             ModelRegistry.register_model(name, target)
+    register_config_update()
     patch_runners()

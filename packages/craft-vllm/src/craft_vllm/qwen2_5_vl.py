@@ -10,12 +10,12 @@ Three hooks of vLLM's video pruning (the ones its EVS uses), nothing else change
   uncompressed, so prefix-cached prompts need no encoder run to be right.
 
 Images pass through uncompressed (with position columns, as the runner expects of every
-item once pruning is on).
+item once pruning is on). A video that arrives already compressed (`precompressed.py`: the
+threshold mode) skips the vision tower and CRAFT: its K rows are placed at their coords.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -27,56 +27,53 @@ from vllm.model_executor.models.qwen2_5_vl import (
     Qwen2_5_VLProcessingInfo,
 )
 from vllm.multimodal import MULTIMODAL_REGISTRY
-from vllm.multimodal.processing import PromptReplacement
 
-from craft_vllm.common import attach_compressor, check_settings
-from craft_vllm.options import kept_count, read_options
+from craft_vllm.common import CraftModel, CraftProcessor
+from craft_vllm.options import kept_count
 from craft_vllm.positions import grid_positions, prompt_positions, pruned_position_columns
+from craft_vllm.precompressed import COORDS, COUNT, CraftQwenDataParser, field_factory
 
 ARCHITECTURE = "CraftQwen2_5_VLForConditionalGeneration"
 
 
-class CraftQwen2_5_VLMultiModalProcessor(Qwen2_5_VLMultiModalProcessor):
+class CraftQwen2_5_VLMultiModalProcessor(CraftProcessor, Qwen2_5_VLMultiModalProcessor):
     """Reserves `floor(N / ratio)` `<|video_pad|>` per video (N = the video's merged tokens)."""
 
-    def _get_prompt_updates(
-        self, mm_items: Any, hf_processor_mm_kwargs: Mapping[str, Any], out_mm_kwargs: Any
-    ) -> Sequence[PromptReplacement]:
-        ratio = read_options(self.info.get_hf_config(), ARCHITECTURE).ratio
-        hf_processor = self.info.get_hf_processor(**hf_processor_mm_kwargs)
-        merge = self.info.get_image_processor(**hf_processor_mm_kwargs).merge_size
-        vocab = self.info.get_tokenizer().get_vocab()
-        token = {"image": vocab[hf_processor.image_token], "video": vocab[hf_processor.video_token]}
+    architecture = ARCHITECTURE
 
-        def replacement(item_idx: int, modality: str) -> list[int]:
-            grid = out_mm_kwargs[modality][item_idx][f"{modality}_grid_thw"].data
-            n = int(grid.prod()) // (merge * merge)
-            if modality == "video":
-                n = kept_count(n, ratio)
-            return [token[modality]] * n
+    def craft_placeholder(self, item: Any, kept: int) -> list[int]:
+        return [self.info.get_hf_config().video_token_id] * kept
 
-        return [
-            PromptReplacement(
-                modality=m, target=[token[m]], replacement=partial(replacement, modality=m)
-            )
-            for m in ("image", "video")
-        ]
+    def _get_mm_fields_config(self, hf_inputs: Any, hf_processor_mm_kwargs: Any) -> Any:
+        """vLLM's fields; a compressed video's rows are sized by its kept count."""
+        base = partial(super()._get_mm_fields_config, hf_processor_mm_kwargs=hf_processor_mm_kwargs)
+        if COUNT not in hf_inputs:
+            return base(hf_inputs)
+        return field_factory(base)(hf_inputs)
+
+
+class CraftQwen2_5_VLProcessingInfo(Qwen2_5_VLProcessingInfo):
+    """Qwen2.5-VL's, with a parser that also takes compressed videos (precompressed.py)."""
+
+    def get_data_parser(self) -> CraftQwenDataParser:
+        return CraftQwenDataParser(
+            self.get_hf_config().vision_config.spatial_merge_size,
+            self.get_hf_config().get_text_config().hidden_size,
+            video_needs_metadata=True,
+            expected_hidden_size=self._get_expected_hidden_size(),
+            allow_missing_mm_embeddings=self.allow_missing_mm_embeddings,
+        )
 
 
 @MULTIMODAL_REGISTRY.register_processor(
     CraftQwen2_5_VLMultiModalProcessor,
-    info=Qwen2_5_VLProcessingInfo,
+    info=CraftQwen2_5_VLProcessingInfo,
     dummy_inputs=Qwen2_5_VLDummyInputsBuilder,
 )
-class CraftQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration):
+class CraftQwen2_5_VLForConditionalGeneration(CraftModel, Qwen2_5_VLForConditionalGeneration):
     """Qwen2.5-VL whose video tokens go through a CRAFT checkpoint at a fixed ratio."""
 
-    craft_compression = True  # read by the runner patch in plugin.py
-
-    def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
-        self.craft_options = check_settings(vllm_config, ARCHITECTURE)  # before any weight
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
-        attach_compressor(self, vllm_config)
+    architecture = ARCHITECTURE
 
     def _postprocess_image_embeds_evs(
         self, image_embeds_split: tuple[torch.Tensor, ...], image_input: Any
@@ -90,13 +87,32 @@ class CraftQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration
             out.append(torch.cat([emb, cols], dim=1))
         return tuple(out)
 
+    def _parse_and_validate_video_input(self, **kwargs: Any) -> Any:
+        """vLLM's, plus the kept tokens' coords of compressed videos (precompressed.py)."""
+        coords, counts = kwargs.pop(COORDS, None), kwargs.pop(COUNT, None)
+        video_input = super()._parse_and_validate_video_input(**kwargs)
+        if video_input is not None and coords is not None:
+            video_input.craft_counts = [int(k) for k in counts]
+            video_input.craft_coords = (
+                torch.as_tensor(coords).long().split(video_input.craft_counts)
+            )
+        return video_input
+
+    def _process_video_input(self, video_input: Any) -> tuple[torch.Tensor, ...]:
+        if getattr(video_input, "craft_counts", None) is None:
+            return super()._process_video_input(video_input)  # type: ignore[no-any-return]
+        rows = video_input["video_embeds"].type(self.visual.dtype)
+        return rows.split(video_input.craft_counts)  # type: ignore[no-any-return]
+
     def _postprocess_video_embeds_evs(
         self, video_embeds_split: tuple[torch.Tensor, ...], video_input: Any
     ) -> tuple[torch.Tensor, ...]:
-        """Each video `[N, D]` -> `[floor(N / ratio), D + 4]` (CRAFT rows + position columns)."""
+        """Each video `[N, D]` -> `[floor(N / ratio), D + 4]` (CRAFT rows + position columns);
+        a compressed video's `[K, D]` rows are placed at their coords as they are."""
         merge = self.visual.spatial_merge_size
         seconds = video_input.get("second_per_grid_ts")
         per_second = float(getattr(self.config.vision_config, "tokens_per_second", 1.0))
+        given = getattr(video_input, "craft_coords", None)
         ratio = self.craft_options.ratio
         out = []
         for i, (emb, (t, h, w)) in enumerate(
@@ -104,11 +120,17 @@ class CraftQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration
         ):
             factor = per_second * (float(seconds[i]) if seconds is not None else 1.0)
             grid = grid_positions(t, h // merge, w // merge, factor)
-            kept_count(grid.shape[1], ratio)  # refuse a ratio that leaves nothing, never clamp
-            coords = torch.from_numpy(grid).T.to(emb.device)
-            result = self.craft(emb, coords, ratio=ratio)
-            cols = pruned_position_columns(grid, result.kept_index).to(emb.device, emb.dtype)
-            out.append(torch.cat([result.features.to(emb.dtype), cols], dim=1))
+            if given is not None:  # already compressed: kept_index from the (t, h, w)
+                c = given[i]
+                kept = (c[:, 0] * (h // merge) + c[:, 1]) * (w // merge) + c[:, 2]
+                rows = emb
+            else:
+                kept_count(grid.shape[1], ratio)  # refuse a ratio leaving nothing, never clamp
+                coords = torch.from_numpy(grid).T.to(emb.device)
+                result = self.craft(emb, coords, ratio=ratio)
+                kept, rows = result.kept_index, result.features.to(emb.dtype)
+            cols = pruned_position_columns(grid, kept).to(emb.device, emb.dtype)
+            out.append(torch.cat([rows, cols], dim=1))
         return tuple(out)
 
     def get_mrope_input_positions(

@@ -22,7 +22,7 @@ within the run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from math import prod
 from typing import Any
 
@@ -42,47 +42,30 @@ from vllm.multimodal.inputs import (
     MultiModalKwargsItem,
     PlaceholderRange,
 )
-from vllm.multimodal.processing import PromptReplacement
 
 from craft_adapters.backbones._qwen import group_mean
 from craft_adapters.backbones.qwen3_vl import timestamp_coords
-from craft_vllm.common import attach_compressor, check_settings
-from craft_vllm.options import kept_count, read_options
+from craft_vllm.common import CraftModel, CraftProcessor
+from craft_vllm.options import kept_count
 
 ARCHITECTURE = "CraftQwen3VLForConditionalGeneration"
 
 
-class CraftQwen3VLMultiModalProcessor(Qwen3VLMultiModalProcessor):
+class CraftQwen3VLMultiModalProcessor(CraftProcessor, Qwen3VLMultiModalProcessor):
     """Reserves `floor(N / ratio)` `<|video_pad|>` per video, all in frame 0's run."""
 
-    def _get_prompt_updates(
-        self, mm_items: Any, hf_processor_mm_kwargs: Mapping[str, Any], out_mm_kwargs: Any
-    ) -> Sequence[PromptReplacement]:
-        updates = super()._get_prompt_updates(mm_items, hf_processor_mm_kwargs, out_mm_kwargs)
+    architecture = ARCHITECTURE
+
+    def craft_placeholder(self, item: Any, kept: int) -> Any:
         config = self.info.get_hf_config()
-        ratio = read_options(config, ARCHITECTURE).ratio
-        merge = self.info.get_image_processor(**hf_processor_mm_kwargs).merge_size
-        tokenizer = self.info.get_tokenizer()
-
-        def video(item_idx: int) -> Any:
-            item = out_mm_kwargs["video"][item_idx]
-            t, h, w = (int(x) for x in item["video_grid_thw"].data.tolist())
-            kept = kept_count(t * h * w // (merge * merge), ratio)
-            return Qwen3VLMultiModalProcessor.get_video_repl(
-                tokens_per_frame=[kept] + [0] * (t - 1),
-                timestamps=item["timestamps"].data,
-                tokenizer=tokenizer,
-                vision_start_token_id=config.vision_start_token_id,
-                vision_end_token_id=config.vision_end_token_id,
-                video_token_id=config.video_token_id,
-            )
-
-        return [
-            PromptReplacement(modality="video", target=u.target, replacement=video)
-            if u.modality == "video"
-            else u
-            for u in updates
-        ]
+        return Qwen3VLMultiModalProcessor.get_video_repl(
+            tokens_per_frame=[kept] + [0] * (int(item["video_grid_thw"].data[0]) - 1),
+            timestamps=item["timestamps"].data,
+            tokenizer=self.info.get_tokenizer(),
+            vision_start_token_id=config.vision_start_token_id,
+            vision_end_token_id=config.vision_end_token_id,
+            video_token_id=config.video_token_id,
+        )
 
 
 _original_factor = qwen3_vl.mrope_positions_factor
@@ -96,7 +79,12 @@ def _positions_factor(vllm_config: Any) -> int:
     return int(_original_factor(vllm_config))
 
 
-qwen3_vl.mrope_positions_factor = _positions_factor
+def patch_positions_factor(module: Any) -> None:
+    """Give `module` (one of vLLM's model modules importing it) CRAFT's rotary headroom."""
+    module.mrope_positions_factor = _positions_factor
+
+
+patch_positions_factor(qwen3_vl)
 
 
 @MULTIMODAL_REGISTRY.register_processor(
@@ -104,15 +92,10 @@ qwen3_vl.mrope_positions_factor = _positions_factor
     info=Qwen3VLProcessingInfo,
     dummy_inputs=Qwen3VLDummyInputsBuilder,
 )
-class CraftQwen3VLForConditionalGeneration(Qwen3VLForConditionalGeneration):
+class CraftQwen3VLForConditionalGeneration(CraftModel, Qwen3VLForConditionalGeneration):
     """Qwen3-VL whose video tokens go through a CRAFT checkpoint at a fixed ratio."""
 
-    craft_compression = True  # read by the runner patch in plugin.py
-
-    def __init__(self, *, vllm_config: Any, prefix: str = "model") -> None:
-        self.craft_options = check_settings(vllm_config, ARCHITECTURE)  # before any weight
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
-        attach_compressor(self, vllm_config)
+    architecture = ARCHITECTURE
 
     def _video_positions(self, grid_thw: list[int], timestamps: Sequence[float]) -> torch.Tensor:
         """`[3, N]` M-RoPE positions of the N video tokens of an uncompressed video, relative

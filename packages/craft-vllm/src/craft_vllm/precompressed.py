@@ -1,0 +1,135 @@
+"""Videos that arrive ALREADY compressed: how the threshold (adaptive) mode is served.
+
+vLLM reserves each video's placeholder count when it preprocesses the prompt, before any
+encoder runs, so a count that depends on the content (CRAFT's threshold mode) cannot be
+computed in the server. A request can instead carry CRAFT's output, made elsewhere
+(craft-adapters' `CraftModel.compress_videos`, saved with `save_compressed_video` and read
+back with `load_compressed_video`): the server reserves exactly its K rows and places each
+at its original M-RoPE position. vLLM's own embedding-input path carries it
+(`enable_mm_embeds=True`), as a dict of tensors per video:
+
+    llm = LLM(..., hf_overrides={...CRAFT...}, enable_mm_embeds=True)
+    video = load_compressed_video("clip.craft.safetensors")
+    llm.generate({"prompt": prompt, "multi_modal_data": {"video": video_payload(video)}})
+
+The payload is checked per request (a bad one fails that request alone, naming the field):
+the width against the language model's, finite rows, coords inside the grid, a count that
+agrees with the coords.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+import torch
+from vllm.model_executor.models.qwen2_vl import (
+    Qwen2VLMultiModalDataParser,
+    _create_qwen2vl_field_factory,
+)
+from vllm.multimodal.inputs import MultiModalFieldConfig
+from vllm.multimodal.parse import DictEmbeddingItems
+
+from craft_adapters import CompressedVideo
+
+COORDS, COUNT, SECONDS = "craft_coords", "craft_num_kept", "second_per_grid_ts"
+FIELDS = {"video_embeds": "values", "video_grid_thw": "metadata", COORDS: "metadata"}
+FIELDS |= {COUNT: "metadata", SECONDS: "metadata"}
+
+
+def video_payload(video: CompressedVideo, merge: int = 2) -> dict[str, torch.Tensor]:
+    """The `multi_modal_data["video"]` of a request carrying `video` (one video).
+
+    `merge`: the backbone's spatial merge size (2 for every Qwen): vLLM's
+    `video_grid_thw` counts patches, the compressed video's grid merged tokens.
+    """
+    t, h, w = video.grid
+    seconds = float(video.metadata.get("second_per_grid", 1.0))
+    return {
+        "video_embeds": video.features,
+        "video_grid_thw": torch.tensor([[t, h * merge, w * merge]]),
+        COORDS: video.coords,
+        COUNT: torch.tensor([video.features.shape[0]]),
+        SECONDS: torch.tensor([seconds]),
+    }
+
+
+def check_payload(data: Mapping[str, Any], merge: int, hidden_size: int) -> None:
+    """Refuse a malformed payload (one request), naming the field; see the module docstring."""
+    missing = [k for k in FIELDS if k not in data]
+    if missing:
+        raise ValueError(f"compressed video payload: missing field(s) {missing}")
+    rows, grids, counts = data["video_embeds"], data["video_grid_thw"], data[COUNT]
+    if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or rows.shape[1] != hidden_size:
+        shape = tuple(rows.shape) if isinstance(rows, torch.Tensor) else type(rows).__name__
+        raise ValueError(
+            f"compressed video payload: video_embeds must be [K, {hidden_size}] (the language "
+            f"model's width), got {shape}"
+        )
+    if grids.dim() != 2 or grids.shape[1] != 3 or counts.dim() != 1:
+        raise ValueError("compressed video payload: video_grid_thw [V, 3], craft_num_kept [V]")
+    if counts.shape[0] != grids.shape[0] or int(counts.sum()) != rows.shape[0]:
+        raise ValueError(
+            f"compressed video payload: craft_num_kept {counts.tolist()} must give one count "
+            f"per video summing to the {rows.shape[0]} rows of video_embeds and craft_coords"
+        )
+    if data[COORDS].shape[0] != rows.shape[0]:
+        raise ValueError(
+            f"compressed video payload: craft_coords has {data[COORDS].shape[0]} rows, "
+            f"craft_num_kept says {int(counts.sum())}"
+        )
+    start = 0
+    for (t, h, w), k in zip(grids.tolist(), counts.tolist()):
+        if h % merge or w % merge:
+            raise ValueError(f"compressed video payload: video_grid_thw {[t, h, w]} not / {merge}")
+        grid = (int(t), int(h) // merge, int(w) // merge)
+        end = start + int(k)
+        try:  # craft-adapters' checks: finite rows, integer coords inside the grid, in order
+            CompressedVideo(rows[start:end], data[COORDS][start:end], grid)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"compressed video payload: {error}") from None
+        start = end
+
+
+def field_factory(
+    base: Callable[[Mapping[str, torch.Tensor]], Mapping[str, MultiModalFieldConfig]],
+) -> Callable[[Mapping[str, torch.Tensor]], Mapping[str, MultiModalFieldConfig]]:
+    """vLLM's field layout (`base`) with each video's rows sized by its kept count."""
+
+    def fields(data: Mapping[str, torch.Tensor]) -> Mapping[str, MultiModalFieldConfig]:
+        out = dict(base(data))
+        counts = data[COUNT]  # check_payload ran first
+        out["video_embeds"] = MultiModalFieldConfig.flat_from_sizes("video", counts)
+        out[COORDS] = MultiModalFieldConfig.flat_from_sizes("video", counts, keep_on_cpu=True)
+        out[COUNT] = MultiModalFieldConfig.batched("video", keep_on_cpu=True)
+        out[SECONDS] = MultiModalFieldConfig.batched("video", keep_on_cpu=True)
+        return out
+
+    return fields
+
+
+class CraftQwenDataParser(Qwen2VLMultiModalDataParser):
+    """vLLM's Qwen data parser; a video given as a dict is a compressed-video payload."""
+
+    embedding_fields: ClassVar[dict[str, dict[str, str]]] = {
+        **Qwen2VLMultiModalDataParser.embedding_fields,
+        "video": FIELDS,
+    }
+
+    def __init__(self, spatial_merge_size: int, hidden_size: int, **kwargs: Any) -> None:
+        self._craft_hidden = hidden_size
+        super().__init__(spatial_merge_size, **kwargs)
+
+    def _parse_video_data(self, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return super()._parse_video_data(data)
+        merge = self._spatial_merge_size
+        check_payload(data, merge, self._craft_hidden)
+        required, optional = self.embedding_field_sets("video")
+        return DictEmbeddingItems(
+            data,
+            modality="video",
+            required_fields=required,
+            optional_fields=optional,
+            fields_factory=field_factory(_create_qwen2vl_field_factory(merge)),
+        )

@@ -1,0 +1,92 @@
+"""Qwen3-VL, Qwen3.5 and LLaVA-OneVision in vLLM == craft-adapters' `generate()`, at ratios
+2, 4, 8, 16 and uncompressed.
+
+The same check as test_equality.py on a tiny Qwen3-VL with deepstack (`tiny_qwen3.py`,
+float32) and a tiny Qwen3.5 (`tiny_qwen3_5.py`: Gated DeltaNet + full attention, bfloat16
+on both sides, the only dtype vLLM's CPU Gated DeltaNet kernel runs): per-frame timestamp
+runs rebuilt from the kept tokens, deepstack rows fused with the main rows' assignment
+(Qwen3-VL), original M-RoPE positions; a tiny LLaVA-OneVision (`tiny_llava.py`, float32):
+pooled grid rows compressed, the newline row kept, original 1-D positions. Control: a FRESH (unloaded) CRAFT module on the
+library side disagrees with vLLM (at ratio 4).
+"""
+
+from __future__ import annotations
+
+import engine
+import pytest
+import tiny_llava
+import tiny_qwen3
+import tiny_qwen3_5
+import torch
+from conftest import small_config
+
+from craft_adapters import build_inputs
+from craft_core import CraftCompressor
+
+RATIOS = [2, 4, 8, 16]
+CONTROL = 4
+FRAMES = [16, 10, 12]
+
+
+@pytest.fixture(
+    scope="module",
+    params=[tiny_qwen3, tiny_qwen3_5, tiny_llava],
+    ids=["qwen3_vl", "qwen3_5", "llava_onevision"],
+)
+def kind(request):
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def model(workdir, kind):
+    return kind.build(workdir / kind.__name__)
+
+
+@pytest.fixture(scope="module")
+def videos(kind) -> list:
+    return [kind.video(n, seed=i) for i, n in enumerate(FRAMES)]
+
+
+def _served(model, kind, overrides: dict, videos: list) -> list:
+    work = lambda llm: engine.vllm_generate(llm, videos, kind)  # noqa: E731
+    # the unmodified backbone may need its own engine settings (tiny_llava.py: vLLM bug 6)
+    extra = {} if overrides else getattr(kind, "UNCOMPRESSED_ENGINE", {})
+    return engine.run(model, overrides, work, dtype=kind.DTYPE, **extra)
+
+
+def _reference(model, kind, compressor, ratio, videos: list) -> list:
+    dtype = getattr(torch, kind.DTYPE)
+    return engine.adapters_generate(model, compressor, ratio, videos, kind, dtype=dtype)
+
+
+def _agree(served: list, reference: list) -> list[bool]:
+    # near-ties end a video's comparison (bfloat16 references even have exact ones): the
+    # three videos together must still compare at least half a video's worth of steps
+    assert sum(engine.compared(r[2]) for r in reference) >= engine.NEW_TOKENS // 2
+    return [engine.agree(s[0], r[0], r[2]) for s, r in zip(served, reference)]
+
+
+def test_uncompressed_equals_transformers(model, kind, videos) -> None:
+    served = _served(model, kind, {}, videos)
+    reference = _reference(model, kind, None, None, videos)
+    assert _agree(served, reference) == [True] * len(videos)
+    assert [n for _, n in served] == [r[1] for r in reference]
+
+
+@pytest.mark.parametrize("ratio", RATIOS)
+def test_craft_equals_craft_adapters(workdir, model, kind, videos, ratio) -> None:
+    checkpoint = workdir / "craft"
+    served = _served(model, kind, engine.overrides(checkpoint, ratio, kind), videos)
+    loaded = CraftCompressor.from_pretrained(checkpoint)
+    reference = _reference(model, kind, loaded, ratio, videos)
+    assert _agree(served, reference) == [True] * len(videos)
+    # floor(N / ratio) video tokens; the timestamps, frame markers and newline row all stay
+    assert [n for _, n in served] == [r[1] for r in reference]
+    for (_, length), frames, video in zip(served, FRAMES, videos):
+        inputs = build_inputs(kind.processor(), video, engine.FPS, engine.QUESTION)
+        n = kind.video_tokens(frames)
+        assert length == inputs["input_ids"].shape[1] - n + n // ratio
+    if ratio == CONTROL:  # what an ignored checkpoint gives (once: each run costs a generate)
+        fresh = CraftCompressor(small_config())
+        control = _reference(model, kind, fresh, ratio, videos)
+        assert not all(_agree(served, control))

@@ -1,0 +1,103 @@
+"""The threshold (adaptive) mode, served from videos that arrive already compressed.
+
+craft-adapters compresses each video in threshold mode (`compress_videos`), the result goes
+through a file (`save_compressed_video` / `load_compressed_video`), and vLLM serves it from
+that payload (`precompressed.video_payload`, `enable_mm_embeds=True`). vLLM's greedy tokens
+must equal craft-adapters' threshold-mode `generate()` on the same videos; each malformed
+payload fails its own request with the field named, and the engine keeps serving.
+Control: the payload a FRESH (unloaded) CRAFT module makes, served, disagrees with the
+reference (the rows served are the ones that decide the tokens). Controls that only move
+rows (reversed rows, rows at the first K positions) were tried: this tiny model's greedy
+tokens do not change with them, so they could not fail; positions are checked by the prompt
+lengths here and against a slow rule in test_options.py.
+"""
+
+from __future__ import annotations
+
+import engine
+import pytest
+import tiny
+import torch
+from conftest import small_config
+from craft_vllm.precompressed import video_payload
+
+import craft_adapters
+from craft_core import CraftCompressor
+
+THRESHOLD = 0.98  # keeps 58, 41, 59 of 128, 80, 96 (0.7-0.95: 16-19, too few to tell rows apart)
+TOKENS = [128, 80, 96]  # merged tokens of the three videos (as test_equality.py)
+
+
+@pytest.fixture(scope="module")
+def videos() -> list:
+    return [tiny.video(16, seed=0), tiny.video(10, seed=1), tiny.video(12, seed=2)]
+
+
+def _compress(workdir, compressor, videos: list, folder) -> list:
+    """Each video compressed by craft-adapters, written to a file and read back."""
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(workdir / "model", dtype=torch.float32)
+    wrapped = craft_adapters.wrap(model.eval(), compressor, threshold=THRESHOLD)
+    folder.mkdir(exist_ok=True)
+    out = []
+    for i, frames in enumerate(videos):
+        inputs = craft_adapters.build_inputs(tiny.processor(), frames, engine.FPS, engine.QUESTION)
+        (video,) = wrapped.compress_videos(**inputs)
+        path = craft_adapters.save_compressed_video(folder / f"{i}.safetensors", video)
+        out.append(craft_adapters.load_compressed_video(path))
+    return out
+
+
+def _generate(llm, payloads: list) -> list:
+    from vllm import SamplingParams
+
+    text = engine.prompt()
+    requests = [{"prompt": text, "multi_modal_data": {"video": p}} for p in payloads]
+    outs = llm.generate(requests, SamplingParams(max_tokens=engine.NEW_TOKENS, temperature=0))
+    return [(list(o.outputs[0].token_ids), len(o.prompt_token_ids)) for o in outs]
+
+
+def _malformed(payload: dict) -> list[tuple[dict, str]]:
+    rows, coords = payload["video_embeds"], payload["craft_coords"]
+    nan = rows.clone()
+    nan[0, 3] = float("nan")
+    far = coords.clone()
+    far[-1, 2] = 99
+    return [
+        ({**payload, "video_embeds": rows[:, :64]}, "video_embeds must be [K, 128]"),
+        ({**payload, "craft_coords": far}, "coords must fit the grid"),
+        ({**payload, "video_embeds": nan}, "NaN"),
+        ({**payload, "craft_num_kept": payload["craft_num_kept"] + 1}, "craft_num_kept"),
+    ]
+
+
+def test_threshold_mode_served_from_compressed_videos(workdir, videos, tmp_path) -> None:
+    loaded = CraftCompressor.from_pretrained(workdir / "craft")
+    compressed = _compress(workdir, loaded, videos, tmp_path / "trained")
+    torch.manual_seed(0)
+    fresh = _compress(workdir, CraftCompressor(small_config()), videos, tmp_path / "fresh")
+    kept = [v.features.shape[0] for v in compressed]
+    # the threshold decides each count: not a fixed ratio's floor(N / r) for every video
+    assert all(1 <= k < n for k, n in zip(kept, TOKENS))
+    assert len({n / k for k, n in zip(kept, TOKENS)}) > 1
+
+    def work(llm):
+        payloads = [video_payload(v) for v in compressed]
+        for bad, field in _malformed(payloads[0]):
+            with pytest.raises(Exception, match=field.replace("[", r"\[")):
+                _generate(llm, [bad])
+        served = _generate(llm, payloads)  # the engine still serves
+        control = _generate(llm, [video_payload(v) for v in fresh])
+        return served, control
+
+    overrides = engine.overrides(workdir / "craft", 4)
+    served, control = engine.run(workdir / "model", overrides, work, enable_mm_embeds=True)
+    reference = engine.adapters_generate(
+        workdir / "model", loaded, None, videos, threshold=THRESHOLD
+    )
+    assert sum(engine.compared(r[2]) for r in reference) >= engine.NEW_TOKENS // 2
+    assert [engine.agree(s[0], r[0], r[2]) for s, r in zip(served, reference)] == [True] * 3
+    assert [n for _, n in served] == [r[1] for r in reference]
+    assert [n for _, n in served] == [engine.text_tokens() + k for k in kept]
+    assert not all(engine.agree(c[0], r[0], r[2]) for c, r in zip(control, reference))
