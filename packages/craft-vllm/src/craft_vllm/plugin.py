@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from craft_vllm import video_checks
 from craft_vllm.options import KEYS, REFUSED, CraftConfigError
 
 logger = logging.getLogger("craft_vllm")
@@ -122,3 +123,4 @@ def register() -> None:
         if name not in supported:
             ModelRegistry.register_model(name, target)
     patch_runners()
+    video_checks.install()
