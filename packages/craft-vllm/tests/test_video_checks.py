@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 import test_serve
 import tiny
-
 from craft_vllm import video_checks
 
 
@@ -36,7 +35,7 @@ def test_one_frame_is_refused(loader, tmp_path) -> None:
 
 def test_over_max_frames_is_refused_at_the_limit_served(loader, tmp_path) -> None:
     data = _bytes(tmp_path, 12)
-    with pytest.raises(video_checks.VideoRequestError, match="12 frames, over .* limit of 10"):
+    with pytest.raises(video_checks.VideoRequestError, match=r"12 frames, over .* limit of 10"):
         loader.load_bytes(data, max_frames=10)
     frames, _ = loader.load_bytes(data, max_frames=12)  # at the limit: every frame
     assert len(frames) == 12

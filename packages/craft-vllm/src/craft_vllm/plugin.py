@@ -122,5 +122,5 @@ def register() -> None:
     for name, target in ARCHITECTURES.items():
         if name not in supported:
             ModelRegistry.register_model(name, target)
-    patch_runners()
     video_checks.install()
+    patch_runners()

@@ -18,6 +18,7 @@ vLLM turns a `ValueError` raised while the request's media are loaded into a 400
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -88,3 +89,4 @@ def install() -> None:
 
     _patch_sampler(Qwen2VLVideoBackend)
     _patch_load_file(VideoMediaIO)
+    logging.getLogger("craft_vllm").info("craft-vllm: per-request video checks installed")
