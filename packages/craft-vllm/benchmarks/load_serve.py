@@ -6,8 +6,9 @@
 Starts the server on 127.0.0.1 with the tests' tiny Qwen2.5-VL and a CRAFT checkpoint at ratio
 4, answers each good video alone first (the reference), warms up, then sends REQUESTS requests
 from CLIENTS concurrent clients, good videos mixed with every bad kind of
-`test_serve.bad_videos` (corrupt bytes, an empty file, a missing file, one frame, more frames
-than `max_frames`, an ftp:// URL). Checks, and exits 1 naming the first that fails:
+`test_serve.bad_videos` (corrupt bytes, an empty file, an mp4 with no frame, a missing file,
+one frame, more frames than `max_frames`, an ftp:// URL). Checks, and exits 1 naming each
+failure:
 - every bad request gets a 400 carrying its own message;
 - every good request's greedy tokens equal the tokens of its run alone;
 - the server never restarts (same pid, /health answers) and its process tree's resident

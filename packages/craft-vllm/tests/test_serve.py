@@ -136,6 +136,19 @@ def test_served_counts_and_prefix_cache(server, workdir) -> None:
     assert (miss.usage.prompt_tokens_details.cached_tokens or 0) < BLOCK
 
 
+def _write_frameless_mp4(path: Path) -> Path:
+    """An mp4 with a video stream and its header but no frame (`_write_mp4` of 0 frames
+    writes no file at all: PyAV writes the header with the first packet)."""
+    import av
+
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("mpeg4", rate=2)
+        stream.width, stream.height, stream.pix_fmt = tiny.FRAME, tiny.FRAME, "yuv420p"
+        out.start_encoding()
+        out.mux(stream.encode(None))
+    return path
+
+
 def bad_videos(folder: Path) -> dict[str, tuple[str, str]]:
     """Each bad kind: (its URL, a piece of the 400's message). Shared with the load test."""
     (folder / "corrupt.mp4").write_bytes(np.random.default_rng(0).bytes(4000))
@@ -145,6 +158,7 @@ def bad_videos(folder: Path) -> dict[str, tuple[str, str]]:
     return {
         "corrupt": (f"file://{folder / 'corrupt.mp4'}", "Could not open video stream"),
         "empty": (f"file://{folder / 'empty.mp4'}", "Could not open video stream"),
+        "no-frame": (f"file://{_write_frameless_mp4(folder / 'none.mp4')}", "Could not open"),
         "missing": (f"file://{folder / 'missing.mp4'}", "no video file named 'missing.mp4'"),
         "one-frame": (f"file://{folder / 'one.mp4'}", "has 1 frame(s): at least 2"),
         "too-long": (f"file://{folder / 'long.mp4'}", f"over this server's limit of {MAX_FRAMES}"),
