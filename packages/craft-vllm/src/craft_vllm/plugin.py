@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from craft_vllm import video_checks
 from craft_vllm.options import KEYS, REFUSED, CraftConfigError
 
 logger = logging.getLogger("craft_vllm")
@@ -144,4 +145,5 @@ def register() -> None:
         if name not in supported:
             ModelRegistry.register_model(name, target)
     register_config_update()
+    video_checks.install()
     patch_runners()
