@@ -65,6 +65,24 @@ def run(
         gc.collect()
 
 
+def _craft_state(model: Any) -> dict[str, Any]:
+    """Runs inside vLLM's worker: the CRAFT module's weights as the engine holds them."""
+    return {k: v.detach().cpu().clone() for k, v in model.craft.state_dict().items()}
+
+
+def served_craft_state(llm: Any) -> dict[str, Any]:
+    """The weights of the CRAFT module inside a running engine (one worker on the CPU)."""
+    return llm.apply_model(_craft_state)[0]
+
+
+def same_weights(served: dict[str, Any], module: Any) -> bool:
+    """`served` equals `module`'s weights bit for bit, each cast to the engine's dtype."""
+    mine = module.state_dict()
+    return served.keys() == mine.keys() and all(
+        torch.equal(v, mine[k].to(v.dtype)) for k, v in served.items()
+    )
+
+
 def prompt(question: str = QUESTION, kind: Any = tiny) -> str:
     return kind.processor().apply_chat_template(
         [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": question}]}],

@@ -6,11 +6,13 @@ float32) and a tiny Qwen3.5 (`tiny_qwen3_5.py`: Gated DeltaNet + full attention,
 on both sides, the only dtype vLLM's CPU Gated DeltaNet kernel runs): per-frame timestamp
 runs rebuilt from the kept tokens, deepstack rows fused with the main rows' assignment
 (Qwen3-VL), original M-RoPE positions; a tiny LLaVA-OneVision (`tiny_llava.py`, float32):
-pooled grid rows compressed, the newline row kept, original 1-D positions. Control: a FRESH (unloaded) CRAFT module on the
-library side disagrees with vLLM (at ratio 4).
+pooled grid rows compressed, the newline row kept, original 1-D positions. Control: the engine's CRAFT module holds the
+checkpoint's weights bit for bit and not a fresh module's (read from vLLM's worker).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import engine
 import pytest
@@ -24,7 +26,6 @@ from craft_adapters import build_inputs
 from craft_core import CraftCompressor
 
 RATIOS = [2, 4, 8, 16]
-CONTROL = 4
 FRAMES = [16, 10, 12]
 
 
@@ -47,8 +48,11 @@ def videos(kind) -> list:
     return [kind.video(n, seed=i) for i, n in enumerate(FRAMES)]
 
 
-def _served(model, kind, overrides: dict, videos: list) -> list:
-    work = lambda llm: engine.vllm_generate(llm, videos, kind)  # noqa: E731
+def _served(model, kind, overrides: dict, videos: list, weights: bool = False) -> Any:
+    def work(llm):
+        tokens = engine.vllm_generate(llm, videos, kind)
+        return (tokens, engine.served_craft_state(llm)) if weights else tokens
+
     # the unmodified backbone may need its own engine settings (tiny_llava.py: vLLM bug 6)
     extra = {} if overrides else getattr(kind, "UNCOMPRESSED_ENGINE", {})
     return engine.run(model, overrides, work, dtype=kind.DTYPE, **extra)
@@ -76,8 +80,14 @@ def test_uncompressed_equals_transformers(model, kind, videos) -> None:
 @pytest.mark.parametrize("ratio", RATIOS)
 def test_craft_equals_craft_adapters(workdir, model, kind, videos, ratio) -> None:
     checkpoint = workdir / "craft"
-    served = _served(model, kind, engine.overrides(checkpoint, ratio, kind), videos)
+    served, state = _served(model, kind, engine.overrides(checkpoint, ratio, kind), videos, True)
     loaded = CraftCompressor.from_pretrained(checkpoint)
+    # Control: the engine holds the checkpoint's weights, not a fresh module's. (Greedy tokens
+    # cannot tell them apart on these tiny models: a merge only re-weights similar tokens, and
+    # with craft-core 0.5's init a fresh module gave the trained one's tokens at 4x on tiny
+    # Qwen3.5 and LLaVA-OneVision.)
+    assert engine.same_weights(state, loaded)
+    assert not engine.same_weights(state, CraftCompressor(small_config()))
     reference = _reference(model, kind, loaded, ratio, videos)
     assert _agree(served, reference) == [True] * len(videos)
     # floor(N / ratio) video tokens; the timestamps, frame markers and newline row all stay
@@ -86,7 +96,3 @@ def test_craft_equals_craft_adapters(workdir, model, kind, videos, ratio) -> Non
         inputs = build_inputs(kind.processor(), video, engine.FPS, engine.QUESTION)
         n = kind.video_tokens(frames)
         assert length == inputs["input_ids"].shape[1] - n + n // ratio
-    if ratio == CONTROL:  # what an ignored checkpoint gives (once: each run costs a generate)
-        fresh = CraftCompressor(small_config())
-        control = _reference(model, kind, fresh, ratio, videos)
-        assert not all(_agree(served, control))
