@@ -4,7 +4,9 @@ craft-adapters compresses each video in threshold mode (`compress_videos`), the 
 through a file (`save_compressed_video` / `load_compressed_video`), and vLLM serves it from
 that payload (`precompressed.video_payload`, `enable_mm_embeds=True`). vLLM's greedy tokens
 must equal craft-adapters' threshold-mode `generate()` on the same videos; each malformed
-payload fails its own request with the field named, and the engine keeps serving.
+payload fails its own request with the field named, and the engine keeps serving. Qwen2.5-VL
+(float32) and Qwen3.5 (bfloat16 both sides; the payload carries the frame timestamps and the
+K rows are laid out in per-frame runs from the coords).
 Control: the payload a FRESH (unloaded) CRAFT module makes, served, disagrees with the
 reference (the rows served are the ones that decide the tokens). Controls that only move
 rows (reversed rows, rows at the first K positions) were tried: this tiny model's greedy
@@ -17,6 +19,7 @@ from __future__ import annotations
 import engine
 import pytest
 import tiny
+import tiny_qwen3_5
 import torch
 from conftest import small_config
 from craft_vllm.precompressed import video_payload
@@ -25,6 +28,10 @@ import craft_adapters
 from craft_core import CraftCompressor
 
 THRESHOLD = 0.98  # keeps 58, 41, 59 of 128, 80, 96 (0.7-0.95: 16-19, too few to tell rows apart)
+# Qwen3.5: 0.98 keeps 63, 43, 51 of 72, 45, 54 (7-9 per frame); 0.95 keeps 38, 36, 37 (2-9
+# per frame), the uneven layout, but there neither the fresh-module control nor rows put in
+# the first K slots change the tokens (measured): both are served, 0.98 carries the control
+LOW = 0.95
 TOKENS = [128, 80, 96]  # merged tokens of the three videos (as test_equality.py)
 
 
@@ -33,26 +40,27 @@ def videos() -> list:
     return [tiny.video(16, seed=0), tiny.video(10, seed=1), tiny.video(12, seed=2)]
 
 
-def _compress(workdir, compressor, videos: list, folder) -> list:
+def _compress(model_dir, compressor, videos: list, folder, kind=tiny, threshold=THRESHOLD) -> list:
     """Each video compressed by craft-adapters, written to a file and read back."""
     from transformers import AutoModelForImageTextToText
 
-    model = AutoModelForImageTextToText.from_pretrained(workdir / "model", dtype=torch.float32)
-    wrapped = craft_adapters.wrap(model.eval(), compressor, threshold=THRESHOLD)
+    dtype = getattr(torch, getattr(kind, "DTYPE", "float32"))
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype)
+    wrapped = craft_adapters.wrap(model.eval(), compressor, threshold=threshold)
     folder.mkdir(exist_ok=True)
     out = []
     for i, frames in enumerate(videos):
-        inputs = craft_adapters.build_inputs(tiny.processor(), frames, engine.FPS, engine.QUESTION)
+        inputs = craft_adapters.build_inputs(kind.processor(), frames, engine.FPS, engine.QUESTION)
         (video,) = wrapped.compress_videos(**inputs)
         path = craft_adapters.save_compressed_video(folder / f"{i}.safetensors", video)
         out.append(craft_adapters.load_compressed_video(path))
     return out
 
 
-def _generate(llm, payloads: list) -> list:
+def _generate(llm, payloads: list, kind=tiny) -> list:
     from vllm import SamplingParams
 
-    text = engine.prompt()
+    text = engine.prompt(kind=kind)
     requests = [{"prompt": text, "multi_modal_data": {"video": p}} for p in payloads]
     outs = llm.generate(requests, SamplingParams(max_tokens=engine.NEW_TOKENS, temperature=0))
     return [(list(o.outputs[0].token_ids), len(o.prompt_token_ids)) for o in outs]
@@ -74,9 +82,9 @@ def _malformed(payload: dict) -> list[tuple[dict, str]]:
 
 def test_threshold_mode_served_from_compressed_videos(workdir, videos, tmp_path) -> None:
     loaded = CraftCompressor.from_pretrained(workdir / "craft")
-    compressed = _compress(workdir, loaded, videos, tmp_path / "trained")
+    compressed = _compress(workdir / "model", loaded, videos, tmp_path / "trained")
     torch.manual_seed(0)
-    fresh = _compress(workdir, CraftCompressor(small_config()), videos, tmp_path / "fresh")
+    fresh = _compress(workdir / "model", CraftCompressor(small_config()), videos, tmp_path / "f")
     kept = [v.features.shape[0] for v in compressed]
     # the threshold decides each count: not a fixed ratio's floor(N / r) for every video
     assert all(1 <= k < n for k, n in zip(kept, TOKENS))
@@ -100,4 +108,57 @@ def test_threshold_mode_served_from_compressed_videos(workdir, videos, tmp_path)
     assert [engine.agree(s[0], r[0], r[2]) for s, r in zip(served, reference)] == [True] * 3
     assert [n for _, n in served] == [r[1] for r in reference]
     assert [n for _, n in served] == [engine.text_tokens() + k for k in kept]
+    assert not all(engine.agree(c[0], r[0], r[2]) for c, r in zip(control, reference))
+
+
+def _timestamps(frames: int) -> list[float]:
+    """Qwen3.5's frame-run seconds of a video sampled at engine.FPS (its processor's rule)."""
+    return tiny_qwen3_5.processor()._calculate_timestamps(list(range(frames)), engine.FPS, 2)
+
+
+def test_qwen3_5_threshold_mode_served_from_compressed_videos(workdir, tmp_path) -> None:
+    """The same on Qwen3.5 (bfloat16 both sides): K rows laid out per frame, timestamps kept."""
+    kind, frames = tiny_qwen3_5, [16, 10, 12]
+    model = kind.build(tmp_path / "qwen3_5")
+    videos = [kind.video(n, seed=i) for i, n in enumerate(frames)]
+    loaded = CraftCompressor.from_pretrained(workdir / "craft")
+    compressed = _compress(model, loaded, videos, tmp_path / "trained", kind)
+    torch.manual_seed(0)
+    fresh = _compress(model, CraftCompressor(small_config()), videos, tmp_path / "fresh", kind)
+    uneven = _compress(model, loaded, videos, tmp_path / "low", kind, LOW)
+    kept = [v.features.shape[0] for v in compressed]
+    tokens = [kind.video_tokens(n) for n in frames]
+    assert all(1 <= k < n for k, n in zip(kept, tokens))
+    assert len({n / k for k, n in zip(kept, tokens)}) > 1
+
+    def payloads(vs: list) -> list:
+        return [video_payload(v, timestamps=_timestamps(n)) for v, n in zip(vs, frames)]
+
+    def work(llm):
+        good = payloads(compressed)
+        bad = [
+            *_malformed(good[0]),
+            ({**good[0], "timestamps": good[0]["timestamps"][:, 1:]}, "timestamps must be"),
+        ]
+        for payload, field in bad:
+            with pytest.raises(Exception, match=field.replace("[", r"\[")):
+                _generate(llm, [payload], kind)
+        return [_generate(llm, payloads(vs), kind) for vs in (compressed, fresh, uneven)]
+
+    overrides = engine.overrides(workdir / "craft", 4, kind)
+    served, control, low = engine.run(
+        model, overrides, work, dtype=kind.DTYPE, enable_mm_embeds=True
+    )
+    reference, reference_low = (
+        engine.adapters_generate(model, loaded, None, videos, kind, torch.bfloat16, threshold=t)
+        for t in (THRESHOLD, LOW)
+    )
+    assert [engine.agree(s[0], r[0], r[2]) for s, r in zip(low, reference_low)] == [True] * 3
+    assert [n for _, n in low] == [r[1] for r in reference_low]
+    assert sum(engine.compared(r[2]) for r in reference) >= engine.NEW_TOKENS // 2
+    assert [engine.agree(s[0], r[0], r[2]) for s, r in zip(served, reference)] == [True] * 3
+    assert [n for _, n in served] == [r[1] for r in reference]
+    for (_, length), n, video, k in zip(served, frames, videos, kept):
+        inputs = craft_adapters.build_inputs(kind.processor(), video, engine.FPS, engine.QUESTION)
+        assert length == inputs["input_ids"].shape[1] - kind.video_tokens(n) + k
     assert not all(engine.agree(c[0], r[0], r[2]) for c, r in zip(control, reference))

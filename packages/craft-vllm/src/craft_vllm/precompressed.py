@@ -19,7 +19,8 @@ agrees with the coords.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
@@ -33,30 +34,59 @@ from vllm.multimodal.parse import DictEmbeddingItems
 from craft_adapters import CompressedVideo
 
 COORDS, COUNT, SECONDS = "craft_coords", "craft_num_kept", "second_per_grid_ts"
+TIMESTAMPS = "timestamps"  # Qwen3-VL / Qwen3.5: each frame run's "<t seconds>" text
 FIELDS = {"video_embeds": "values", "video_grid_thw": "metadata", COORDS: "metadata"}
 FIELDS |= {COUNT: "metadata", SECONDS: "metadata"}
 
 
-def video_payload(video: CompressedVideo, merge: int = 2) -> dict[str, torch.Tensor]:
+def video_payload(
+    video: CompressedVideo, merge: int = 2, timestamps: Sequence[float] | None = None
+) -> dict[str, torch.Tensor]:
     """The `multi_modal_data["video"]` of a request carrying `video` (one video).
 
     `merge`: the backbone's spatial merge size (2 for every Qwen): vLLM's
     `video_grid_thw` counts patches, the compressed video's grid merged tokens.
+    `timestamps`: Qwen3.5 only (required there): the T seconds its frame runs are written
+    with, as its processor gives them (`processor._calculate_timestamps(indices, fps, 2)`).
     """
     t, h, w = video.grid
     seconds = float(video.metadata.get("second_per_grid", 1.0))
-    return {
+    out = {
         "video_embeds": video.features,
         "video_grid_thw": torch.tensor([[t, h * merge, w * merge]]),
         COORDS: video.coords,
         COUNT: torch.tensor([video.features.shape[0]]),
         SECONDS: torch.tensor([seconds]),
     }
+    if timestamps is not None:
+        out[TIMESTAMPS] = torch.tensor([list(timestamps)], dtype=torch.float64)
+    return out
 
 
-def check_payload(data: Mapping[str, Any], merge: int, hidden_size: int) -> None:
-    """Refuse a malformed payload (one request), naming the field; see the module docstring."""
-    missing = [k for k in FIELDS if k not in data]
+def _check_timestamps(data: Mapping[str, Any]) -> None:
+    """Qwen3.5: one `[T]` row of finite seconds per video ([V, T], T of video_grid_thw)."""
+    stamps, grids = data[TIMESTAMPS], data["video_grid_thw"]
+    frames = {int(t) for t in grids[:, 0].tolist()}
+    if (
+        not isinstance(stamps, torch.Tensor)
+        or stamps.dim() != 2
+        or stamps.shape[0] != grids.shape[0]
+        or {stamps.shape[1]} != frames
+        or not bool(torch.isfinite(stamps).all())
+    ):
+        shape = tuple(stamps.shape) if isinstance(stamps, torch.Tensor) else type(stamps).__name__
+        raise ValueError(
+            f"compressed video payload: timestamps must be [V, T] finite seconds (T of "
+            f"video_grid_thw: {sorted(frames)}), got {shape}"
+        )
+
+
+def check_payload(
+    data: Mapping[str, Any], merge: int, hidden_size: int, timed: bool = False
+) -> None:
+    """Refuse a malformed payload (one request), naming the field; see the module docstring.
+    `timed`: the backbone writes frame timestamps (Qwen3.5), so `timestamps` is required."""
+    missing = [k for k in [*FIELDS, *([TIMESTAMPS] if timed else [])] if k not in data]
     if missing:
         raise ValueError(f"compressed video payload: missing field(s) {missing}")
     rows, grids, counts = data["video_embeds"], data["video_grid_thw"], data[COUNT]
@@ -89,6 +119,8 @@ def check_payload(data: Mapping[str, Any], merge: int, hidden_size: int) -> None
         except (TypeError, ValueError) as error:
             raise ValueError(f"compressed video payload: {error}") from None
         start = end
+    if timed:
+        _check_timestamps(data)
 
 
 def field_factory(
@@ -116,6 +148,8 @@ class CraftQwenDataParser(Qwen2VLMultiModalDataParser):
         "video": FIELDS,
     }
 
+    craft_timed = False  # the payload carries frame timestamps (CraftQwen3DataParser)
+
     def __init__(self, spatial_merge_size: int, hidden_size: int, **kwargs: Any) -> None:
         self._craft_hidden = hidden_size
         super().__init__(spatial_merge_size, **kwargs)
@@ -124,7 +158,7 @@ class CraftQwenDataParser(Qwen2VLMultiModalDataParser):
         if not isinstance(data, dict):
             return super()._parse_video_data(data)
         merge = self._spatial_merge_size
-        check_payload(data, merge, self._craft_hidden)
+        check_payload(data, merge, self._craft_hidden, self.craft_timed)
         required, optional = self.embedding_field_sets("video")
         return DictEmbeddingItems(
             data,
@@ -133,3 +167,51 @@ class CraftQwenDataParser(Qwen2VLMultiModalDataParser):
             optional_fields=optional,
             fields_factory=field_factory(_create_qwen2vl_field_factory(merge)),
         )
+
+
+class CraftQwen3DataParser(CraftQwenDataParser):
+    """The same for Qwen3.5: a payload also carries each frame run's timestamp."""
+
+    craft_timed = True
+    embedding_fields: ClassVar[dict[str, dict[str, str]]] = {
+        **Qwen2VLMultiModalDataParser.embedding_fields,
+        "video": {**FIELDS, TIMESTAMPS: "metadata"},
+    }
+
+
+class PayloadFields:
+    """Mixin of a CRAFT processor (before vLLM's): a compressed video's fields (rows sized
+    by its kept count)."""
+
+    def _get_mm_fields_config(self, hf_inputs: Any, hf_processor_mm_kwargs: Any) -> Any:
+        base = partial(
+            super()._get_mm_fields_config,  # type: ignore[misc]
+            hf_processor_mm_kwargs=hf_processor_mm_kwargs,
+        )
+        if COUNT not in hf_inputs:
+            return base(hf_inputs)
+        return field_factory(base)(hf_inputs)
+
+
+class PayloadVideoInput:
+    """Mixin of a CRAFT model class (before vLLM's): a compressed video's rows skip the
+    vision tower; its coords and counts ride on the video input (`craft_coords`, `[K, 3]`
+    per video, and `craft_counts`)."""
+
+    visual: Any
+
+    def _parse_and_validate_video_input(self, **kwargs: Any) -> Any:
+        coords, counts = kwargs.pop(COORDS, None), kwargs.pop(COUNT, None)
+        video_input = super()._parse_and_validate_video_input(**kwargs)  # type: ignore[misc]
+        if video_input is not None and coords is not None:
+            video_input.craft_counts = [int(k) for k in counts]
+            video_input.craft_coords = (
+                torch.as_tensor(coords).long().split(video_input.craft_counts)
+            )
+        return video_input
+
+    def _process_video_input(self, video_input: Any) -> tuple[torch.Tensor, ...]:
+        if getattr(video_input, "craft_counts", None) is None:
+            return super()._process_video_input(video_input)  # type: ignore[misc,no-any-return]
+        rows = video_input["video_embeds"].type(self.visual.dtype)
+        return rows.split(video_input.craft_counts)  # type: ignore[no-any-return]

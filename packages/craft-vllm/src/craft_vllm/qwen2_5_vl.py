@@ -16,7 +16,6 @@ threshold mode) skips the vision tower and CRAFT: its K rows are placed at their
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import torch
@@ -31,25 +30,20 @@ from vllm.multimodal import MULTIMODAL_REGISTRY
 from craft_vllm.common import CraftModel, CraftProcessor
 from craft_vllm.options import kept_count
 from craft_vllm.positions import grid_positions, prompt_positions, pruned_position_columns
-from craft_vllm.precompressed import COORDS, COUNT, CraftQwenDataParser, field_factory
+from craft_vllm.precompressed import CraftQwenDataParser, PayloadFields, PayloadVideoInput
 
 ARCHITECTURE = "CraftQwen2_5_VLForConditionalGeneration"
 
 
-class CraftQwen2_5_VLMultiModalProcessor(CraftProcessor, Qwen2_5_VLMultiModalProcessor):
+class CraftQwen2_5_VLMultiModalProcessor(
+    PayloadFields, CraftProcessor, Qwen2_5_VLMultiModalProcessor
+):
     """Reserves `floor(N / ratio)` `<|video_pad|>` per video (N = the video's merged tokens)."""
 
     architecture = ARCHITECTURE
 
     def craft_placeholder(self, item: Any, kept: int) -> list[int]:
         return [self.info.get_hf_config().video_token_id] * kept
-
-    def _get_mm_fields_config(self, hf_inputs: Any, hf_processor_mm_kwargs: Any) -> Any:
-        """vLLM's fields; a compressed video's rows are sized by its kept count."""
-        base = partial(super()._get_mm_fields_config, hf_processor_mm_kwargs=hf_processor_mm_kwargs)
-        if COUNT not in hf_inputs:
-            return base(hf_inputs)
-        return field_factory(base)(hf_inputs)
 
 
 class CraftQwen2_5_VLProcessingInfo(Qwen2_5_VLProcessingInfo):
@@ -70,7 +64,9 @@ class CraftQwen2_5_VLProcessingInfo(Qwen2_5_VLProcessingInfo):
     info=CraftQwen2_5_VLProcessingInfo,
     dummy_inputs=Qwen2_5_VLDummyInputsBuilder,
 )
-class CraftQwen2_5_VLForConditionalGeneration(CraftModel, Qwen2_5_VLForConditionalGeneration):
+class CraftQwen2_5_VLForConditionalGeneration(
+    PayloadVideoInput, CraftModel, Qwen2_5_VLForConditionalGeneration
+):
     """Qwen2.5-VL whose video tokens go through a CRAFT checkpoint at a fixed ratio."""
 
     architecture = ARCHITECTURE
@@ -86,23 +82,6 @@ class CraftQwen2_5_VLForConditionalGeneration(CraftModel, Qwen2_5_VLForCondition
             cols = pruned_position_columns(grid, every).to(emb.device, emb.dtype)
             out.append(torch.cat([emb, cols], dim=1))
         return tuple(out)
-
-    def _parse_and_validate_video_input(self, **kwargs: Any) -> Any:
-        """vLLM's, plus the kept tokens' coords of compressed videos (precompressed.py)."""
-        coords, counts = kwargs.pop(COORDS, None), kwargs.pop(COUNT, None)
-        video_input = super()._parse_and_validate_video_input(**kwargs)
-        if video_input is not None and coords is not None:
-            video_input.craft_counts = [int(k) for k in counts]
-            video_input.craft_coords = (
-                torch.as_tensor(coords).long().split(video_input.craft_counts)
-            )
-        return video_input
-
-    def _process_video_input(self, video_input: Any) -> tuple[torch.Tensor, ...]:
-        if getattr(video_input, "craft_counts", None) is None:
-            return super()._process_video_input(video_input)  # type: ignore[no-any-return]
-        rows = video_input["video_embeds"].type(self.visual.dtype)
-        return rows.split(video_input.craft_counts)  # type: ignore[no-any-return]
 
     def _postprocess_video_embeds_evs(
         self, video_embeds_split: tuple[torch.Tensor, ...], video_input: Any

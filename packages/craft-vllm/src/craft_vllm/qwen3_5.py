@@ -3,7 +3,9 @@
 vLLM's Qwen3.5 class is Qwen3-VL's (same vision tower, same per-frame video runs, same
 processor) with a hybrid language model (Gated DeltaNet + full attention layers) and no
 deepstack, so the CRAFT variant is Qwen3-VL's (`qwen3_vl.py`) on Qwen3.5's class: the same
-placeholder, compression, rebuilt frame runs and prompt positions.
+placeholder, compression, rebuilt frame runs and prompt positions. Videos compressed
+beforehand (`precompressed.py`, the threshold mode) are served too: the payload also carries
+the T frame timestamps, and its K rows are laid out per frame from their coords.
 
 On vLLM's CPU backend the Gated DeltaNet layers run in bfloat16 only (`cpu_gdn_attention_core`
 asserts it): serve with `dtype="bfloat16"` there.
@@ -19,6 +21,7 @@ from vllm.model_executor.models.qwen3_5 import (
 from vllm.model_executor.models.qwen3_vl import Qwen3VLDummyInputsBuilder
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
+from craft_vllm.precompressed import CraftQwen3DataParser, PayloadFields, PayloadVideoInput
 from craft_vllm.qwen3_vl import (
     CraftQwen3VLForConditionalGeneration,
     CraftQwen3VLMultiModalProcessor,
@@ -30,19 +33,33 @@ ARCHITECTURE = "CraftQwen3_5ForConditionalGeneration"
 patch_positions_factor(qwen3_5)  # Qwen3.5 imports vLLM's rule by name
 
 
-class CraftQwen3_5MultiModalProcessor(CraftQwen3VLMultiModalProcessor):
-    """Qwen3-VL's CRAFT placeholder (all kept tokens in frame 0's run)."""
+class CraftQwen3_5MultiModalProcessor(PayloadFields, CraftQwen3VLMultiModalProcessor):
+    """Qwen3-VL's CRAFT placeholder (all kept tokens in frame 0's run; a compressed video's
+    K likewise, its rows laid out per frame when embedded)."""
 
     architecture = ARCHITECTURE
 
 
+class CraftQwen3_5ProcessingInfo(Qwen3_5ProcessingInfo):
+    """Qwen3.5's, with a parser that also takes compressed videos (precompressed.py)."""
+
+    def get_data_parser(self) -> CraftQwen3DataParser:
+        return CraftQwen3DataParser(
+            self.get_hf_config().vision_config.spatial_merge_size,
+            self.get_hf_config().get_text_config().hidden_size,
+            video_needs_metadata=True,
+            expected_hidden_size=self._get_expected_hidden_size(),
+            allow_missing_mm_embeddings=self.allow_missing_mm_embeddings,
+        )
+
+
 @MULTIMODAL_REGISTRY.register_processor(
     CraftQwen3_5MultiModalProcessor,
-    info=Qwen3_5ProcessingInfo,
+    info=CraftQwen3_5ProcessingInfo,
     dummy_inputs=Qwen3VLDummyInputsBuilder,
 )
 class CraftQwen3_5ForConditionalGeneration(
-    CraftQwen3VLForConditionalGeneration, Qwen3_5ForConditionalGeneration
+    PayloadVideoInput, CraftQwen3VLForConditionalGeneration, Qwen3_5ForConditionalGeneration
 ):
     """Qwen3.5 whose video tokens go through a CRAFT checkpoint at a fixed ratio (Qwen3-VL's
     CRAFT methods; vLLM's Qwen3.5 `__init__`, language model and weights)."""

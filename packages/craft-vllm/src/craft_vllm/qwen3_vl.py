@@ -116,31 +116,46 @@ class CraftQwen3VLForConditionalGeneration(CraftModel, Qwen3VLForConditionalGene
         )
         return pos[:, torch.tensor(ids) == self.config.video_token_id]
 
+    def _craft_rows(
+        self, emb: torch.Tensor, size: list[int], timestamps: Any, given: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One video's kept rows `[K, D (+ deepstack)]` and their `kept_index` `[K]` in the
+        uncompressed `[N]` order: CRAFT's at the fixed ratio, or a compressed video's rows as
+        they arrived, at their coords `given` (`[K, 3]`, `precompressed.py`)."""
+        merge = self.visual.spatial_merge_size
+        if given is not None:
+            c = given.to(emb.device)
+            h, w = size[1] // merge, size[2] // merge
+            return emb, (c[:, 0] * h + c[:, 1]) * w + c[:, 2]
+        kept = kept_count(int(emb.shape[0]), self.craft_options.ratio)  # refuse, never clamp
+        pos = self._video_positions(size, timestamps).to(emb.device)
+        coords = timestamp_coords(pos)  # craft-adapters' rule, so the same tokens
+        result = self.craft(emb[:, : self.visual_dim], coords, ratio=self.craft_options.ratio)
+        rows = result.features.to(emb.dtype)
+        if self.use_deepstack:
+            deep = group_mean(emb[:, self.visual_dim :], result.assignment, kept)
+            rows = torch.cat([rows, deep], dim=1)
+        return rows, result.kept_index
+
     def _postprocess_video_embeds_evs(
         self, video_embeds_split: tuple[torch.Tensor, ...], video_input: Any
     ) -> tuple[torch.Tensor, ...]:
-        """Each video `[N, D (+ deepstack)]` -> rows of its rebuilt placeholder (CRAFT rows at
-        their frames, timestamp/marker text rows between) + 5 position columns."""
+        """Each video `[N, D (+ deepstack)]` (or a compressed video's `[K, D]`) -> rows of its
+        rebuilt placeholder (kept rows at their frames, timestamp/marker text rows between)
+        + 5 position columns."""
         merge = self.visual.spatial_merge_size
-        ratio = self.craft_options.ratio
+        given = getattr(video_input, "craft_coords", None)
         out = []
         for i, (emb, size) in enumerate(
             zip(video_embeds_split, video_input["video_grid_thw"].tolist())
         ):
             timestamps = video_input.timestamps[i]
             per_frame = (size[1] // merge) * (size[2] // merge)
-            n = int(emb.shape[0])
-            kept = kept_count(n, ratio)  # refuse a ratio that leaves nothing, never clamp
-            pos = self._video_positions(size, timestamps).to(emb.device)
-            coords = timestamp_coords(pos)  # craft-adapters' rule, so the same tokens
-            result = self.craft(emb[:, : self.visual_dim], coords, ratio=ratio)
-            rows = result.features.to(emb.dtype)
-            if self.use_deepstack:
-                deep = group_mean(emb[:, self.visual_dim :], result.assignment, kept)
-                rows = torch.cat([rows, deep], dim=1)
-            mask = torch.zeros(n, dtype=torch.bool, device=emb.device)
-            mask[result.kept_index] = True
-            counts = torch.bincount(result.kept_index.cpu() // per_frame, minlength=size[0])
+            coords = given[i] if given is not None else None
+            rows, kept_index = self._craft_rows(emb, size, timestamps, coords)
+            mask = torch.zeros(size[0] * per_frame, dtype=torch.bool, device=emb.device)
+            mask[kept_index] = True
+            counts = torch.bincount(kept_index.cpu() // per_frame, minlength=size[0])
             out.append(
                 self._create_final_video_embeddings(
                     video_embeddings=rows,
