@@ -179,6 +179,23 @@ class CraftQwen3DataParser(CraftQwenDataParser):
     }
 
 
+class PayloadProcessingInfo:
+    """A vLLM ProcessingInfo mixin (first base): its data parser, `parser`, also takes
+    compressed videos."""
+
+    parser: ClassVar[type[CraftQwenDataParser]]
+
+    def get_data_parser(self) -> CraftQwenDataParser:
+        config = self.get_hf_config()  # type: ignore[attr-defined]
+        return self.parser(
+            config.vision_config.spatial_merge_size,
+            config.get_text_config().hidden_size,
+            video_needs_metadata=True,
+            expected_hidden_size=self._get_expected_hidden_size(),  # type: ignore[attr-defined]
+            allow_missing_mm_embeddings=self.allow_missing_mm_embeddings,  # type: ignore[attr-defined]
+        )
+
+
 class PayloadFields:
     """Mixin of a CRAFT processor (before vLLM's): a compressed video's fields (rows sized
     by its kept count)."""

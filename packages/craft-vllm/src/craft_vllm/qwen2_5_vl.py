@@ -30,7 +30,12 @@ from vllm.multimodal import MULTIMODAL_REGISTRY
 from craft_vllm.common import CraftModel, CraftProcessor
 from craft_vllm.options import kept_count
 from craft_vllm.positions import grid_positions, prompt_positions, pruned_position_columns
-from craft_vllm.precompressed import CraftQwenDataParser, PayloadFields, PayloadVideoInput
+from craft_vllm.precompressed import (
+    CraftQwenDataParser,
+    PayloadFields,
+    PayloadProcessingInfo,
+    PayloadVideoInput,
+)
 
 ARCHITECTURE = "CraftQwen2_5_VLForConditionalGeneration"
 
@@ -46,17 +51,10 @@ class CraftQwen2_5_VLMultiModalProcessor(
         return [self.info.get_hf_config().video_token_id] * kept
 
 
-class CraftQwen2_5_VLProcessingInfo(Qwen2_5_VLProcessingInfo):
+class CraftQwen2_5_VLProcessingInfo(PayloadProcessingInfo, Qwen2_5_VLProcessingInfo):
     """Qwen2.5-VL's, with a parser that also takes compressed videos (precompressed.py)."""
 
-    def get_data_parser(self) -> CraftQwenDataParser:
-        return CraftQwenDataParser(
-            self.get_hf_config().vision_config.spatial_merge_size,
-            self.get_hf_config().get_text_config().hidden_size,
-            video_needs_metadata=True,
-            expected_hidden_size=self._get_expected_hidden_size(),
-            allow_missing_mm_embeddings=self.allow_missing_mm_embeddings,
-        )
+    parser = CraftQwenDataParser
 
 
 @MULTIMODAL_REGISTRY.register_processor(

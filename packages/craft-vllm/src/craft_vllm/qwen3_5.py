@@ -21,7 +21,12 @@ from vllm.model_executor.models.qwen3_5 import (
 from vllm.model_executor.models.qwen3_vl import Qwen3VLDummyInputsBuilder
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
-from craft_vllm.precompressed import CraftQwen3DataParser, PayloadFields, PayloadVideoInput
+from craft_vllm.precompressed import (
+    CraftQwen3DataParser,
+    PayloadFields,
+    PayloadProcessingInfo,
+    PayloadVideoInput,
+)
 from craft_vllm.qwen3_vl import (
     CraftQwen3VLForConditionalGeneration,
     CraftQwen3VLMultiModalProcessor,
@@ -40,17 +45,10 @@ class CraftQwen3_5MultiModalProcessor(PayloadFields, CraftQwen3VLMultiModalProce
     architecture = ARCHITECTURE
 
 
-class CraftQwen3_5ProcessingInfo(Qwen3_5ProcessingInfo):
+class CraftQwen3_5ProcessingInfo(PayloadProcessingInfo, Qwen3_5ProcessingInfo):
     """Qwen3.5's, with a parser that also takes compressed videos (precompressed.py)."""
 
-    def get_data_parser(self) -> CraftQwen3DataParser:
-        return CraftQwen3DataParser(
-            self.get_hf_config().vision_config.spatial_merge_size,
-            self.get_hf_config().get_text_config().hidden_size,
-            video_needs_metadata=True,
-            expected_hidden_size=self._get_expected_hidden_size(),
-            allow_missing_mm_embeddings=self.allow_missing_mm_embeddings,
-        )
+    parser = CraftQwen3DataParser
 
 
 @MULTIMODAL_REGISTRY.register_processor(
