@@ -143,6 +143,28 @@ def build_setup(root: Path, clips: int = 16) -> TinySetup:
     return TinySetup(root, root / "vlm", captions, qa)
 
 
+def heldout_distill(cfg: Any) -> tuple[Any, Any, list[dict[str, Any]]]:
+    """What a distillation is judged with on the examples of `cfg` (a `stage: distill`
+    config): the model in eval mode, its `Distiller` with the uncompressed model's responses
+    cached, and one batch per example, teacher-forced on its response."""
+    from craft_train.data import collate
+    from craft_train.distill import Distiller, load_distill_examples
+    from craft_train.model import build_model
+
+    bundle = build_model(cfg)
+    bundle.model.eval()
+    judge = Distiller(cfg, bundle)
+    examples = load_distill_examples(cfg)
+    judge.fill_cache(examples)
+    encode = judge.make_encoder(cfg, bundle.processor)
+    batches = []
+    for example in examples:
+        batch = collate([{**encode(example), "skipped_videos": []}], bundle.pad_token_id)
+        batch.pop("skipped_videos")
+        batches.append(batch)
+    return bundle, judge, batches
+
+
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinySetup:
     return build_setup(tmp_path_factory.mktemp("tiny"))
