@@ -6,12 +6,8 @@ default thread pool oversubscribes the cores and runs ten times slower.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -168,35 +164,3 @@ def heldout_distill(cfg: Any) -> tuple[Any, Any, list[dict[str, Any]]]:
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinySetup:
     return build_setup(tmp_path_factory.mktemp("tiny"))
-
-
-PAGE = 4096  # tmpfs allocates whole pages
-
-
-@contextlib.contextmanager
-def small_filesystem(where: Path, size: int) -> Iterator[Path]:
-    """A real tmpfs of `size` bytes mounted at `where` for the block: a full disk as the
-    writers meet it. Needs root (CI runs as root); skipped, saying why, where mounting is not
-    permitted."""
-    where.mkdir(parents=True, exist_ok=True)
-    command = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-    except OSError as error:  # no mount binary
-        pytest.skip(f"cannot mount a tmpfs for a real full disk: {error}")
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs for a real full disk: {done.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill_filesystem(where: Path, leave: int) -> Path:
-    """Fill the filesystem of `where` with one file until `leave` bytes remain free."""
-    filler = where / "filler"
-    free = shutil.disk_usage(where).free
-    with filler.open("wb") as handle:
-        handle.write(b"\0" * (free - leave))
-    assert shutil.disk_usage(where).free == leave
-    return filler
