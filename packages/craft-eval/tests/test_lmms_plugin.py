@@ -306,3 +306,26 @@ def test_budget_and_method_parsing() -> None:
         build_compressor("craft", spelling=MODEL_ARGS)
     with pytest.raises(ValueError, match="model_args checkpoint= is not used by tome"):
         build_compressor("tome", {"checkpoint": "/ckpt"}, spelling=MODEL_ARGS)
+
+
+def test_plugin_classes_are_generated_from_the_registry() -> None:
+    """One plugin model per backbone whose adapter names lmms-eval classes; every manifest
+    class exists and extends lmms-eval's class with the mixin (chat classes not simple)."""
+    import craft_eval.lmms.models as models
+    from craft_adapters.registry import adapter_classes
+    from craft_eval.lmms.compress import CraftLMMixin
+    from craft_eval.lmms.plugin import manifests
+
+    found = {m.model_id: m for m in manifests()}
+    assert set(found) == {f"craft_{c.model_types[0]}" for c in adapter_classes() if c.lmms_classes}
+    assert {plugin for plugin, _, _ in BACKBONES} <= set(found)
+    for manifest in found.values():
+        for path, chat in ((manifest.simple_class_path, False), (manifest.chat_class_path, True)):
+            if path is None:
+                continue
+            cls = getattr(models, path.rpartition(".")[2])
+            assert cls.__module__ + "." + cls.__name__ == path
+            assert issubclass(cls, CraftLMMixin) and cls.__mro__[2].__module__.startswith(
+                "lmms_eval.models." + ("chat" if chat else "simple")
+            )
+            assert cls.is_simple is (not chat)

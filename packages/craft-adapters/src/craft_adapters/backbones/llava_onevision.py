@@ -17,8 +17,15 @@ import torch.nn.functional as F
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from craft_adapters.attention import Recorder, received_attention
-from craft_adapters.backbones._tiny import SPECIAL_IDS, text_common
-from craft_adapters.registry import BackboneAdapter, VideoLayout, register_backbone
+from craft_adapters.backbones._tiny import LLAVA_TEMPLATE, SPECIAL_IDS, text_common, tiny_tokenizer
+from craft_adapters.registry import (
+    BackboneAdapter,
+    InputRules,
+    LmmsClasses,
+    VideoLayout,
+    positions_1d,
+    register_backbone,
+)
 
 
 def _siglip_hook(recorder: Recorder) -> Any:
@@ -53,6 +60,17 @@ def _siglip_layer(model: Any) -> Any:
 class LlavaOnevisionAdapter(BackboneAdapter):
     model_types = ("llava_onevision",)
     uses_mrope = False
+    # a fixed input size (no pixel bounds); pixel_values_videos is [B, F, C, H, W], so videos
+    # of different lengths go through the processor one at a time
+    input_rules = InputRules(processors=("LlavaOnevisionProcessor",), one_call_per_length=True)
+    reference_archs = (("llava_ov-7b", "llava-ov-7b", "llava-onevision-7b"),)
+    # simple only: lmms-eval 0.7.3's chat `llava_hf` hands the processor `images=[]` for a
+    # video-only request, which transformers 5 rejects (IndexError in the image processor)
+    lmms_classes = LmmsClasses(
+        "llava_hf",
+        simple="simple.llava_hf:LlavaHf",
+        note="its chat class fails on video-only requests",
+    )
 
     @property
     def pooled_side(self) -> int:
@@ -82,14 +100,7 @@ class LlavaOnevisionAdapter(BackboneAdapter):
         )
 
     def full_positions(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = inputs["input_ids"]
-        mask = inputs.get("attention_mask")
-        if mask is None:
-            mask = torch.ones_like(ids)
-        pos = mask.long().cumsum(-1) - 1
-        pos = pos.masked_fill(mask == 0, 0)
-        deltas = torch.zeros(ids.shape[0], 1, dtype=torch.long, device=ids.device)
-        return pos, deltas
+        return positions_1d(inputs)
 
     def video_layout(
         self, inputs: dict[str, Any], positions: torch.Tensor, features: list[torch.Tensor]
@@ -174,4 +185,24 @@ class LlavaOnevisionAdapter(BackboneAdapter):
             vision_feature_select_strategy="full",
             vision_feature_layer=-1,
             image_grid_pinpoints=[[56, 56]],
+        )
+
+    @staticmethod
+    def tiny_processor() -> Any:
+        """The in-memory processor of `tiny_config`'s model (`build_tiny_processor`)."""
+        from transformers import (
+            LlavaOnevisionImageProcessor,
+            LlavaOnevisionProcessor,
+            LlavaOnevisionVideoProcessor,
+        )
+
+        return LlavaOnevisionProcessor(
+            image_processor=LlavaOnevisionImageProcessor(
+                size={"height": 56, "width": 56}, image_grid_pinpoints=[[56, 56]]
+            ),
+            tokenizer=tiny_tokenizer(LLAVA_TEMPLATE),
+            video_processor=LlavaOnevisionVideoProcessor(size={"height": 56, "width": 56}),
+            chat_template=LLAVA_TEMPLATE,
+            num_image_tokens=16,
+            vision_feature_select_strategy="full",
         )
