@@ -27,7 +27,7 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any, ClassVar
 
@@ -108,7 +108,6 @@ class LmmsClasses:
     lmms_id: str
     simple: str | None = None
     chat: str | None = None
-    note: str = field(default="", compare=False)
 
 
 class BackboneAdapter:
@@ -199,8 +198,11 @@ class BackboneAdapter:
         return None
 
     def full_positions(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Positions of the full sequence and the `[B, 1]` delta `max_position + 1 - length`."""
-        raise NotImplementedError
+        """Positions of the full sequence and the `[B, 1]` delta `max_position + 1 - length`.
+        Default (1-D RoPE, `uses_mrope = False`): `positions_1d`."""
+        if self.uses_mrope:
+            raise NotImplementedError(f"{type(self).__name__} must compute its M-RoPE positions")
+        return positions_1d(inputs)
 
     def video_layout(
         self, inputs: dict[str, Any], positions: torch.Tensor, features: list[torch.Tensor]
@@ -215,7 +217,9 @@ class BackboneAdapter:
         new_features: list[torch.Tensor],
         assignments: list[torch.Tensor],
     ) -> Any:
-        """The encoder output to pass as `mm_encoder_outputs["video"]` after compression.
+        """The encoder output to pass as `mm_encoder_outputs[encoder_output_key]` after
+        compression. Default: one `[1, total kept, D]` `pooler_output` holding every video's
+        rows (transformers flattens it and checks only the element count: LLaVA-OV, InternVL).
 
         Args:
             output: what `encode_videos` returned first.
@@ -224,7 +228,9 @@ class BackboneAdapter:
             assignments: per video, `[n]` long: for every original row, the kept row (index into
                 `kept_rows`) it ended up in.
         """
-        raise NotImplementedError
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        return BaseModelOutputWithPooling(pooler_output=torch.cat(new_features, dim=0).unsqueeze(0))
 
     def forward_extra_kwargs(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """Keyword arguments to pass through to the HF model besides ids / mask / positions."""
@@ -247,6 +253,14 @@ def positions_1d(inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     pos = pos.masked_fill(mask == 0, 0)
     deltas = torch.zeros(ids.shape[0], 1, dtype=torch.long, device=ids.device)
     return pos, deltas
+
+
+def frame_grid_coords(n: int, side: int, device: torch.device) -> torch.Tensor:
+    """`[n, 3]` long `(frame, row, column)` of `n` tokens laid out frame by frame, each frame
+    a row-major `side x side` grid (LLaVA-OV's pooled grid, InternVL's shuffled tile)."""
+    idx = torch.arange(n, device=device)
+    per_frame = side * side
+    return torch.stack([idx // per_frame, (idx % per_frame) // side, idx % side], dim=-1)
 
 
 _REGISTRY: dict[str, type[BackboneAdapter]] = {}

@@ -14,32 +14,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-from craft_adapters.attention import Recorder, received_attention
+from craft_adapters.attention import Recorder, per_image_hook
 from craft_adapters.backbones._tiny import LLAVA_TEMPLATE, SPECIAL_IDS, text_common, tiny_tokenizer
 from craft_adapters.registry import (
     BackboneAdapter,
     InputRules,
     LmmsClasses,
     VideoLayout,
-    positions_1d,
+    frame_grid_coords,
     register_backbone,
 )
-
-
-def _siglip_hook(recorder: Recorder) -> Any:
-    def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        hidden = args[0] if args else kwargs["hidden_states"]
-        b, length, _ = hidden.shape
-        heads = module.num_heads
-        with torch.no_grad():
-            q = module.q_proj(hidden).view(b, length, heads, -1).transpose(1, 2)
-            k = module.k_proj(hidden).view(b, length, heads, -1).transpose(1, 2)
-            rows = [received_attention(q[i], k[i], module.scale) for i in range(b)]
-        recorder.calls.append(torch.stack(rows))
-
-    return hook
 
 
 def _siglip_layer(model: Any) -> Any:
@@ -66,11 +51,7 @@ class LlavaOnevisionAdapter(BackboneAdapter):
     reference_archs = (("llava_ov-7b", "llava-ov-7b", "llava-onevision-7b"),)
     # simple only: lmms-eval 0.7.3's chat `llava_hf` hands the processor `images=[]` for a
     # video-only request, which transformers 5 rejects (IndexError in the image processor)
-    lmms_classes = LmmsClasses(
-        "llava_hf",
-        simple="simple.llava_hf:LlavaHf",
-        note="its chat class fails on video-only requests",
-    )
+    lmms_classes = LmmsClasses("llava_hf", simple="simple.llava_hf:LlavaHf")
 
     @property
     def pooled_side(self) -> int:
@@ -99,9 +80,6 @@ class LlavaOnevisionAdapter(BackboneAdapter):
             return_dict=True,
         )
 
-    def full_positions(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        return positions_1d(inputs)
-
     def video_layout(
         self, inputs: dict[str, Any], positions: torch.Tensor, features: list[torch.Tensor]
     ) -> list[VideoLayout]:
@@ -122,24 +100,12 @@ class LlavaOnevisionAdapter(BackboneAdapter):
             b = int(rows[0, 0])
             if bool((rows[:, 0] != b).any()):
                 raise ValueError("a video's placeholder tokens span two rows of the batch")
-            m = n - 1
-            idx = torch.arange(m, device=ids.device)
-            coords = torch.stack([idx // per_frame, (idx % per_frame) // side, idx % side], dim=-1)
+            idx = torch.arange(n - 1, device=ids.device)
+            coords = frame_grid_coords(n - 1, side, ids.device)
             layouts.append(
                 VideoLayout(batch_index=b, seq_index=rows[:, 1], compress_rows=idx, coords=coords)
             )
         return layouts
-
-    def shrink_video_output(
-        self,
-        output: Any,
-        kept_rows: list[torch.Tensor],
-        new_features: list[torch.Tensor],
-        assignments: list[torch.Tensor],
-    ) -> Any:
-        # The model flattens pooler_output (videos x rows); one [1, total, D] tensor holds
-        # videos of different kept lengths.
-        return BaseModelOutputWithPooling(pooler_output=torch.cat(new_features, dim=0).unsqueeze(0))
 
     fixed_rows_per_video = 1  # the newline row: never compressed, never scored
 
@@ -147,7 +113,7 @@ class LlavaOnevisionAdapter(BackboneAdapter):
         """A pre-hook recording the received attention of the SigLIP layer whose output is
         the selected feature (`vision_feature_layer`)."""
         layer = _siglip_layer(self.model)
-        return [layer.register_forward_pre_hook(_siglip_hook(recorder), with_kwargs=True)]
+        return [layer.register_forward_pre_hook(per_image_hook(recorder), with_kwargs=True)]
 
     def received_attention(self, recorder: Recorder) -> torch.Tensor:
         """`[total grid rows]` received attention pooled like the features (no newline)."""
