@@ -1,6 +1,6 @@
 """The lmms-eval plugin end to end: `lmms-eval --model craft_<backbone> ...` on tiny random
 models saved with their processors, over a tiny local task (`--include_path` YAML over a
-JSONL file and synthetic videos), uncompressed and compressed, for all four backbones.
+JSONL file and synthetic videos), uncompressed and compressed, for every backbone.
 
 One run is the real `lmms-eval` command in a subprocess (entry points discovered in a fresh
 interpreter, batch size 2); the other runs call the same entry function
@@ -37,6 +37,7 @@ BACKBONES = [
         "max_num_frames=4,min_pixels=4096,max_pixels=4096,total_pixels=16384",
     ),
     ("craft_llava_onevision", "llava_onevision", "max_frames_num=4"),
+    ("craft_internvl", "internvl", "num_frames=4"),  # chat class only, batch size 1
 ]
 TASK_YAML = """task: tiny_video
 dataset_path: json
@@ -197,6 +198,24 @@ def _check(summary: dict[str, Any], samples: list[dict[str, Any]], ratio: float 
 _INDEX: dict[str, Any] = {}
 
 
+def _decode_with_pyav(monkeypatch: pytest.MonkeyPatch) -> None:
+    """lmms-eval's `internvl_hf` hands the processor video PATHS, which transformers 5
+    decodes with torchcodec only (it needs a system FFmpeg this machine lacks): without it,
+    decode them with transformers' own `load_video` on its PyAV backend instead."""
+    from transformers import video_processing_utils as vpu
+    from transformers.utils.import_utils import is_torchcodec_usable
+
+    if is_torchcodec_usable(decode="video"):
+        return
+
+    def fetch_videos(self: Any, url: Any, sample_indices_fn: Any = None) -> Any:
+        if isinstance(url, list):
+            return list(zip(*[fetch_videos(self, u, sample_indices_fn) for u in url]))
+        return vpu.load_video(url, backend="pyav", sample_indices_fn=sample_indices_fn)
+
+    monkeypatch.setattr(vpu.BaseVideoProcessor, "fetch_videos", fetch_videos)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("plugin,model_type,extra", BACKBONES, ids=[b[1] for b in BACKBONES])
 def test_lmms_eval_runs_every_backbone(
@@ -219,6 +238,8 @@ def test_lmms_eval_runs_every_backbone(
         return dict(_INDEX[task_dir])
 
     monkeypatch.setattr(TaskManager, "_get_task_and_group", indexed)
+    if model_type == "internvl":
+        _decode_with_pyav(monkeypatch)
     model = tiny_models(model_type)
     for method, ratio in (("method=none", None), ("method=tome,ratio=4", 4.0)):
         out = lmms_env["root"] / f"out-{model_type}-{ratio}"
