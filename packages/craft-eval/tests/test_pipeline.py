@@ -45,21 +45,25 @@ def test_reader_errors_become_decode_errors(data: Path, tmp_path: Path) -> None:
     assert 1 <= seg.shape[0] <= 5
 
 
+def _config(data: Path, method: str, ratio: float | None, max_frames: int) -> RunConfig:
+    return RunConfig(
+        benchmark="mvbench",
+        data_root=str(data),
+        model="tiny",
+        method=method,
+        ratio=ratio,
+        subset=TASKS,
+        max_frames=max_frames,
+    )
+
+
 def test_end_to_end_uncompressed_and_compressed(
     tiny: tuple[Any, Any], data: Path, tmp_path: Path
 ) -> None:
     model, processor = tiny
     results = {}
     for method, ratio in [("none", None), ("uniform", 4.0), ("craft-selection", 4.0)]:
-        config = RunConfig(
-            benchmark="mvbench",
-            data_root=str(data),
-            model="tiny",
-            method=method,
-            ratio=ratio,
-            subset=TASKS,
-            max_frames=8,
-        )
+        config = _config(data, method, ratio, max_frames=8)
         run_dir = tmp_path / config.run_name()
         backend = HFBackend(
             model,
@@ -219,15 +223,7 @@ def test_internvl_through_the_pipeline_counts_its_video_tokens(data: Path, tmp_p
     model, processor = build_tiny_vlm("internvl", tmp_path / "internvl")
     scores = {}
     for method, ratio in [("none", None), ("uniform", 4.0)]:
-        config = RunConfig(
-            benchmark="mvbench",
-            data_root=str(data),
-            model="tiny",
-            method=method,
-            ratio=ratio,
-            subset=TASKS,
-            max_frames=4,
-        )
+        config = _config(data, method, ratio, max_frames=4)
         backend = HFBackend(model, processor, method=method, ratio=ratio, max_frames=4)
         summary = run_benchmark(config, backend, tmp_path / config.run_name(), progress=False)
         assert summary is not None

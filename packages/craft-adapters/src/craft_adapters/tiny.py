@@ -4,9 +4,10 @@
 (`BackboneAdapter.tiny_config`, in its module under `backbones/`; sizes from
 `docs/backbones.md`: vocab 300, hidden 64, 2 layers, ...), saves it with
 `save_pretrained`, loads it back with `from_pretrained` (the same loading code as a real
-checkpoint) and returns it with a processor built in memory (no hub access, `BackboneAdapter.tiny_processor`):
-a byte-level `Qwen2Tokenizer` with the backbone's special tokens, the backbone's video
-processor with an explicit `size`, and a chat template shaped like the real checkpoint's.
+checkpoint) and returns it with a processor built in memory (no hub access; the backbone's
+`BackboneAdapter.tiny_processor`): a byte-level `Qwen2Tokenizer` with the backbone's special
+tokens, the backbone's video processor with an explicit `size`, and a chat template shaped
+like the real checkpoint's.
 
 Everything runs on a CPU in well under a second per forward.
 """

@@ -23,16 +23,9 @@ from typing import Any
 
 import torch
 
+from craft_adapters import registry
 from craft_adapters.attention import Recorder, per_image_hook
 from craft_adapters.backbones._tiny import extra_token_ids, text_common, tiny_tokenizer
-from craft_adapters.registry import (
-    BackboneAdapter,
-    InputRules,
-    LmmsClasses,
-    VideoLayout,
-    frame_grid_coords,
-    register_backbone,
-)
 
 # The tokenizer's InternVL tokens (attribute -> token), as in the real tokenizer_config.json.
 TOKENS = {
@@ -57,15 +50,17 @@ TEMPLATE = (  # the real checkpoints' template, system prompt left out
 TINY_TILE = 112  # tiny tiles: 8 x 8 patches of 14 px -> 4 x 4 = 16 tokens per frame
 
 
-@register_backbone
-class InternVLAdapter(BackboneAdapter):
+@registry.register_backbone
+class InternVLAdapter(registry.BackboneAdapter):
     model_types = ("internvl",)
     uses_mrope = False
     video_pixels_key = "pixel_values"  # the processor merges a video's frames into it
     encoder_output_key = "image"
-    input_rules = InputRules(processors=("InternVLProcessor",))  # fixed 448 px tiles
+    input_rules = registry.InputRules(processors=("InternVLProcessor",))  # fixed 448 px tiles
     reference_archs = (("internvl3_5-8b", "internvl3.5-8b"),)
-    lmms_classes = LmmsClasses("internvl_hf", chat="chat.internvl_hf:InternVLHf")  # no simple
+    lmms_classes = registry.LmmsClasses(
+        "internvl_hf", chat="chat.internvl_hf:InternVLHf"
+    )  # no simple
 
     @property
     def video_token_id(self) -> int:
@@ -97,7 +92,7 @@ class InternVLAdapter(BackboneAdapter):
 
     def video_layout(
         self, inputs: dict[str, Any], positions: torch.Tensor, features: list[torch.Tensor]
-    ) -> list[VideoLayout]:
+    ) -> list[registry.VideoLayout]:
         ids = inputs["input_ids"]
         rows_with_video = [
             b for b in range(ids.shape[0]) if bool((ids[b] == self.video_token_id).any())
@@ -107,9 +102,9 @@ class InternVLAdapter(BackboneAdapter):
         for b, feats in zip(rows_with_video, features):
             seq = (ids[b] == self.video_token_id).nonzero().squeeze(1)
             idx = torch.arange(int(feats.shape[0]), device=ids.device)
-            coords = frame_grid_coords(int(feats.shape[0]), side, ids.device)
+            coords = registry.frame_grid_coords(int(feats.shape[0]), side, ids.device)
             layouts.append(
-                VideoLayout(batch_index=b, seq_index=seq, compress_rows=idx, coords=coords)
+                registry.VideoLayout(batch_index=b, seq_index=seq, compress_rows=idx, coords=coords)
             )
         return layouts
 

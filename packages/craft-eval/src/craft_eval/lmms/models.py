@@ -6,12 +6,13 @@ The classes are generated from the craft-adapters registry: each backbone's adap
 the lmms-eval classes it extends (`BackboneAdapter.lmms_classes`), and this module defines
 `Craft<Class>` (simple) and `Craft<Class>Chat` (chat) for them, e.g.
 
-| plugin id | classes here | lmms-eval classes extended |
+| plugin id | classes here | lmms-eval classes extended (`lmms_eval/models/...`) |
 | --- | --- | --- |
-| craft_qwen2_5_vl | `CraftQwen2_5_VL`, `CraftQwen2_5_VLChat` | `models/{simple,chat}/qwen2_5_vl.py:Qwen2_5_VL` |
-| craft_qwen3_vl | `CraftQwen3_VL`, `CraftQwen3_VLChat` | `models/{simple,chat}/qwen3_vl.py:Qwen3_VL` |
-| craft_qwen3_5 | `CraftQwen3_5`, `CraftQwen3_5Chat` | `models/{simple,chat}/qwen3_5.py:Qwen3_5` |
-| craft_llava_onevision | `CraftLlavaHf` | `models/simple/llava_hf.py:LlavaHf` (its chat class fails on video-only requests) |
+| craft_qwen2_5_vl | `CraftQwen2_5_VL`, `CraftQwen2_5_VLChat` | `{simple,chat}/qwen2_5_vl.py` |
+| craft_qwen3_vl | `CraftQwen3_VL`, `CraftQwen3_VLChat` | `{simple,chat}/qwen3_vl.py:Qwen3_VL` |
+| craft_qwen3_5 | `CraftQwen3_5`, `CraftQwen3_5Chat` | `{simple,chat}/qwen3_5.py:Qwen3_5` |
+| craft_llava_onevision | `CraftLlavaHf` | `simple/llava_hf.py:LlavaHf` (its chat class fails) |
+| craft_internvl | `CraftInternVLHfChat` | `chat/internvl_hf.py:InternVLHf` (no simple class) |
 
 Importing this module imports lmms-eval (install `craft-eval[lmms]`).
 """
