@@ -222,7 +222,7 @@ def test_file_to_generation_end_to_end(
 
 
 def test_registry() -> None:
-    assert craft_adapters.supported_model_types() == sorted(BACKBONES)
+    assert craft_adapters.supported_model_types() == sorted([*BACKBONES, "internvl"])
     from craft_adapters.registry import BackboneAdapter, register_backbone
 
     with pytest.raises(ValueError, match="model_types is empty"):

@@ -170,14 +170,14 @@ class CraftModel(torch.nn.Module):
         return self.model.device  # type: ignore[no-any-return]
 
     def _has_video(self, inputs: dict[str, Any]) -> bool:
-        return inputs.get("pixel_values_videos") is not None
+        return inputs.get(self.adapter.video_pixels_key) is not None
 
     def _passthrough(self, inputs: dict[str, Any]) -> bool:
         """True when the HF model runs unchanged (no compressor or no video)."""
         if not self._has_video(inputs):
             return True
         return self.compressor is None and not isinstance(
-            inputs.get("pixel_values_videos"), (list, tuple)
+            inputs.get(self.adapter.video_pixels_key), (list, tuple)
         )
 
     @contextlib.contextmanager
@@ -261,7 +261,7 @@ class CraftModel(torch.nn.Module):
             assigns_all.append(assign)
             reports.append(rep)
         enc = {
-            "video": adapter.shrink_video_output(
+            adapter.encoder_output_key: adapter.shrink_video_output(
                 enc_video, kept_rows_all, new_feats_all, assigns_all
             )
         }
@@ -403,7 +403,9 @@ class CraftModel(torch.nn.Module):
         if inputs.get("attention_mask") is None:
             inputs["attention_mask"] = torch.ones_like(ids)
         if not self._has_video(inputs):
-            raise ValueError("encode_video needs a video: pixel_values_videos is missing")
+            raise ValueError(
+                f"encode_video needs a video: {self.adapter.video_pixels_key} is missing"
+            )
         inputs = _move_inputs(inputs, self.model.device)
         prep = self._prepare(inputs)
         self._last_kept = prep.kept

@@ -300,12 +300,9 @@ class HFBackend:
         }
 
     def _count_video_tokens(self, inputs: dict[str, Any]) -> int:
-        ids = inputs["input_ids"]
-        config = self.model.model.config if hasattr(self.model, "model") else None
-        token = getattr(config, "video_token_id", None) or getattr(
-            config, "video_token_index", None
-        )
-        return int((ids == token).sum()) if token is not None else 0
+        # the backbone's adapter knows its video placeholder (InternVL: the image context token)
+        token = self.model.adapter.video_token_id
+        return int((inputs["input_ids"] == token).sum())
 
     def _maybe_save_merge_map(self, item: Item, frames: np.ndarray) -> None:
         if (
