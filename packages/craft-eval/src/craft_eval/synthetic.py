@@ -1,8 +1,8 @@
 """Synthetic clips and the pieces every benchmark's fixture writer shares.
 
-A clip is a coloured square moving over a gradient (`synthetic_frames`), encoded with PyAV
-(`write_video`), so that "which way does the square move?" has a true answer. Each
-benchmark's own `write_fixture` (in `craft_eval.tasks.<benchmark>`) lays these out in its
+A clip is a coloured square moving over a gradient (`synthetic_frames`), encoded by
+craft-adapters' PyAV writer (`write_video`), so that "which way does the square move?" has a
+true answer. Each benchmark's own `write_fixture` (in `craft_eval.tasks.<benchmark>`) lays these out in its
 distributed format; `craft_eval.fixtures.write_fixture(name, root)` picks the benchmark.
 """
 
@@ -66,23 +66,11 @@ def write_video(
     **frame_kwargs: Any,
 ) -> Path:
     """Encode `frames` (default: `synthetic_frames(**frame_kwargs)`) to `path` with PyAV."""
-    import av
+    from craft_adapters.video import write_video as encode  # lazy: craft_adapters imports torch
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if frames is None:
         frames = synthetic_frames(**frame_kwargs)
-    with av.open(str(path), mode="w") as container:
-        stream: Any = container.add_stream(codec, rate=fps)
-        stream.width = int(frames.shape[2])
-        stream.height = int(frames.shape[1])
-        stream.pix_fmt = "yuv420p"
-        for frame in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return path
+    return encode(path, frames, fps, codec)
 
 
 def write_broken_video(path: str | Path) -> Path:
