@@ -40,6 +40,7 @@ import numbers
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -281,7 +282,7 @@ def read_video(
 def write_video(
     path: str | Path,
     frames: np.ndarray | Iterable[np.ndarray],
-    fps: int | float = 8,
+    fps: int | Fraction = 8,
     codec: str = "mpeg4",
     options: Mapping[str, str] | None = None,
 ) -> Path:
@@ -291,7 +292,7 @@ def write_video(
     Args:
         path: the file to write (its container from the extension, e.g. `.mp4`).
         frames: the frames; their size is the first frame's.
-        fps: the stream's frame rate.
+        fps: the stream's frame rate (an int, or a `Fraction` such as 30000/1001).
         codec: an FFmpeg encoder name ("mpeg4", "libx264", ...).
         options: the encoder's options, e.g. `{"crf": "6"}` for libx264, `{"qscale": "1"}`.
 
