@@ -2,8 +2,9 @@
 
 A clip is a coloured square moving over a gradient (`synthetic_frames`), encoded by
 craft-adapters' PyAV writer (`write_video`), so that "which way does the square move?" has a
-true answer. Each benchmark's own `write_fixture` (in `craft_eval.tasks.<benchmark>`) lays these out in its
-distributed format; `craft_eval.fixtures.write_fixture(name, root)` picks the benchmark.
+true answer (`direction_question`). `Benchmark.write_fixture` (in `craft_eval.tasks.base`)
+lays them out in each benchmark's distributed format; `craft_eval.fixtures.write_fixture(name,
+root)` picks the benchmark.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -99,12 +100,20 @@ def clip_of(i: int) -> dict[str, str]:
     return {"direction": names[i % 4], "colour": list(COLOURS)[i % 3]}
 
 
-def direction_question(i: int) -> tuple[str, list[str], int]:
+class DirectionQuestion(NamedTuple):
+    """Which way clip `i`'s square moves: `candidates[gold]` is right."""
+
+    text: str
+    candidates: list[str]
+    gold: int
+
+
+def direction_question(i: int) -> DirectionQuestion:
     clip = clip_of(i)
     candidates = list(DIRECTIONS)
     shift = (2 * i + 1) % 4  # varies the gold letter: D, C, B, A, D, ...
     rotated = candidates[shift:] + candidates[:shift]
-    return (
+    return DirectionQuestion(
         f"Which way does the {clip['colour']} square move?",
         rotated,
         rotated.index(clip["direction"]),
