@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 import torch
 
+from craft_adapters.video import write_video
+
 torch.set_num_threads(1)
 
 MODEL_TYPE = "qwen2_5_vl"
@@ -43,22 +45,11 @@ def write_clip(path: Path, colour: str, seed: int, frames: int = 8, size: int = 
     The tokens of one clip differ from each other, so how the merge module fuses them changes
     what the language model sees (with one flat colour every fusion gives the same token).
     """
-    import av
-
     rng = np.random.default_rng(seed)
     grid = rng.integers(0, 255, (6, 6, 3))
     grid[rng.random((6, 6)) < 0.5] = COLOURS[colour]
     image = np.kron(grid, np.ones((size // 6, size // 6, 1))).astype(np.uint8)
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("mpeg4", rate=4)
-        stream.width = stream.height = size
-        stream.pix_fmt = "yuv420p"
-        for f in range(frames):
-            frame = av.VideoFrame.from_ndarray(np.roll(image, 4 * f, axis=1), format="rgb24")
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+    write_video(path, (np.roll(image, 4 * f, axis=1) for f in range(frames)), fps=4)
 
 
 @dataclass

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from craft_adapters.video import write_video
 from craft_core.checks import check_int
 
 __all__ = [
@@ -206,20 +207,10 @@ def write_mp4(path: str | Path, frames: np.ndarray, fps: int = FPS) -> None:
     """Write uint8 `[F, H, W, 3]` frames as an H.264 mp4 (near-lossless, one thread)."""
     import av
 
-    with av.open(str(path), "w") as container:
-        if "libx264" in av.codecs_available:
-            stream = container.add_stream("libx264", rate=fps)
-            stream.options = {"crf": "6", "preset": "medium", "threads": "1"}
-        else:  # pragma: no cover - PyAV wheels ship libx264
-            stream = container.add_stream("mpeg4", rate=fps)
-            stream.options = {"qscale": "1"}
-        stream.width, stream.height = frames.shape[2], frames.shape[1]
-        stream.pix_fmt = "yuv420p"
-        for image in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+    if "libx264" in av.codecs_available:
+        write_video(path, frames, fps, "libx264", {"crf": "6", "preset": "medium", "threads": "1"})
+    else:  # pragma: no cover - PyAV wheels ship libx264
+        write_video(path, frames, fps, "mpeg4", {"qscale": "1"})
 
 
 def questions_for(scene: Scene, seed: int, split: str, index: int) -> list[Question]:
