@@ -23,7 +23,6 @@ path that lost the attention would fail here, as lmms-eval's did before 0.3.0).
 
 from __future__ import annotations
 
-import inspect
 import json
 import sys
 from pathlib import Path
@@ -112,10 +111,6 @@ class _Spy:
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
-
-    @property
-    def __signature__(self) -> inspect.Signature:
-        return inspect.signature(self.inner)
 
     def __call__(self, features: torch.Tensor, coords: torch.Tensor, **kwargs: Any) -> Any:
         self.seen.append((features, coords, kwargs.get("importance")))

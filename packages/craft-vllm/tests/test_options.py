@@ -56,18 +56,14 @@ def test_kept_count_is_floor_and_never_clamped(tmp_path) -> None:
 def test_the_served_budget_is_checked_once(tmp_path, monkeypatch) -> None:
     """`craft_ratio` becomes one TokenBudget when the config is read; each video's count
     and the compressor call take that object as it is (no second check, no second formula)."""
+    from unittest import mock
+
     from craft_core import CraftCompressor, CraftConfig, TokenBudget
 
-    count = [0]
-    check = TokenBudget.__post_init__
-
-    def counted(budget) -> None:
-        count[0] += 1
-        check(budget)
-
-    monkeypatch.setattr(TokenBudget, "__post_init__", counted)
+    checks = mock.Mock(side_effect=TokenBudget.__post_init__)
+    monkeypatch.setattr(TokenBudget, "__post_init__", lambda budget: checks(budget))
     options = _options(tmp_path, 4)
-    assert count == [1]
+    assert checks.call_count == 1
     compressor = CraftCompressor(CraftConfig(hidden_size=8, sim_dim=4)).eval()
     for n in (8, 12, 40):
         idx = torch.arange(n)
@@ -76,7 +72,7 @@ def test_the_served_budget_is_checked_once(tmp_path, monkeypatch) -> None:
         with torch.no_grad():
             result = compressor(features, coords, options.budget)
         assert result.num_kept == options.kept(n) == TokenBudget(ratio=4).resolve(n).floor
-    assert count == [1 + 3]  # only the three reference budgets of the line above
+    assert checks.call_count == 1 + 3  # only the three reference budgets of the line above
 
 
 def _slow_positions(tokens: list[str], grids: list[tuple[int, int, int, float]]) -> np.ndarray:

@@ -61,10 +61,11 @@ def _call_compressor(
     # (received attention: recorded only when it sets `needs_attention`, attention.py).
     # Any other callable gets the budget as the user spells it (`ratio=...`), the call
     # `wrap`'s documentation promises for a plain function.
+    if budget is None:
+        raise ValueError("a compressor needs a budget: set_budget(ratio=...) or threshold=...")
     if isinstance(compressor, TokenCompressor):
         return compressor(features, coords, budget=budget, importance=importance)
-    kwargs = {} if budget is None else budget.kwargs()
-    return compressor(features, coords, **kwargs)
+    return compressor(features, coords, **budget.kwargs())
 
 
 class NonFiniteOutput(ValueError):

@@ -48,14 +48,12 @@ class TokenCompressor(Protocol):
         self,
         features: torch.Tensor,
         coords: torch.Tensor,
-        budget: TokenBudget | None = None,
+        budget: TokenBudget,
         *,
         importance: torch.Tensor | None = None,
-        ratio: float | None = None,
-        threshold: float | None = None,
-        min_tokens: int | None = None,
     ) -> CompressionResult:
-        """Compress one video (`features [N, D]`, `coords [N, 3]`) to `budget`."""
+        """Compress one video (`features [N, D]`, `coords [N, 3]`) to `budget`; the
+        implementations also take the budget as `ratio=` / `threshold=` / `min_tokens=`."""
         ...
 
 

@@ -78,9 +78,11 @@ def visionzip(
     kept_parts, row_parts = [], []
     representative = torch.arange(n, device=features.device)
     for members, k_f in zip(groups, budgets):
-        kept, rows = _zip_group(x, e, scores, members, k_f, contextual_fraction, representative)
-        kept_parts += kept
-        row_parts += rows
+        group_kept, group_rows = _zip_group(
+            x, e, scores, members, k_f, contextual_fraction, representative
+        )
+        kept_parts += group_kept
+        row_parts += group_rows
 
     kept = torch.cat(kept_parts)
     return finish(NAME, features, coords, kept, representative, torch.cat(row_parts), info=info)

@@ -30,8 +30,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--allow-untrained",
         action="store_true",
-        help="let a method that needs --checkpoint (craft, scissor-merge) run without one, "
-        "on a fresh untrained module (G = 0.5); for plumbing checks only",
+        help="run a method that needs --checkpoint untrained (G = 0.5): plumbing checks only",
     )
 
 

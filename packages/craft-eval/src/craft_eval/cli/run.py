@@ -90,13 +90,8 @@ def build_configs(
             budget=budget,
             **given,
             checkpoint=method_kwargs.get("checkpoint"),
-            protocol=args.protocol,
-            fallback=args.fallback,
-            fps=args.fps,
-            max_frames=args.frames,
-            subset=args.subset,
-            limit=args.limit,
             method_kwargs={k: v for k, v in method_kwargs.items() if k != "checkpoint"},
+            **_data_fields(args),
         )
         try:
             config.validate()
@@ -111,6 +106,18 @@ def build_configs(
     if args.merge_maps < 0:
         raise UsageError(f"--merge-maps must be >= 0, got {args.merge_maps}")
     return configs
+
+
+def _data_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """The `RunConfig` fields of the data options (`common.add_data_args`)."""
+    return {
+        "protocol": args.protocol,
+        "fallback": args.fallback,
+        "fps": args.fps,
+        "max_frames": args.frames,
+        "subset": args.subset,
+        "limit": args.limit,
+    }
 
 
 def items_key(config: RunConfig) -> tuple[Any, ...]:
