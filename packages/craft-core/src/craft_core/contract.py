@@ -48,12 +48,15 @@ class TokenCompressor(Protocol):
         self,
         features: torch.Tensor,
         coords: torch.Tensor,
-        budget: TokenBudget,
+        budget: TokenBudget | None = ...,
         *,
-        importance: torch.Tensor | None = None,
+        importance: torch.Tensor | None = ...,
+        ratio: float | None = ...,
+        threshold: float | None = ...,
+        min_tokens: int | None = ...,
     ) -> CompressionResult:
-        """Compress one video (`features [N, D]`, `coords [N, 3]`) to `budget`; the
-        implementations also take the budget as `ratio=` / `threshold=` / `min_tokens=`."""
+        """Compress one video (`features [N, D]`, `coords [N, 3]`) to `budget`, or to the
+        budget spelled as `ratio=` / `threshold=` / `min_tokens=` (the user's call)."""
         ...
 
 
