@@ -550,17 +550,24 @@ class CraftCompressor(
                 f"{hidden_size} was asked for"
             )
         module = cls(config)
-        expected = module.state_dict()
-        missing = sorted(set(expected) - set(state))
-        unexpected = sorted(set(state) - set(expected))
-        wrong = sorted(k for k in expected if k in state and state[k].shape != expected[k].shape)
-        if missing or unexpected or wrong:
-            raise ValueError(
-                f"checkpoint {folder} does not match its config: missing {missing}, "
-                f"unexpected {unexpected}, wrong shapes {wrong}"
-            )
-        bad = sorted(k for k, v in state.items() if not bool(torch.isfinite(v).all()))
-        if bad:
-            raise ValueError(f"checkpoint {weights_file} holds NaN or inf values in {bad}")
+        _check_state(module.state_dict(), state, folder, weights_file)
         module.load_state_dict(state)
         return module.to(device)
+
+
+def _check_state(
+    expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor], folder: Any, weights: Any
+) -> None:
+    """A checkpoint's tensors against the module its config builds: the same names and
+    shapes, every value finite; a ValueError naming the checkpoint otherwise."""
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = sorted(k for k in expected if k in state and state[k].shape != expected[k].shape)
+    if missing or unexpected or wrong:
+        raise ValueError(
+            f"checkpoint {folder} does not match its config: missing {missing}, "
+            f"unexpected {unexpected}, wrong shapes {wrong}"
+        )
+    bad = sorted(k for k, v in state.items() if not bool(torch.isfinite(v).all()))
+    if bad:
+        raise ValueError(f"checkpoint {weights} holds NaN or inf values in {bad}")
