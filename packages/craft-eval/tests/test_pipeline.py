@@ -123,7 +123,7 @@ def cli(tiny: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
     """`craft_eval.cli` whose model loader returns the tiny model."""
     from craft_eval import cli
 
-    monkeypatch.setattr(cli, "_load_model", lambda args: (tiny[0], tiny[1], "tiny"))
+    monkeypatch.setattr(cli.common, "load_model", lambda args: (tiny[0], tiny[1], "tiny"))
     return cli
 
 
