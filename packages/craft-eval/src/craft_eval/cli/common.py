@@ -19,12 +19,14 @@ class UsageError(Exception):
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
+    from craft_adapters.registry import supported_model_types
+
     p.add_argument("--model", help="checkpoint folder of a supported transformers VLM")
     p.add_argument(
         "--tiny",
         metavar="MODEL_TYPE",
-        help="instead of --model: a tiny RANDOM model of this backbone (qwen2_5_vl, qwen3_5, "
-        "qwen3_vl, llava_onevision); for plumbing checks only",
+        help="instead of --model: a tiny RANDOM model of this backbone "
+        f"({', '.join(supported_model_types())}); for plumbing checks only",
     )
     p.add_argument("--device", help="cuda, cuda:1, cpu (default: cuda:LOCAL_RANK if available)")
     p.add_argument(

@@ -12,8 +12,11 @@ from craft_eval.runner import _BUDGET_OPTIONS
 
 
 def add_parser(sub: Any) -> None:
+    from craft_adapters.registry import reference_archs
+
     eff = sub.add_parser("efficiency", help="Table 2 on a real-size random-weight architecture")
-    eff.add_argument("--arch", required=True, help="qwen3.5-4b, qwen2.5-vl-7b, llava-ov-7b")
+    archs = ", ".join(alias[0] if alias else key for key, alias in reference_archs().items())
+    eff.add_argument("--arch", required=True, help=f"a shipped architecture: {archs}")
     eff.add_argument("--frames", type=int, default=64)
     eff.add_argument("--ratios", nargs="+", type=float, default=[8.0])
     eff.add_argument("--methods", nargs="+", default=["craft"])
