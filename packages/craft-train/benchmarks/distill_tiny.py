@@ -36,12 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     from conftest import COLOURS, build_setup, write_clip  # the suite's tiny world
 
     from craft_core import CraftCompressor
+    from craft_eval.scoring import paired
     from craft_train.config import load_config
     from craft_train.data import collate
     from craft_train.distill import DEFAULT_PROMPTS, Distiller, load_distill_examples
     from craft_train.model import build_model
     from craft_train.trainer import train
-    from craft_world.measure import paired
 
     work = Path(args.work)
     setup = build_setup(work / "tiny", clips=4)

@@ -259,6 +259,17 @@ class HFBackend:
             extra=extra,
         )
 
+    @torch.inference_mode()
+    def first_token_logprobs(self, item: Item, prompt: Prompt) -> torch.Tensor:
+        """Log-probabilities of the first answer token `[V]` float32 (CPU): one forward of
+        the wrapped model (compressor inside) on the item's inputs, the next-token
+        distribution right after the prompt (for MVBench prompts, the option letter)."""
+        frames, fps, _ = read_frames(
+            item.video, fps=self.fps, max_frames=self.max_frames, segment=item.segment
+        )
+        logits = self.model(**self._inputs(frames, fps, prompt)).logits[0, -1]
+        return torch.log_softmax(logits.float(), dim=-1).cpu()
+
     def profile(
         self, item: Item, prompt: Prompt, *, warmup: int = 1, repeats: int = 3
     ) -> dict[str, Any]:
