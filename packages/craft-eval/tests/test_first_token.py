@@ -152,6 +152,11 @@ def test_paired_and_kl_helpers() -> None:
         paired([1.0], [2.0])
     with pytest.raises(ValueError, match="paired values"):
         paired([1.0, 2.0], [2.0])
+    a = [{"id": "x", "first_token_kl": 1.0}, {"id": "y", "first_token_kl": 3.0}]
+    b = [{"id": "y", "first_token_kl": 1.0}, {"id": "x", "first_token_kl": 0.5}, {"id": "z"}]
+    assert paired_records(a, b, "first_token_kl") == paired([1.0, 3.0], [0.5, 1.0])  # by id
+    with pytest.raises(ValueError, match="got 0 and 0"):  # records without the scorer's fields
+        paired_records([{"id": "x"}, {"id": "y"}], b, "first_token_kl")
     ref = torch.log_softmax(torch.randn(4, 7), -1)
     other = torch.log_softmax(torch.randn(4, 7), -1)
     expect = torch.nn.functional.kl_div(other, ref, log_target=True, reduction="none").sum(-1)

@@ -301,8 +301,12 @@ def _print_paired(rows: list[dict[str, Any]]) -> None:
         for (other, r), theirs in done.items():
             if r != ratio or other == TRAINED:
                 continue
-            drop, se = paired_records(theirs, mine, "first_token_kl")
-            gain, gain_se = paired_records(mine, theirs, "first_token_correct")
+            try:
+                drop, se = paired_records(theirs, mine, "first_token_kl")
+                gain, gain_se = paired_records(mine, theirs, "first_token_correct")
+            except ValueError as why:  # records resumed from a run without the scorer
+                _line(f"  vs {other:<16} not paired: {why}")
+                continue
             _line(
                 f"  vs {other:<16} KL drop {drop:+.3f} +- {se:.3f} ({drop / max(se, 1e-12):+5.1f} SE)"
                 f"   accuracy {100 * gain:+5.1f} +- {100 * gain_se:.1f} points"
