@@ -1,4 +1,4 @@
-"""Helpers of the craft-adapters tests: a test compressor, synthetic videos, an LM recorder.
+"""Helpers of the craft-adapters tests: a test compressor, synthetic frames, an LM recorder.
 
 (A uniquely named module, so that the test suites of all packages can run in one pytest.)
 """
@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -61,23 +60,6 @@ def make_frames(num_frames: int, seed: int = 0, size: int = TINY_FRAME_SIZE) -> 
         img += rng.normal(0, 20, size=img.shape)
         frames.append(np.clip(img, 0, 255).astype(np.uint8))
     return np.stack(frames)
-
-
-def write_video(path: Path, frames: np.ndarray, fps: int = 10) -> Path:
-    """Write `frames` (uint8 [F, H, W, 3]) as an mp4 with PyAV."""
-    import av
-
-    with av.open(str(path), mode="w") as container:
-        stream = container.add_stream("mpeg4", rate=fps)
-        stream.width = frames.shape[2]
-        stream.height = frames.shape[1]
-        stream.pix_fmt = "yuv420p"
-        for f in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return path
 
 
 class LMRecorder:

@@ -9,13 +9,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from adapters_testkit import BACKBONES, make_frames, write_video
+from adapters_testkit import BACKBONES, make_frames
 
 import craft_adapters
 from craft_adapters import build_inputs, read_video, sample_indices
 from craft_adapters import video as video_module
 from craft_adapters.tiny import build_tiny_processor
-from craft_adapters.video import BACKENDS, available_backends
+from craft_adapters.video import BACKENDS, available_backends, write_video
 
 USABLE = available_backends()
 
@@ -174,6 +174,46 @@ def test_read_video_errors(tmp_path: Path) -> None:
         read_video(tmp_path / "x.mp4", backend="opencv")
 
 
+def _reference_mp4(path: Path, frames: np.ndarray, fps: int, codec: str, options: dict) -> bytes:
+    """The obvious PyAV loop that each package's writer was before `write_video`."""
+    import av
+
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream(codec, rate=fps)
+        stream.options = options
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        for image in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "codec, options", [("mpeg4", {}), ("mpeg4", {"qscale": "1"}), ("libx264", {"crf": "6"})]
+)
+def test_write_video_is_the_plain_pyav_loop(codec: str, options: dict, tmp_path: Path) -> None:
+    frames = make_frames(7, seed=3, size=48)[:, :, :32]  # H 48, W 32: the sides are not swapped
+    want = _reference_mp4(tmp_path / "ref.mp4", frames, 5, codec, options)
+    path = write_video(tmp_path / "new" / "a.mp4", frames, 5, codec, options)
+    assert path == tmp_path / "new" / "a.mp4" and path.read_bytes() == want
+    lazy = write_video(tmp_path / "lazy.mp4", iter(list(frames)), 5, codec, options)
+    assert lazy.read_bytes() == want  # frames from an iterator, read one at a time
+    # Control: other encoder options give other bytes (the options reach the encoder).
+    other = write_video(tmp_path / "o.mp4", frames, 5, codec, {**options, "g": "1"})
+    assert other.read_bytes() != want
+    back = read_video(path, fps=5, max_frames=64, backend="pyav")
+    assert back.frames.shape == frames.shape and back.fps == 5
+    assert np.abs(back.frames.astype(int) - frames).mean() < 20  # lossy, but these frames
+
+
+def test_write_video_refuses_no_frame(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="frames: no frame to write"):
+        write_video(tmp_path / "none.mp4", np.zeros((0, 8, 8, 3), np.uint8))
+    assert not (tmp_path / "none.mp4").exists()
+
+
 @pytest.mark.parametrize("model_type", BACKBONES)
 def test_build_inputs_through_hf_processors(model_type: str, tmp_path: Path) -> None:
     processor = build_tiny_processor(model_type)
@@ -222,7 +262,7 @@ def test_file_to_generation_end_to_end(
 
 
 def test_registry() -> None:
-    assert craft_adapters.supported_model_types() == sorted(BACKBONES)
+    assert craft_adapters.supported_model_types() == sorted([*BACKBONES, "internvl"])
     from craft_adapters.registry import BackboneAdapter, register_backbone
 
     with pytest.raises(ValueError, match="model_types is empty"):

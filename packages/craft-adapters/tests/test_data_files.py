@@ -64,6 +64,21 @@ def test_sharegpt_llamafactory_rows_keep_system_and_turns(tmp_path: Path) -> Non
     assert problem.where == f"{path}:2" and "image-only" in problem.reason
 
 
+@pytest.mark.parametrize(
+    ("fmt", "video", "turns", "fields"),
+    [("llava", "video", "conversations", "{from, value}"),
+     ("sharegpt", "videos", "messages", "{role, content}")],
+)  # fmt: skip
+def test_chat_rows_name_a_bad_turn_list(
+    fmt: str, video: str, turns: str, fields: str, tmp_path: Path
+) -> None:
+    clip = "a.mp4" if fmt == "llava" else ["a.mp4"]
+    rows = [{video: clip, turns: "hi"}, {video: clip, turns: [["user", "hi"]]}, {video: clip}]
+    examples, problems = read_data_file(_jsonl(tmp_path / "t.jsonl", rows), fmt)
+    assert examples == [] and len(problems) == 3  # each row named, none dropped
+    assert {p.reason for p in problems} == {f"'{turns}' must be a list of {fields} objects"}
+
+
 def test_caption_rows_one_example_per_caption(tmp_path: Path) -> None:
     rows = [
         {"video_path": "v.mp4", "captions": [{"content": "A dog."}, "A brown dog."]},

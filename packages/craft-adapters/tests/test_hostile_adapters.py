@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from adapters_testkit import make_frames, write_video
+from adapters_testkit import make_frames
 
 import craft_adapters
 from craft_adapters import read_video
 from craft_adapters.splice import _check_result
-from craft_adapters.video import VideoReadError
+from craft_adapters.video import VideoReadError, write_video
 
 
 def _audio_only(path: Path) -> Path:
@@ -52,7 +52,7 @@ def _make(kind: str, folder: Path) -> Path:
     elif kind == "audio-only":
         _audio_only(path)
     elif kind == "truncated":
-        write_video(path, make_frames(20))
+        write_video(path, make_frames(20), fps=10)
         data = path.read_bytes()
         path.write_bytes(data[: len(data) // 3])
     elif kind == "folder":
@@ -100,7 +100,7 @@ BAD_ARGS: list[tuple[dict[str, Any], str]] = [
 def test_bad_reader_arguments_name_themselves(
     tmp_path: Path, kwargs: dict[str, Any], name: str
 ) -> None:
-    path = write_video(tmp_path / "ok.mp4", make_frames(4))
+    path = write_video(tmp_path / "ok.mp4", make_frames(4), fps=10)
     with pytest.raises(ValueError, match=name):
         read_video(path, **kwargs)
 
@@ -109,7 +109,7 @@ def test_bad_reader_arguments_name_themselves(
     ("size", "frames"), [(48, 6), (32, 1), (64, 3), (50, 4)], ids=["48px", "1-frame", "64px", "odd"]
 )
 def test_small_valid_videos_read_with_any_backend(tmp_path: Path, size: int, frames: int) -> None:
-    path = write_video(tmp_path / "small.mp4", make_frames(frames, size=size))
+    path = write_video(tmp_path / "small.mp4", make_frames(frames, size=size), fps=10)
     video = read_video(path, fps=2.0, max_frames=8)
     assert video.frames.shape[1:] == (size, size, 3)
     assert video.frames.dtype == np.uint8 and video.frames.shape[0] >= 1
@@ -128,7 +128,7 @@ def test_a_failing_decoder_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setitem(sys.modules, "decord", types.ModuleType("decord"))
     monkeypatch.setattr(video_module, "_read_decord", broken)
-    path = write_video(tmp_path / "48.mp4", make_frames(6, size=48))
+    path = write_video(tmp_path / "48.mp4", make_frames(6, size=48), fps=10)
     video = read_video(path)
     assert video.backend in ("pyav", "torchcodec") and video.frames.shape[0] >= 1
     with pytest.raises(VideoReadError, match=r"48\.mp4: cannot decode .*decord: cannot seek"):
@@ -286,7 +286,7 @@ READER_CASES: list[tuple[str, dict[str, Any], type[Exception], str]] = [
 def test_reader_argument_types(
     tmp_path: Path, kwargs: dict[str, Any], error: type[Exception], name: str
 ) -> None:
-    path = write_video(tmp_path / "ok.mp4", make_frames(4))
+    path = write_video(tmp_path / "ok.mp4", make_frames(4), fps=10)
     with pytest.raises(error, match=name):
         read_video(path, **kwargs)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from craft_core import CraftCompressor, CraftConfig
+from craft_core import CompressionResult, CraftCompressor, CraftConfig
 
 
 def noise(*shape: int, generator: torch.Generator) -> torch.Tensor:
@@ -110,3 +110,19 @@ def case_id(case: tuple[CraftConfig, int, int, dict, bool]) -> str:
     """`pairing/reduce/weighting/n/budget`: a reference case's name (its pin's key)."""
     config, _, n, budget, _ = case
     return f"{config.pairing}/{config.reduce}/{config.weighting}/{n}/{budget}"
+
+
+def run_reference_case(
+    config: CraftConfig, seed: int, n: int, budget: dict, grad: bool
+) -> tuple[CraftCompressor, torch.Tensor, torch.Tensor, CompressionResult]:
+    """One reference case run as `test_reference.py` checks it and `test_same_tokens.py`
+    pins it: the seeded compressor (with the reference gate for `reduce="gate"`), its tokens
+    `x` [n, D] and `coords` [n, 3], and its output at `budget` (autograd on when `grad`)."""
+    torch.manual_seed(seed)
+    compressor = CraftCompressor(config)
+    if config.reduce == "gate":  # a trained-looking gate, not the constant 0.5 of a fresh one
+        reference_gate(compressor, seed)
+    x, coords = make_tokens(seed, n, config.hidden_size)
+    with torch.set_grad_enabled(grad):
+        out = compressor(x, coords, **budget)
+    return compressor, x, coords, out

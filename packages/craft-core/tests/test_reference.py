@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from core_testkit import case_id, make_tokens, noise, reference_cases, reference_gate
+from core_testkit import case_id, noise, reference_cases, run_reference_case
 
 from craft_core import CraftCompressor, CraftConfig
 
@@ -168,13 +168,7 @@ def reference_compress(module, features, coords, floor, threshold):
 
 
 def check_against_reference(config: CraftConfig, seed: int, n: int, budget: dict, grad: bool):
-    torch.manual_seed(seed)
-    compressor = CraftCompressor(config)
-    if config.reduce == "gate":  # a trained-looking gate, not the constant 0.5 of a fresh one
-        reference_gate(compressor, seed)
-    x, coords = make_tokens(seed, n, config.hidden_size)
-    with torch.set_grad_enabled(grad):
-        out = compressor(x, coords, **budget)
+    compressor, x, coords, out = run_reference_case(config, seed, n, budget, grad)
     floor = max(1, math.floor(n / budget["ratio"])) if "ratio" in budget else max(1, n // 128)
     kept, owner, rows, rounds = reference_compress(
         compressor, x, coords, floor, budget.get("threshold")

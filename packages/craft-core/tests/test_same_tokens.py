@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from core_testkit import case_id, make_tokens, reference_cases, reference_gate
+from core_testkit import case_id, make_tokens, reference_cases, run_reference_case
 
 from craft_core import CraftCompressor, CraftConfig
 
@@ -29,13 +29,7 @@ PINNED = json.loads((Path(__file__).parent / "pins_0_5_0.json").read_text())
 
 
 def digests(config: CraftConfig, seed: int, n: int, budget: dict, grad: bool) -> list[str]:
-    torch.manual_seed(seed)
-    compressor = CraftCompressor(config)
-    if config.reduce == "gate":  # a trained-looking gate, not the constant 0.5 of a fresh one
-        reference_gate(compressor, seed)
-    x, coords = make_tokens(seed, n, config.hidden_size)
-    with torch.set_grad_enabled(grad):
-        out = compressor(x, coords, **budget)
+    out = run_reference_case(config, seed, n, budget, grad)[3]
     selection = json.dumps([out.kept_index.tolist(), out.assignment.tolist(), out.rounds])
     rows = out.features.detach().contiguous().numpy().tobytes()
     return [

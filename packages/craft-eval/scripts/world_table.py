@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--checkpoint takes NAME=FOLDER with an existing folder: {args.checkpoint}")
     torch.set_num_threads(1)
 
+    from craft_core import TokenBudget
     from craft_eval.measure import Measure
     from craft_eval.methods import list_methods
     from craft_world import load_backbone, make_clips
@@ -116,9 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {"items": len(base.records),
                                "uncompressed": base.scores["first_token_accuracy"]}  # fmt: skip
     for ratio in args.ratios:
+        budget = TokenBudget(ratio=ratio)  # --ratios, parsed once
         for name, checkpoint in modules.items():
             key = f"{name}@{ratio:g}"
-            done = bench.run(name, ratio, method="craft" if checkpoint else name,
+            done = bench.run(name, budget, method="craft" if checkpoint else name,
                              checkpoint=checkpoint)  # fmt: skip
             rows[key] = s = (done.scores, done.records)
             summary[key] = {"accuracy": s[0]["first_token_accuracy"],

@@ -1,17 +1,10 @@
-"""Test helpers: a scripted model backend (no model), used through the real runner, and a
-real small filesystem (a tmpfs) to fill."""
+"""Test helpers: a scripted model backend (no model), used through the real runner. (A real
+small filesystem to fill: `craft_core.testing`.)"""
 
 from __future__ import annotations
 
-import contextlib
 import re
-import shutil
-import subprocess
 import time
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from craft_eval.runner import Generation, VideoDecodeError
 from craft_eval.tasks import Item, Prompt
@@ -48,35 +41,3 @@ class ScriptedBackend:
             compress_ms=1.0,
             prefill_ms=2.0,
         )
-
-
-PAGE = 4096  # tmpfs allocates whole pages
-
-
-@contextlib.contextmanager
-def small_filesystem(where: Path, size: int) -> Iterator[Path]:
-    """A real tmpfs of `size` bytes mounted at `where` for the block: a full disk as the
-    writers meet it. Needs root (CI runs as root); skipped, saying why, where mounting is not
-    permitted."""
-    where.mkdir(parents=True, exist_ok=True)
-    command = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-    except OSError as error:  # no mount binary
-        pytest.skip(f"cannot mount a tmpfs for a real full disk: {error}")
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs for a real full disk: {done.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill_filesystem(where: Path, leave: int) -> Path:
-    """Fill the filesystem of `where` with one file until `leave` bytes remain free."""
-    filler = where / "filler"
-    free = shutil.disk_usage(where).free
-    with filler.open("wb") as handle:
-        handle.write(b"\0" * (free - leave))
-    assert shutil.disk_usage(where).free == leave
-    return filler

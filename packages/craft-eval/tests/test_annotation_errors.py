@@ -108,7 +108,7 @@ def test_cli_error_names_the_file_and_warnings_are_one_line(
     def no_model(args: Any) -> Any:
         raise AssertionError("a malformed annotation must be found before any model loads")
 
-    monkeypatch.setattr(cli, "_load_model", no_model)
+    monkeypatch.setattr(cli.common, "load_model", no_model)
     root = write_fixture("mvbench", tmp_path / "mv", num_items=3, num_frames=4)
     path = root / "json" / "moving_direction.json"
     _rewrite(path, _drop("candidates"))

@@ -23,7 +23,6 @@ path that lost the attention would fail here, as lmms-eval's did before 0.3.0).
 
 from __future__ import annotations
 
-import inspect
 import json
 import sys
 from pathlib import Path
@@ -113,10 +112,6 @@ class _Spy:
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    @property
-    def __signature__(self) -> inspect.Signature:
-        return inspect.signature(self.inner)
-
     def __call__(self, features: torch.Tensor, coords: torch.Tensor, **kwargs: Any) -> Any:
         self.seen.append((features, coords, kwargs.get("importance")))
         return self.inner(features, coords, **kwargs)
@@ -144,10 +139,10 @@ def _wrap_path(name: str, world: dict[str, Any], models: dict[str, Any], dtype: 
     return [c.digest for c in timed.calls], [c.importance for c in timed.calls], spy
 
 
-def _cli_path(name: str, world: dict[str, Any]) -> tuple[list[str], list[Any]]:
+def _cli_path(name: str, world: dict[str, Any], tag: str = "") -> tuple[list[str], list[Any]]:
     from craft_eval import cli
 
-    out = world["root"] / f"runs-{name}"
+    out = world["root"] / f"runs-{name}{tag}"
     argv = ["run", "--model", str(world["model"]), "-b", "videomme"]
     argv += ["--data-root", str(world["data"]), "-o", str(out), "--method", name]
     argv += ["--ratio", str(RATIO), "--fps", "8", "--frames", "4"]
@@ -165,7 +160,7 @@ _INDEX: dict[str, Any] = {}
 
 
 def _lmms_path(
-    name: str, world: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    name: str, world: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tag: str = ""
 ) -> tuple[list[str], list[Any]]:
     from lmms_eval.cli.dispatch import main
     from lmms_eval.tasks import TaskManager
@@ -178,7 +173,7 @@ def _lmms_path(
         return dict(_INDEX[task_dir])
 
     monkeypatch.setattr(TaskManager, "_get_task_and_group", indexed)
-    out = world["root"] / f"lmms-{name}"
+    out = world["root"] / f"lmms-{name}{tag}"
     args = f"pretrained={world['model']},{LMMS_ARGS},method={name},ratio={RATIO}"
     args += "".join(f",{k}={v}" for k, v in _options(name, world).items())
     argv = ["--model", "craft_qwen2_5_vl", "--model_args", args, "--tasks", "tiny_video"]
@@ -246,18 +241,69 @@ def _check_attention_came_from_the_tower(
     assert differs >= 1, f"{name}: attention and the L2 proxy keep the same tokens here"
 
 
+def _count_budget_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A one-element list counting `TokenBudget` validations (its checking `__post_init__`,
+    which `TokenBudget(...)` and `TokenBudget.parse` both run) from now on."""
+    from craft_core import TokenBudget
+
+    count = [0]
+    check = TokenBudget.__post_init__
+
+    def counted(budget: Any) -> None:
+        count[0] += 1
+        check(budget)
+
+    monkeypatch.setattr(TokenBudget, "__post_init__", counted)
+    return count
+
+
+@pytest.mark.parametrize("entry", ["craft-eval run", "lmms-eval model_args", "wrap(ratio=)"])
+@pytest.mark.parametrize("name", ["craft", "visionzip"])
+def test_each_entry_path_checks_the_budget_once(
+    entry: str,
+    name: str,
+    world: dict[str, Any],
+    models: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The user's `--ratio 4` / `ratio=4` / `wrap(ratio=4)` becomes ONE TokenBudget, passed
+    down unopened to the compressor of each of the two videos (CRAFT's module and a baseline
+    that takes the tower's attention)."""
+    import craft_adapters
+    from craft_eval.methods.build import build_compressor
+
+    count = _count_budget_checks(monkeypatch)
+    if entry == "craft-eval run":
+        digests, _ = _cli_path(name, world, tag="-once")
+    elif entry == "lmms-eval model_args":
+        digests, _ = _lmms_path(name, world, monkeypatch, tag="-once")
+    else:
+        model, processor = models["float32"], models["processor"]
+        timed = build_compressor(name, _options(name, world))
+        wrapped = craft_adapters.wrap(model, timed, ratio=RATIO)
+        for video in world["videos"]:
+            clip = craft_adapters.read_video(str(video), fps=8, max_frames=4)
+            inputs = craft_adapters.build_inputs(processor, clip.frames, float(clip.fps), "q?")
+            with torch.no_grad():
+                wrapped(**inputs)
+        assert timed is not None
+        digests = [call.digest for call in timed.calls]
+    assert len(digests) == 2  # both videos were compressed
+    assert count[0] == 1, f"{entry}: the budget was checked {count[0]} times"
+
+
 def test_timed_compressor_declares_what_the_method_declares() -> None:
     """The bug lmms-eval's copy had: the timing wrapper hid `needs_attention`."""
     from craft_adapters.attention import wants_attention
-    from craft_adapters.splice import accepts
+    from craft_core import TokenCompressor
     from craft_eval.methods.build import TimedCompressor
 
     for name in METHODS:
         bare = get_method(name)
         timed = TimedCompressor(bare)
         assert wants_attention(timed) is wants_attention(bare), name
-        for option in ("importance", "attention", "ratio", "threshold", "min_tokens"):
-            assert accepts(timed, option) is accepts(bare, option), (name, option)
+        # craft-adapters asks the protocol: both are craft-core TokenCompressors
+        assert isinstance(bare, TokenCompressor) and isinstance(timed, TokenCompressor), name
     assert wants_attention(TimedCompressor(get_method("visionzip")))
     assert wants_attention(TimedCompressor(get_method("fastvid")))
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from craft_adapters.registry import reference_archs
 from craft_eval.efficiency import (
-    ARCHS,
     cache_nbytes,
     flops_reduction,
     kv_cache_bytes_analytical,
@@ -42,7 +42,7 @@ def test_shipped_configs_are_real_size() -> None:
         4,
     )
     assert load_arch("llava-ov-7b")["text_config"]["hidden_size"] == 3584
-    assert set(ARCHS) == {"qwen3_5-4b", "qwen2_5_vl-7b", "llava_ov-7b"}
+    assert {"qwen3_5-4b", "qwen2_5_vl-7b", "llava_ov-7b"} <= set(reference_archs())
     with pytest.raises(KeyError, match="known"):
         load_arch("gpt-4")
 
@@ -51,6 +51,7 @@ def test_video_token_counts_match_backbones_md() -> None:
     assert video_tokens(load_arch("qwen2.5-vl-7b"), 64) == 8192
     assert video_tokens(load_arch("qwen3.5-4b"), 64) == 6272
     assert video_tokens(load_arch("llava-ov-7b"), 64) == 12544 + 1
+    assert video_tokens(load_arch("internvl3.5-8b"), 64) == 64 * 256  # one 448 px tile a frame
 
 
 def test_flops_by_hand_for_a_dense_layer() -> None:
@@ -98,7 +99,9 @@ def test_overrides_parse_and_rescale_mrope() -> None:
     assert sum(arch["text_config"]["rope_parameters"]["mrope_section"]) == 8
 
 
-@pytest.mark.parametrize(("arch", "always_kept"), [("qwen3.5-4b", 0), ("llava-ov-7b", 1)])
+@pytest.mark.parametrize(
+    ("arch", "always_kept"), [("qwen3.5-4b", 0), ("llava-ov-7b", 1), ("internvl3.5-8b", 0)]
+)
 def test_measured_kv_matches_analytical_on_scaled_down_model(arch: str, always_kept: int) -> None:
     result = measure_efficiency(
         arch,

@@ -15,6 +15,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest
 import torch
 
+from craft_core import TokenBudget
 from craft_eval.measure import Measure
 from craft_eval.scoring import kl_to, paired, paired_records
 
@@ -58,7 +59,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         trained = name == "craft-trained"
         runs[name] = bench.run(
             name,
-            None if name == "none" else 8.0,
+            None if name == "none" else TokenBudget(ratio=8.0),
             method="craft" if trained else name,
             checkpoint=str(craft_world.craft_path()) if trained else None,
         )

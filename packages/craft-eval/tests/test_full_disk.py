@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from evalhelpers import PAGE, fill_filesystem, small_filesystem
 
+from craft_core.testing import PAGE, fill_filesystem, small_filesystem
 from craft_eval.fixtures import write_fixture
 from craft_eval.runner import Generation, RunConfig, merge_run, run_benchmark
 

@@ -234,7 +234,7 @@ def test_cli_usage_errors_are_one_line(
     def no_model(args: Any) -> Any:
         raise AssertionError("a usage error must be found before any model loads")
 
-    monkeypatch.setattr(cli, "_load_model", no_model)
+    monkeypatch.setattr(cli.common, "load_model", no_model)
     monkeypatch.setattr("craft_eval.demo.run_demo", no_model)
     monkeypatch.setattr("craft_eval.efficiency.measure_efficiency", no_model)
     names = {k: str(v) for k, v in world.items()}
@@ -321,7 +321,7 @@ def test_all_videos_missing_is_an_error_not_a_zero_score(tmp_path: Path) -> None
 def test_videomme_from_the_dataset_root(world: dict[str, Path]) -> None:
     """--data-root at the root of the distributed layout (parquet in videomme/, videos in
     data/): the CLI descends into videomme/ and the loader still finds every video."""
-    roots = cli._roots([str(world["videomme"])], ["videomme"])
+    roots = cli.common.data_roots([str(world["videomme"])], ["videomme"])
     items = load_items(RunConfig("videomme", roots["videomme"], "m"))
     assert len(items) == 4 and all(Path(i.video).is_file() for i in items)
 
@@ -447,8 +447,8 @@ def test_egoschema_full_set_writes_a_submission_and_prints(
     config = RunConfig("egoschema", str(root), "m", subset="full")
     summary = run_benchmark(config, EchoBackend(), tmp_path / "run", progress=False)
     assert summary is not None and Path(summary["submission"]).is_file()
-    assert "submission" in cli._score_line(summary)
-    assert "n/a" in cli._score_line(summary)
+    assert "submission" in cli.run.score_line(summary)
+    assert "n/a" in cli.run.score_line(summary)
 
 
 _FULL_DISK_SCRIPT = textwrap.dedent(
@@ -515,7 +515,7 @@ def test_runtime_failures_are_one_line(
     def boom(args: Any) -> int:
         raise error
 
-    monkeypatch.setattr(cli, "_cmd_run", boom)
+    monkeypatch.setattr(cli.run, "command", boom)
     got, err = _main(["run", "-b", "mvbench", "--data-root", str(world["mvbench"])], capsys)
     assert got == code and text in err and "Traceback" not in err
     if isinstance(error, KeyboardInterrupt):
@@ -752,14 +752,14 @@ def test_run_exits_1_when_every_item_of_a_run_failed(
     code: int,
 ) -> None:
     """Model and benchmark loop replaced: only the exit-code bookkeeping is under test."""
-    monkeypatch.setattr(cli, "_load_model", lambda args: (None, None, "m"))
+    monkeypatch.setattr(cli.common, "load_model", lambda args: (None, None, "m"))
 
     def fake_run(config: Any, backend: Any, run_dir: Any, **kwargs: Any) -> dict[str, Any]:
         bad = [{"id": i, "error": "VideoDecodeError: x"} for i in range(errors)]
         scores = {"n_items": 4, "n_scored": 4 - errors, "n_errors": errors, "errors": bad}
         return {"scores": {**scores, "accuracy": None if errors == 4 else 50.0}}
 
-    monkeypatch.setattr(cli, "run_benchmark", fake_run)
+    monkeypatch.setattr(cli.run, "run_benchmark", fake_run)
     argv = [a.format(data=world["mvbench"], out=tmp_path) for a in RUN]
     got, err = _main(argv, capsys)
     assert got == code, err

@@ -1,6 +1,6 @@
 """The lmms-eval plugin end to end: `lmms-eval --model craft_<backbone> ...` on tiny random
 models saved with their processors, over a tiny local task (`--include_path` YAML over a
-JSONL file and synthetic videos), uncompressed and compressed, for all four backbones.
+JSONL file and synthetic videos), uncompressed and compressed, for every backbone.
 
 One run is the real `lmms-eval` command in a subprocess (entry points discovered in a fresh
 interpreter, batch size 2); the other runs call the same entry function
@@ -37,6 +37,7 @@ BACKBONES = [
         "max_num_frames=4,min_pixels=4096,max_pixels=4096,total_pixels=16384",
     ),
     ("craft_llava_onevision", "llava_onevision", "max_frames_num=4"),
+    ("craft_internvl", "internvl", "num_frames=4"),  # chat class only, batch size 1
 ]
 TASK_YAML = """task: tiny_video
 dataset_path: json
@@ -197,6 +198,24 @@ def _check(summary: dict[str, Any], samples: list[dict[str, Any]], ratio: float 
 _INDEX: dict[str, Any] = {}
 
 
+def _decode_with_pyav(monkeypatch: pytest.MonkeyPatch) -> None:
+    """lmms-eval's `internvl_hf` hands the processor video PATHS, which transformers 5
+    decodes with torchcodec only (it needs a system FFmpeg this machine lacks): without it,
+    decode them with transformers' own `load_video` on its PyAV backend instead."""
+    from transformers import video_processing_utils as vpu
+    from transformers.utils.import_utils import is_torchcodec_usable
+
+    if is_torchcodec_usable(decode="video"):
+        return
+
+    def fetch_videos(self: Any, url: Any, sample_indices_fn: Any = None) -> Any:
+        if isinstance(url, list):
+            return list(zip(*[fetch_videos(self, u, sample_indices_fn) for u in url]))
+        return vpu.load_video(url, backend="pyav", sample_indices_fn=sample_indices_fn)
+
+    monkeypatch.setattr(vpu.BaseVideoProcessor, "fetch_videos", fetch_videos)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("plugin,model_type,extra", BACKBONES, ids=[b[1] for b in BACKBONES])
 def test_lmms_eval_runs_every_backbone(
@@ -219,6 +238,8 @@ def test_lmms_eval_runs_every_backbone(
         return dict(_INDEX[task_dir])
 
     monkeypatch.setattr(TaskManager, "_get_task_and_group", indexed)
+    if model_type == "internvl":
+        _decode_with_pyav(monkeypatch)
     model = tiny_models(model_type)
     for method, ratio in (("method=none", None), ("method=tome,ratio=4", 4.0)):
         out = lmms_env["root"] / f"out-{model_type}-{ratio}"
@@ -306,3 +327,26 @@ def test_budget_and_method_parsing() -> None:
         build_compressor("craft", spelling=MODEL_ARGS)
     with pytest.raises(ValueError, match="model_args checkpoint= is not used by tome"):
         build_compressor("tome", {"checkpoint": "/ckpt"}, spelling=MODEL_ARGS)
+
+
+def test_plugin_classes_are_generated_from_the_registry() -> None:
+    """One plugin model per backbone whose adapter names lmms-eval classes; every manifest
+    class exists and extends lmms-eval's class with the mixin (chat classes not simple)."""
+    import craft_eval.lmms.models as models
+    from craft_adapters.registry import adapter_classes
+    from craft_eval.lmms.compress import CraftLMMixin
+    from craft_eval.lmms.plugin import manifests
+
+    found = {m.model_id: m for m in manifests()}
+    assert set(found) == {f"craft_{c.model_types[0]}" for c in adapter_classes() if c.lmms_classes}
+    assert {plugin for plugin, _, _ in BACKBONES} <= set(found)
+    for manifest in found.values():
+        for path, chat in ((manifest.simple_class_path, False), (manifest.chat_class_path, True)):
+            if path is None:
+                continue
+            cls = getattr(models, path.rpartition(".")[2])
+            assert cls.__module__ + "." + cls.__name__ == path
+            assert issubclass(cls, CraftLMMixin) and cls.__mro__[2].__module__.startswith(
+                "lmms_eval.models." + ("chat" if chat else "simple")
+            )
+            assert cls.is_simple is (not chat)

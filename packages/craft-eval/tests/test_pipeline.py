@@ -45,21 +45,25 @@ def test_reader_errors_become_decode_errors(data: Path, tmp_path: Path) -> None:
     assert 1 <= seg.shape[0] <= 5
 
 
+def _config(data: Path, method: str, ratio: float | None, max_frames: int) -> RunConfig:
+    return RunConfig(
+        benchmark="mvbench",
+        data_root=str(data),
+        model="tiny",
+        method=method,
+        ratio=ratio,
+        subset=TASKS,
+        max_frames=max_frames,
+    )
+
+
 def test_end_to_end_uncompressed_and_compressed(
     tiny: tuple[Any, Any], data: Path, tmp_path: Path
 ) -> None:
     model, processor = tiny
     results = {}
     for method, ratio in [("none", None), ("uniform", 4.0), ("craft-selection", 4.0)]:
-        config = RunConfig(
-            benchmark="mvbench",
-            data_root=str(data),
-            model="tiny",
-            method=method,
-            ratio=ratio,
-            subset=TASKS,
-            max_frames=8,
-        )
+        config = _config(data, method, ratio, max_frames=8)
         run_dir = tmp_path / config.run_name()
         backend = HFBackend(
             model,
@@ -119,7 +123,7 @@ def cli(tiny: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> Any:
     """`craft_eval.cli` whose model loader returns the tiny model."""
     from craft_eval import cli
 
-    monkeypatch.setattr(cli, "_load_model", lambda args: (tiny[0], tiny[1], "tiny"))
+    monkeypatch.setattr(cli.common, "load_model", lambda args: (tiny[0], tiny[1], "tiny"))
     return cli
 
 
@@ -232,3 +236,21 @@ def test_cli_sweep_runs_base_and_grid_then_reports(
         assert (tmp_path / "tiny" / "mvbench" / run / "summary.json").exists()
     out = capsys.readouterr().out
     assert "| uniform @ 4x |" in out and "accuracy_vs_compression.png" in out
+
+
+def test_internvl_through_the_pipeline_counts_its_video_tokens(data: Path, tmp_path: Path) -> None:
+    """InternVL's placeholder is its image context token: the uncompressed run counts the
+    same visual tokens as the compressed one reports (4 frames x 16 per tiny tile)."""
+    from craft_adapters.tiny import build_tiny_vlm
+
+    model, processor = build_tiny_vlm("internvl", tmp_path / "internvl")
+    scores = {}
+    for method, ratio in [("none", None), ("uniform", 4.0)]:
+        config = _config(data, method, ratio, max_frames=4)
+        backend = HFBackend(model, processor, method=method, ratio=ratio, max_frames=4)
+        summary = run_benchmark(config, backend, tmp_path / config.run_name(), progress=False)
+        assert summary is not None
+        scores[method] = summary["scores"]
+    assert scores["none"]["tokens_before_mean"] == scores["uniform"]["tokens_before_mean"] == 64
+    assert scores["none"]["comp_ratio"] == pytest.approx(1.0)
+    assert scores["uniform"]["tokens_after_mean"] == 16

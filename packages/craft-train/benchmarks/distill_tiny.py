@@ -33,14 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     sys.path.insert(0, str(TESTS))
-    from conftest import COLOURS, build_setup, write_clip  # the suite's tiny world
+    from conftest import COLOURS, build_setup, heldout_distill, write_clip  # the tiny world
 
     from craft_core import CraftCompressor
     from craft_eval.scoring import paired
     from craft_train.config import load_config
-    from craft_train.data import collate
-    from craft_train.distill import DEFAULT_PROMPTS, Distiller, load_distill_examples
-    from craft_train.model import build_model
+    from craft_train.distill import DEFAULT_PROMPTS
     from craft_train.trainer import train
 
     work = Path(args.work)
@@ -100,18 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         "stage 1+2": CraftCompressor.from_pretrained(work / "stage2" / "craft"),
     }
 
-    cfg = config("distill", work / "eval", manifests["test"], 1)
-    bundle = build_model(cfg)
-    bundle.model.eval()
-    judge = Distiller(cfg, bundle)
-    examples = load_distill_examples(cfg)
-    judge.fill_cache(examples)
-    encode = judge.make_encoder(cfg, bundle.processor)
-    batches = []
-    for example in examples:
-        batch = collate([{**encode(example), "skipped_videos": []}], bundle.pad_token_id)
-        batch.pop("skipped_videos")
-        batches.append(batch)
+    bundle, judge, batches = heldout_distill(config("distill", work / "eval", manifests["test"], 1))
     states = {"untrained": {k: v.clone() for k, v in bundle.compressor.state_dict().items()}}
     states.update({name: m.state_dict() for name, m in modules.items()})
 

@@ -82,6 +82,7 @@ def evaluate(modules: dict[str, Path], test_root: Path, ratios: list[float]) -> 
     all from craft-eval's runner with its first-token scorer (`craft_eval.measure`); the runs
     go to `<test_root>/runs` (resumed)."""
     import craft_world
+    from craft_core import TokenBudget
     from craft_eval.measure import Measure
 
     model, processor = craft_world.load_backbone()
@@ -95,8 +96,9 @@ def evaluate(modules: dict[str, Path], test_root: Path, ratios: list[float]) -> 
         },
     }
     for ratio in ratios:
+        budget = TokenBudget(ratio=ratio)
         runs = {
-            name: bench.run(name, ratio, method="craft", checkpoint=str(folder))
+            name: bench.run(name, budget, method="craft", checkpoint=str(folder))
             for name, folder in modules.items()
         }
         for name, run in runs.items():

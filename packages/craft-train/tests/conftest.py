@@ -6,12 +6,8 @@ default thread pool oversubscribes the cores and runs ten times slower.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
-import subprocess
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +17,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np
 import pytest
 import torch
+
+from craft_adapters.video import write_video
 
 torch.set_num_threads(1)
 
@@ -47,22 +45,11 @@ def write_clip(path: Path, colour: str, seed: int, frames: int = 8, size: int = 
     The tokens of one clip differ from each other, so how the merge module fuses them changes
     what the language model sees (with one flat colour every fusion gives the same token).
     """
-    import av
-
     rng = np.random.default_rng(seed)
     grid = rng.integers(0, 255, (6, 6, 3))
     grid[rng.random((6, 6)) < 0.5] = COLOURS[colour]
     image = np.kron(grid, np.ones((size // 6, size // 6, 1))).astype(np.uint8)
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("mpeg4", rate=4)
-        stream.width = stream.height = size
-        stream.pix_fmt = "yuv420p"
-        for f in range(frames):
-            frame = av.VideoFrame.from_ndarray(np.roll(image, 4 * f, axis=1), format="rgb24")
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+    write_video(path, (np.roll(image, 4 * f, axis=1) for f in range(frames)), fps=4)
 
 
 @dataclass
@@ -143,38 +130,28 @@ def build_setup(root: Path, clips: int = 16) -> TinySetup:
     return TinySetup(root, root / "vlm", captions, qa)
 
 
+def heldout_distill(cfg: Any) -> tuple[Any, Any, list[dict[str, Any]]]:
+    """What a distillation is judged with on the examples of `cfg` (a `stage: distill`
+    config): the model in eval mode, its `Distiller` with the uncompressed model's responses
+    cached, and one batch per example, teacher-forced on its response."""
+    from craft_train.data import collate
+    from craft_train.distill import Distiller, load_distill_examples
+    from craft_train.model import build_model
+
+    bundle = build_model(cfg)
+    bundle.model.eval()
+    judge = Distiller(cfg, bundle)
+    examples = load_distill_examples(cfg)
+    judge.fill_cache(examples)
+    encode = judge.make_encoder(cfg, bundle.processor)
+    batches = []
+    for example in examples:
+        batch = collate([{**encode(example), "skipped_videos": []}], bundle.pad_token_id)
+        batch.pop("skipped_videos")
+        batches.append(batch)
+    return bundle, judge, batches
+
+
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinySetup:
     return build_setup(tmp_path_factory.mktemp("tiny"))
-
-
-PAGE = 4096  # tmpfs allocates whole pages
-
-
-@contextlib.contextmanager
-def small_filesystem(where: Path, size: int) -> Iterator[Path]:
-    """A real tmpfs of `size` bytes mounted at `where` for the block: a full disk as the
-    writers meet it. Needs root (CI runs as root); skipped, saying why, where mounting is not
-    permitted."""
-    where.mkdir(parents=True, exist_ok=True)
-    command = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-    except OSError as error:  # no mount binary
-        pytest.skip(f"cannot mount a tmpfs for a real full disk: {error}")
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs for a real full disk: {done.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill_filesystem(where: Path, leave: int) -> Path:
-    """Fill the filesystem of `where` with one file until `leave` bytes remain free."""
-    filler = where / "filler"
-    free = shutil.disk_usage(where).free
-    with filler.open("wb") as handle:
-        handle.write(b"\0" * (free - leave))
-    assert shutil.disk_usage(where).free == leave
-    return filler

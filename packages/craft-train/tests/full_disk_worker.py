@@ -21,8 +21,9 @@ import torch
 torch.set_num_threads(1)
 sys.path.insert(0, str(Path(__file__).parent))
 
-from conftest import PAGE, TinySetup, fill_filesystem  # noqa: E402
+from conftest import TinySetup  # noqa: E402
 
+from craft_core.testing import PAGE, fill_filesystem  # noqa: E402
 from craft_train.config import load_config  # noqa: E402
 from craft_train.trainer import CheckpointNotSaved, StepInfo, train  # noqa: E402
 

@@ -38,3 +38,39 @@ def test_kwargs_for_set_budget() -> None:
         "min_tokens": 3,
     }
     assert set(sample_budget(BudgetConfig(p_threshold=0.0), 0, 0).kwargs()) == {"ratio"}
+
+
+def test_each_listed_budget_is_checked_once_when_the_config_is_read(monkeypatch, tmp_path) -> None:
+    """The config's ratios / thresholds become craft-core TokenBudgets when it is read (one
+    check each); the per-step draws hand those objects on (no check per step)."""
+    from test_config import _minimal
+
+    from craft_core import TokenBudget
+    from craft_train.config import load_config
+
+    count = [0]
+    check = TokenBudget.__post_init__
+
+    def counted(budget) -> None:
+        count[0] += 1
+        check(budget)
+
+    monkeypatch.setattr(TokenBudget, "__post_init__", counted)
+    overrides = ["budget.ratios=[2, 8]", "budget.thresholds=[0.9]"]
+    cfg = load_config(data=_minimal(tmp_path), overrides=overrides).budget
+    assert count == [3]
+    draws = [sample_budget(cfg, seed=1, step=s) for s in range(50)]
+    assert count == [3]
+    assert {d.ratio for d in draws} - {None} == {2.0, 8.0}
+    assert {d.threshold for d in draws} - {None} == {0.9}
+    assert all(any(d is b for b in cfg.ratio_budgets + cfg.threshold_budgets) for d in draws)
+
+
+def test_a_refused_budget_names_the_field() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"ratios\n.*ratio must be a finite number >= 1"):
+        BudgetConfig(ratios=[2, 0.5])
+    with pytest.raises(ValidationError, match=r"thresholds\n.*threshold must lie in \(-1, 1\]"):
+        BudgetConfig(thresholds=[0.9, 1.5])

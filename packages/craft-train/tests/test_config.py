@@ -159,6 +159,16 @@ def test_deepspeed_auto_values_are_filled_from_the_config(tmp_path: Path) -> Non
         resolve_deepspeed(clash, cfg)
 
 
+@pytest.mark.parametrize(
+    ("text", "fault"), [("{not json", "not valid JSON"), ("[1, 2]", "must be a JSON object")]
+)
+def test_a_bad_deepspeed_file_is_named(tmp_path: Path, text: str, fault: str) -> None:
+    path = tmp_path / "ds.json"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"^train\.deepspeed: .*ds\.json: {fault}"):
+        load_deepspeed_config(str(path))
+
+
 def test_cli_rejects_bad_config_before_loading_anything(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

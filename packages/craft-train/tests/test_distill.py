@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import TinySetup
+from conftest import TinySetup, heldout_distill
 from safetensors.torch import load_file
 
 from craft_train.cli import main
@@ -408,14 +408,7 @@ def test_distillation_lowers_heldout_kl_and_a_random_teacher_does_not(
         trained[name] = CraftCompressor.from_pretrained(tmp_path / name / "craft")
 
     # Held out: the uncompressed model's own responses to 3 prompts on each unseen clip.
-    cfg = config(tmp_path / "eval", unseen)
-    bundle = build_model(cfg)
-    bundle.model.eval()
-    judge = Distiller(cfg, bundle)
-    examples = load_distill_examples(cfg)
-    judge.fill_cache(examples)
-    encode = judge.make_encoder(cfg, bundle.processor)
-    batches = [_batch([{**encode(e), "skipped_videos": []}], bundle) for e in examples]
+    bundle, judge, batches = heldout_distill(config(tmp_path / "eval", unseen))
     assert len(batches) == 96
 
     def heldout_kl(state: dict[str, torch.Tensor]) -> torch.Tensor:

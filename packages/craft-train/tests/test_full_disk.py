@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PAGE, TinySetup, fill_filesystem, small_filesystem
+from conftest import TinySetup
 
+from craft_core.testing import PAGE, fill_filesystem, small_filesystem
 from craft_train import cli
 from craft_train.checkpoint import find_latest_checkpoint
 from craft_train.config import load_config

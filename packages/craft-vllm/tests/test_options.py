@@ -6,7 +6,8 @@ import types
 
 import numpy as np
 import pytest
-from craft_vllm import CraftConfigError, kept_count, read_options
+import torch
+from craft_vllm import CraftConfigError, read_options
 from craft_vllm.positions import grid_positions, prompt_positions, pruned_position_columns
 
 ARCH = "CraftQwen2_5_VLForConditionalGeneration"
@@ -41,11 +42,37 @@ def test_good_settings(tmp_path) -> None:
     assert options.ratio == 8.0 and options.checkpoint == tmp_path
 
 
-def test_kept_count_is_floor_and_never_clamped() -> None:
-    assert [kept_count(n, 4) for n in (4, 7, 8, 128)] == [1, 1, 2, 32]
-    assert kept_count(100, 2.5) == 40
-    with pytest.raises(CraftConfigError, match="leaves no token"):
-        kept_count(15, 16)
+def _options(folder, ratio):
+    return read_options(_config(craft_checkpoint=str(folder), craft_ratio=ratio), ARCH)
+
+
+def test_kept_count_is_floor_and_never_clamped(tmp_path) -> None:
+    assert [_options(tmp_path, 4).kept(n) for n in (4, 7, 8, 128)] == [1, 1, 2, 32]
+    assert _options(tmp_path, 2.5).kept(100) == 40
+    with pytest.raises(CraftConfigError, match=r"craft_ratio 16 leaves no token .*= 0\)"):
+        _options(tmp_path, 16).kept(15)
+
+
+def test_the_served_budget_is_checked_once(tmp_path, monkeypatch) -> None:
+    """`craft_ratio` becomes one TokenBudget when the config is read; each video's count
+    and the compressor call take that object as it is (no second check, no second formula)."""
+    from unittest import mock
+
+    from craft_core import CraftCompressor, CraftConfig, TokenBudget
+
+    checks = mock.Mock(side_effect=TokenBudget.__post_init__)
+    monkeypatch.setattr(TokenBudget, "__post_init__", lambda budget: checks(budget))
+    options = _options(tmp_path, 4)
+    assert checks.call_count == 1
+    compressor = CraftCompressor(CraftConfig(hidden_size=8, sim_dim=4)).eval()
+    for n in (8, 12, 40):
+        idx = torch.arange(n)
+        coords = torch.stack([idx // 4, idx % 4 // 2, idx % 2], -1)
+        features = torch.linspace(-1, 1, n * 8).reshape(n, 8).sin()
+        with torch.no_grad():
+            result = compressor(features, coords, options.budget)
+        assert result.num_kept == options.kept(n) == TokenBudget(ratio=4).resolve(n).floor
+    assert checks.call_count == 1 + 3  # only the three reference budgets of the line above
 
 
 def _slow_positions(tokens: list[str], grids: list[tuple[int, int, int, float]]) -> np.ndarray:

@@ -28,6 +28,8 @@ import numpy as np
 import pytest
 import tiny
 
+from craft_adapters.video import write_video
+
 openai = pytest.importorskip("openai")
 RATIO = 4
 MAX_FRAMES = 64  # --media-io-kwargs max_frames: longer videos are refused
@@ -35,16 +37,7 @@ BLOCK = 32  # KV block size (the CPU attention takes multiples of 32): cache hit
 
 
 def _write_mp4(path: Path, frames: np.ndarray, fps: int = 2) -> Path:
-    import av
-
-    with av.open(str(path), "w") as out:
-        stream = out.add_stream("mpeg4", rate=fps)
-        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
-        stream.options = {"qscale": "1"}
-        for frame in frames:
-            out.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
-        out.mux(stream.encode(None))
-    return path
+    return write_video(path, frames, fps, options={"qscale": "1"})
 
 
 def _free_port() -> int:

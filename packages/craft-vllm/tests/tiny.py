@@ -8,6 +8,7 @@ weights, config, tokenizer (byte-level, no hub access) and processor config, so 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,18 +127,38 @@ def build(
 ) -> Path:
     """Save a tiny random Qwen2.5-VL + processor (frames up to `frame` x `frame`) into
     `folder`; return it. `text_sizes`: see `config`."""
+    cfg, proc = config(**text_sizes), processor(frame)
+    return save_random(
+        folder, cfg, proc, lambda m: [m.model.visual.merger.mlp[2].weight], seed, dtype
+    )
+
+
+def save_random(
+    folder: str | Path,
+    config: Any,
+    processor: Any,
+    loud: Callable[[Any], list[torch.Tensor]],
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> Path:
+    """Save a model of `config` initialised from `seed`, and `processor`, into `folder` (every
+    tiny backbone of these tests is built here); return it.
+
+    `loud(model)`: the weights that project the video rows into the language model, scaled by
+    8: at a random init the rows are too small for the greedy tokens to depend on them, and
+    then no test could tell two compressions apart.
+    """
     from transformers import AutoModelForImageTextToText
 
     folder = Path(folder)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = AutoModelForImageTextToText.from_config(config(**text_sizes), dtype=dtype)
-        # Louder video rows: at a random init they are too small for the language model's
-        # greedy tokens to depend on them, and then no test could tell two compressions apart.
+        model = AutoModelForImageTextToText.from_config(config, dtype=dtype)
         with torch.no_grad():
-            model.model.visual.merger.mlp[2].weight.mul_(8.0)
+            for weight in loud(model):
+                weight.mul_(8.0)
     model.save_pretrained(folder)
-    processor(frame).save_pretrained(folder)
+    processor.save_pretrained(folder)
     return folder
 
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import tiny
-import torch
 
 from craft_adapters.backbones._tiny import SPECIAL_IDS as IDS  # noqa: F401 - engine reads it
 
@@ -54,20 +53,15 @@ def config() -> Any:
 
 def build(folder: str | Path, seed: int = 0) -> Path:
     """Save a tiny random LLaVA-OneVision (float32) + processor into `folder`; return it."""
-    from transformers import AutoModelForImageTextToText
-
-    folder = Path(folder)
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = AutoModelForImageTextToText.from_config(config(), dtype=torch.float32)
-        # Louder video rows: at a random init they are too small for the greedy tokens to
-        # depend on them, and no test could tell compressions apart.
-        with torch.no_grad():
-            model.model.multi_modal_projector.linear_2.weight.mul_(8.0)
-    model.save_pretrained(folder)
-    _real_vision_names(folder / "model.safetensors")
-    processor().save_pretrained(folder)
-    return folder
+    tiny.save_random(
+        folder,
+        config(),
+        processor(),
+        lambda m: [m.model.multi_modal_projector.linear_2.weight],
+        seed,
+    )
+    _real_vision_names(Path(folder) / "model.safetensors")
+    return Path(folder)
 
 
 def _real_vision_names(path: Path) -> None:

@@ -25,16 +25,17 @@ PER_PAIR = 9  # merged tokens per frame pair (3 x 3)
 DTYPE = "float32"
 
 
-def processor() -> Any:
-    """craft-adapters' tiny Qwen3-VL processor, images normalized as videos are (0.5, 0.5).
+def processor(kind: str = "qwen3_vl") -> Any:
+    """craft-adapters' tiny processor of `kind` ("qwen3_vl", "qwen3_5"), images normalized as
+    videos are (0.5, 0.5).
 
     vLLM 0.32 normalizes pixels on the device with ONE mean/std for images and videos
-    (`build_mm_input_norm`, read from the image processor); the real Qwen3-VL checkpoints
-    use 0.5 / 0.5 for both, craft-adapters' tiny image processor keeps CLIP's.
+    (`build_mm_input_norm`, read from the image processor); the real Qwen3-VL and Qwen3.5
+    checkpoints use 0.5 / 0.5 for both, craft-adapters' tiny image processor keeps CLIP's.
     """
     from craft_adapters.tiny import build_tiny_processor
 
-    out = build_tiny_processor("qwen3_vl")
+    out = build_tiny_processor(kind)
     out.image_processor.image_mean = list(out.video_processor.image_mean)
     out.image_processor.image_std = list(out.video_processor.image_std)
     return out
@@ -53,21 +54,12 @@ def config() -> Any:
 
 def build(folder: str | Path, seed: int = 0) -> Path:
     """Save a tiny random Qwen3-VL (float32) + processor into `folder`; return it."""
-    from transformers import AutoModelForImageTextToText
 
-    folder = Path(folder)
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = AutoModelForImageTextToText.from_config(config(), dtype=torch.float32)
-        # Louder video rows (main and deepstack): at a random init they are too small for
-        # the greedy tokens to depend on them, and no test could tell compressions apart.
+    def loud(model: Any) -> list[torch.Tensor]:  # the main merger's and the deepstack ones'
         visual = model.model.visual
-        with torch.no_grad():
-            for merger in [visual.merger, *visual.deepstack_merger_list]:
-                merger.linear_fc2.weight.mul_(8.0)
-    model.save_pretrained(folder)
-    processor().save_pretrained(folder)
-    return folder
+        return [m.linear_fc2.weight for m in [visual.merger, *visual.deepstack_merger_list]]
+
+    return tiny.save_random(folder, config(), processor(), loud, seed)
 
 
 def video(frames: int, seed: int) -> np.ndarray:

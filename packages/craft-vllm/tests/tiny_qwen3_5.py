@@ -14,26 +14,23 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import tiny
-import torch
+import tiny_qwen3
 
 from craft_adapters.backbones._tiny import SPECIAL_IDS as IDS  # noqa: F401 - engine reads it
 
+# Qwen3-VL's frames and tokens (96 x 96 frames, 3 x 3 merged tokens per frame pair): the same
+# processor rules, so the same videos and counts
+FRAME, PER_PAIR = tiny_qwen3.FRAME, tiny_qwen3.PER_PAIR
+video, video_tokens = tiny_qwen3.video, tiny_qwen3.video_tokens
+
 ARCH = "CraftQwen3_5ForConditionalGeneration"
 HIDDEN = 128
-FRAME = 96
-PER_PAIR = 9  # merged tokens per frame pair (3 x 3)
 DTYPE = "bfloat16"  # vLLM's CPU Gated DeltaNet kernel runs bfloat16 only
 
 
 def processor() -> Any:
-    from craft_adapters.tiny import build_tiny_processor
-
-    out = build_tiny_processor("qwen3_5")
-    out.image_processor.image_mean = list(out.video_processor.image_mean)
-    out.image_processor.image_std = list(out.video_processor.image_std)
-    return out
+    return tiny_qwen3.processor("qwen3_5")
 
 
 def config() -> Any:
@@ -51,26 +48,6 @@ def config() -> Any:
 
 def build(folder: str | Path, seed: int = 0) -> Path:
     """Save a tiny random Qwen3.5 (float32) + processor into `folder`; return it."""
-    from transformers import AutoModelForImageTextToText
-
-    folder = Path(folder)
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = AutoModelForImageTextToText.from_config(config(), dtype=torch.float32)
-        # Louder video rows: at a random init they are too small for the greedy tokens to
-        # depend on them, and no test could tell compressions apart.
-        with torch.no_grad():
-            model.model.visual.merger.linear_fc2.weight.mul_(8.0)
-    model.save_pretrained(folder)
-    processor().save_pretrained(folder)
-    return folder
-
-
-def video(frames: int, seed: int) -> np.ndarray:
-    """`[frames, FRAME, FRAME, 3]` uint8: the Qwen2.5-VL tests' moving blobs at this size."""
-    return tiny.video(frames, seed, size=FRAME)
-
-
-def video_tokens(frames: int) -> int:
-    """N, the compressible video tokens of a `frames`-frame video."""
-    return frames // 2 * PER_PAIR
+    return tiny.save_random(
+        folder, config(), processor(), lambda m: [m.model.visual.merger.linear_fc2.weight], seed
+    )

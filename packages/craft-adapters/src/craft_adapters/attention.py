@@ -28,7 +28,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["Recorder", "encode_videos_with_attention", "received_attention", "wants_attention"]
+__all__ = [
+    "Recorder",
+    "encode_videos_with_attention",
+    "per_image_hook",
+    "received_attention",
+    "wants_attention",
+]
 
 
 def wants_attention(compressor: Any) -> bool:
@@ -57,6 +63,26 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: list[torch.Tensor] = []
         self.grid_thw: list[torch.Tensor] = []
+
+
+def per_image_hook(recorder: Recorder) -> Any:
+    """A forward pre-hook for a vision attention module that attends within each image of a
+    `[B, L, D]` batch (SigLIP, InternViT: `q_proj`, `k_proj`, optional `q_norm` / `k_norm`,
+    `num_heads`, `scale`); records `[B, L]` received attention per call."""
+
+    def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        hidden = args[0] if args else kwargs["hidden_states"]
+        b, length, _ = hidden.shape
+        heads = module.num_heads
+        q_norm = getattr(module, "q_norm", torch.nn.Identity())
+        k_norm = getattr(module, "k_norm", torch.nn.Identity())
+        with torch.no_grad():
+            q = q_norm(module.q_proj(hidden)).view(b, length, heads, -1).transpose(1, 2)
+            k = k_norm(module.k_proj(hidden)).view(b, length, heads, -1).transpose(1, 2)
+            rows = [received_attention(q[i], k[i], module.scale) for i in range(b)]
+        recorder.calls.append(torch.stack(rows))
+
+    return hook
 
 
 @contextmanager

@@ -243,28 +243,27 @@ def _turns(messages: list[tuple[str, Any]]) -> tuple[list[tuple[str, str]], str 
     return pairs, system
 
 
-def _llava(row: dict[str, Any], _: str) -> list[_Made | str]:
-    video, why = _one_video(row, "video")
+def _chat(
+    row: dict[str, Any], video_key: str, turns_key: str, role: str, text: str
+) -> list[_Made | str]:
+    """A row of one video and a list of `{role, text}` turn objects under `turns_key`."""
+    video, why = _one_video(row, video_key)
     if video is None:
         return [why]
-    conv = row.get("conversations")
-    if not isinstance(conv, list) or not all(isinstance(t, dict) for t in conv):
-        return ["'conversations' must be a list of {from, value} objects"]
-    roles = [_ROLES.get(str(t.get("from")).lower(), str(t.get("from"))) for t in conv]
-    turns = _turns([(r, t.get("value")) for r, t in zip(roles, conv)])
-    return [turns if isinstance(turns, str) else (video, *turns)]
+    turns = row.get(turns_key)
+    if not isinstance(turns, list) or not all(isinstance(t, dict) for t in turns):
+        return [f"'{turns_key}' must be a list of {{{role}, {text}}} objects"]
+    roles = [_ROLES.get(str(t.get(role)).lower(), str(t.get(role))) for t in turns]
+    made = _turns([(r, t.get(text)) for r, t in zip(roles, turns)])
+    return [made if isinstance(made, str) else (video, *made)]
+
+
+def _llava(row: dict[str, Any], _: str) -> list[_Made | str]:
+    return _chat(row, "video", "conversations", "from", "value")
 
 
 def _sharegpt(row: dict[str, Any], _: str) -> list[_Made | str]:
-    video, why = _one_video(row, "videos")
-    if video is None:
-        return [why]
-    messages = row.get("messages")
-    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
-        return ["'messages' must be a list of {role, content} objects"]
-    roles = [_ROLES.get(str(m.get("role")).lower(), str(m.get("role"))) for m in messages]
-    turns = _turns([(r, m.get("content")) for r, m in zip(roles, messages)])
-    return [turns if isinstance(turns, str) else (video, *turns)]
+    return _chat(row, "videos", "messages", "role", "content")
 
 
 def _caption(row: dict[str, Any], caption_prompt: str) -> list[_Made | str]:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from craft_adapters.registry import adapter_classes, input_rules
 from craft_adapters.video import _check_rate
 from craft_core.checks import check_int
 
@@ -41,15 +42,11 @@ __all__ = [
     "render_prompt",
 ]
 
-# lmms-eval 0.7.3 defaults per frame: models/simple/qwen3_vl.py (Qwen3_VL.__init__) and
-# models/simple/qwen3_5.py (Qwen3_5.__init__)
+# lmms-eval 0.7.3's per-frame defaults of each backbone (its `InputRules.lmms_pixels`)
 LMMS_VIDEO_PIXELS: dict[str, dict[str, int | None]] = {
-    "qwen3_vl": {"min_pixels": 256 * 28 * 28, "max_pixels": 1605632, "total_pixels": None},
-    "qwen3_5": {
-        "min_pixels": 64 * 32 * 32,
-        "max_pixels": 128 * 32 * 32,
-        "total_pixels": 224 * 1024 * 32 * 32,
-    },
+    cls.model_types[0]: dict(cls.input_rules.lmms_pixels)
+    for cls in adapter_classes()
+    if cls.input_rules.lmms_pixels is not None
 }
 # qwen-vl-utils 0.0.14 vision_process.py constants
 _VIDEO_MAX_TOKENS = 768
@@ -57,17 +54,6 @@ _SEQ_LEN = 128000
 _FRAME_FACTOR = 2
 
 _SENTINEL = "\u2063CRAFT-QUESTION\u2063"
-
-
-def _kind(processor: Any) -> str:
-    name = type(processor).__name__
-    if "Qwen3VL" in name or "Qwen3_5" in name:
-        return "qwen3"
-    if "Qwen2_5_VL" in name or "Qwen2VL" in name:
-        return "qwen2"
-    if "LlavaOnevision" in name:
-        return "llava_onevision"
-    return "other"
 
 
 def render_prompt(
@@ -158,20 +144,19 @@ def _resize_frames(
 ) -> list[np.ndarray] | None:
     """Frames resized per frame (bicubic, antialiased, as qwen-vl-utils), or None when the
     processor resizes them itself (Qwen2.5-VL without bounds)."""
-    kind = _kind(processor)
+    rules = input_rules(processor)  # the backbone's adapter says how its frames are sized
     given: dict[str, int | None] = {k: v for k, v in pixels.items() if v is not None}
-    if kind in ("llava_onevision", "other"):
+    if not rules.frame_bounds:
         if given:
             raise ValueError(
                 f"{', '.join(given)}: frame pixel bounds apply to the Qwen backbones; "
                 f"{type(processor).__name__} resizes frames to its fixed input size"
             )
         return None
-    if kind == "qwen2" and not given:
-        return None
-    if kind == "qwen3" and not given:
-        name = "qwen3_5" if "Qwen3_5" in type(processor).__name__ else "qwen3_vl"
-        given = {**LMMS_VIDEO_PIXELS[name], "min_pixels": None}  # no up-scaling by default
+    if not given:
+        if rules.lmms_pixels is None:
+            return None
+        given = {**rules.lmms_pixels, "min_pixels": None}  # no up-scaling by default
     vp = processor.video_processor
     factor = int(vp.patch_size) * int(vp.merge_size)
     from torchvision.transforms import InterpolationMode
@@ -191,8 +176,7 @@ def _resize_frames(
 
 
 def _video_kwargs(processor: Any, videos: list[np.ndarray], fps: list[float]) -> dict[str, Any]:
-    kind = _kind(processor)
-    if kind in ("qwen3", "qwen2"):
+    if input_rules(processor).video_metadata:
         # Qwen2.5-VL reads second_per_grid_ts from the metadata's sampled fps (5.x)
         from transformers.video_utils import VideoMetadata
 
@@ -227,7 +211,7 @@ def _process(
     if len(texts) > 1:
         common.update(padding=True, padding_side="left")
     lengths = {int(v.shape[0]) for v in videos}
-    if _kind(processor) == "llava_onevision" and len(lengths) > 1:
+    if input_rules(processor).one_call_per_length and len(lengths) > 1:
         # pixel_values_videos is [B, F, C, H, W]: videos of different lengths do not stack, so
         # process them one at a time and hand the model a list (craft_adapters handles it).
         pieces = [

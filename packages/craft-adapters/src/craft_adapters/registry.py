@@ -1,31 +1,48 @@
 """Backbone adapters and their registry, keyed by transformers' `config.model_type`.
 
-A backbone adapter knows four things about one VLM family and nothing else:
+A backbone's module under `craft_adapters.backbones` is its one home: its adapter carries
+everything the workspace needs to know about that VLM family:
 
-1. how to run its vision tower + projector (`encode_videos`, `encode_images`),
+1. how to run its vision tower + projector (`encode_videos`, `encode_images`) and which
+   processor output holds the video (`video_pixels_key`, `encoder_output_key`),
 2. the position ids of the FULL (uncompressed) sequence (`full_positions`),
 3. the `(t, h, w)` coordinates of each video token and which rows may be compressed
    (`video_layout`),
-4. how to rebuild the precomputed encoder output from the kept rows (`shrink_video_output`).
+4. how to rebuild the precomputed encoder output from the kept rows (`shrink_video_output`),
+5. the vision tower's received attention (`attention_hooks`, `received_attention`),
+6. how `craft_adapters.build_inputs` calls its processor (`input_rules`),
+7. its tiny random model and processor for tests (`tiny_config`, `tiny_processor`),
+8. the real-size architectures `craft-eval efficiency` builds (`reference_archs`: JSON files
+   in `backbones/archs/`),
+9. the lmms-eval classes the craft-eval plugin extends (`lmms_classes`).
 
 The generic plumbing (slicing ids / masks / positions, generation, sessions) lives in
-`craft_adapters.wrapper`, `.splice` and `.session` and is shared. A fifth backbone is one new module under
-`craft_adapters.backbones` that subclasses `BackboneAdapter` and calls `register_backbone`.
+`craft_adapters.wrapper`, `.splice` and `.session` and is shared. A new backbone is one new
+module under `craft_adapters.backbones` that subclasses `BackboneAdapter` and is decorated
+with `register_backbone` (PEFT-style: the registry is keyed by `config.model_type`).
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import pkgutil
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any, ClassVar
 
 import torch
 
 __all__ = [
     "BackboneAdapter",
+    "InputRules",
+    "LmmsClasses",
     "VideoLayout",
+    "adapter_class",
     "get_adapter",
+    "input_rules",
+    "load_reference_arch",
+    "reference_archs",
     "register_backbone",
     "supported_model_types",
 ]
@@ -54,11 +71,67 @@ class VideoLayout:
         return int(self.seq_index.shape[0])
 
 
+@dataclass(frozen=True)
+class InputRules:
+    """How `craft_adapters.build_inputs` hands frames to this backbone's processor.
+
+    Attributes:
+        processors: class names of the backbone's HF processors; a processor belongs to the
+            first backbone that names a class of its MRO (most derived first).
+        video_metadata: frames go with a `VideoMetadata` each (timestamps `k / fps`; Qwen2.5-VL
+            reads `second_per_grid_ts` from it).
+        frame_bounds: frames may be resized per frame with qwen-vl-utils' pixel bounds
+            (`min_pixels` / `max_pixels` / `total_pixels`); False: the processor resizes to
+            its fixed input size and refuses bounds.
+        lmms_pixels: lmms-eval's per-frame bounds for this backbone, applied (without
+            `min_pixels`: no up-scaling) when the caller gives none; None: without bounds
+            the processor resizes the frames itself.
+        one_call_per_length: videos of different lengths do not stack in one processor call
+            (`pixel_values_videos` is `[B, F, C, H, W]`): one call per video.
+    """
+
+    processors: tuple[str, ...] = ()
+    video_metadata: bool = False
+    frame_bounds: bool = False
+    lmms_pixels: dict[str, int | None] | None = None
+    one_call_per_length: bool = False
+
+
+@dataclass(frozen=True)
+class LmmsClasses:
+    """The lmms-eval 0.7.3 classes the craft-eval plugin extends for this backbone.
+
+    `simple` / `chat`: `"module:Class"` under `lmms_eval.models` (None: none extended); the
+    plugin registers `craft_<model_type>` with a class `Craft<Class>` (`Craft<Class>Chat`).
+    """
+
+    lmms_id: str
+    simple: str | None = None
+    chat: str | None = None
+
+
 class BackboneAdapter:
     """How CRAFT plugs into one family of transformers VLMs. Subclass per backbone."""
 
     model_types: ClassVar[tuple[str, ...]] = ()
     """transformers `config.model_type` values this adapter serves."""
+
+    video_pixels_key: ClassVar[str] = "pixel_values_videos"
+    """The processor output holding the video frames (InternVL's processor merges them into
+    `pixel_values`)."""
+
+    encoder_output_key: ClassVar[str] = "video"
+    """The `mm_encoder_outputs` entry transformers reads the video rows from."""
+
+    input_rules: ClassVar[InputRules] = InputRules()
+    """How `build_inputs` calls this backbone's processor."""
+
+    reference_archs: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    """Real-size architectures of this backbone (`craft-eval efficiency --arch`): per
+    architecture `(key, *aliases)`; its public config values are `backbones/archs/<key>.json`."""
+
+    lmms_classes: ClassVar[LmmsClasses | None] = None
+    """The lmms-eval classes the craft-eval plugin extends (None: no plugin model)."""
 
     uses_mrope: ClassVar[bool] = True
     """True: positions are `[3, B, L]` M-RoPE rows; False: `[B, L]` 1D positions."""
@@ -82,6 +155,12 @@ class BackboneAdapter:
     def tiny_config() -> Any:
         """A tiny random transformers config of this backbone (tests, demos); each backbone
         module defines its own."""
+        raise NotImplementedError
+
+    @staticmethod
+    def tiny_processor() -> Any:
+        """The in-memory processor matching `tiny_config` (byte-level tokenizer, the
+        backbone's own image / video processors, its chat template)."""
         raise NotImplementedError
 
     # -- configuration -------------------------------------------------------------------------
@@ -119,8 +198,11 @@ class BackboneAdapter:
         return None
 
     def full_positions(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Positions of the full sequence and the `[B, 1]` delta `max_position + 1 - length`."""
-        raise NotImplementedError
+        """Positions of the full sequence and the `[B, 1]` delta `max_position + 1 - length`.
+        Default (1-D RoPE, `uses_mrope = False`): `positions_1d`."""
+        if self.uses_mrope:
+            raise NotImplementedError(f"{type(self).__name__} must compute its M-RoPE positions")
+        return positions_1d(inputs)
 
     def video_layout(
         self, inputs: dict[str, Any], positions: torch.Tensor, features: list[torch.Tensor]
@@ -135,7 +217,9 @@ class BackboneAdapter:
         new_features: list[torch.Tensor],
         assignments: list[torch.Tensor],
     ) -> Any:
-        """The encoder output to pass as `mm_encoder_outputs["video"]` after compression.
+        """The encoder output to pass as `mm_encoder_outputs[encoder_output_key]` after
+        compression. Default: one `[1, total kept, D]` `pooler_output` holding every video's
+        rows (transformers flattens it and checks only the element count: LLaVA-OV, InternVL).
 
         Args:
             output: what `encode_videos` returned first.
@@ -144,7 +228,9 @@ class BackboneAdapter:
             assignments: per video, `[n]` long: for every original row, the kept row (index into
                 `kept_rows`) it ended up in.
         """
-        raise NotImplementedError
+        from transformers.modeling_outputs import BaseModelOutputWithPooling
+
+        return BaseModelOutputWithPooling(pooler_output=torch.cat(new_features, dim=0).unsqueeze(0))
 
     def forward_extra_kwargs(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """Keyword arguments to pass through to the HF model besides ids / mask / positions."""
@@ -154,6 +240,27 @@ class BackboneAdapter:
         """Make a later `forward` without `position_ids` continue from the right place."""
         if hasattr(self.model.model, "rope_deltas"):
             self.model.model.rope_deltas = deltas
+
+
+def positions_1d(inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`full_positions` of a backbone with 1-D RoPE (LLaVA-OneVision, InternVL): `[B, L]`
+    `attention_mask.cumsum(-1) - 1` (0 on padding) and a zero `[B, 1]` delta."""
+    ids = inputs["input_ids"]
+    mask = inputs.get("attention_mask")
+    if mask is None:
+        mask = torch.ones_like(ids)
+    pos = mask.long().cumsum(-1) - 1
+    pos = pos.masked_fill(mask == 0, 0)
+    deltas = torch.zeros(ids.shape[0], 1, dtype=torch.long, device=ids.device)
+    return pos, deltas
+
+
+def frame_grid_coords(n: int, side: int, device: torch.device) -> torch.Tensor:
+    """`[n, 3]` long `(frame, row, column)` of `n` tokens laid out frame by frame, each frame
+    a row-major `side x side` grid (LLaVA-OV's pooled grid, InternVL's shuffled tile)."""
+    idx = torch.arange(n, device=device)
+    per_frame = side * side
+    return torch.stack([idx // per_frame, (idx % per_frame) // side, idx % side], dim=-1)
 
 
 _REGISTRY: dict[str, type[BackboneAdapter]] = {}
@@ -213,3 +320,44 @@ def get_adapter(model: Any) -> BackboneAdapter:
             f"supports {sorted(_REGISTRY)}"
         )
     return _REGISTRY[model_type](model)
+
+
+def adapter_classes() -> list[type[BackboneAdapter]]:
+    """Every registered adapter class once, in the order of `supported_model_types()`."""
+    _load_builtins()
+    return list(dict.fromkeys(_REGISTRY[mt] for mt in sorted(_REGISTRY)))
+
+
+def input_rules(processor: Any) -> InputRules:
+    """The `InputRules` of the backbone `processor` belongs to (by its class, most derived
+    first); a processor no backbone names gets the plain rules (no metadata, no bounds)."""
+    claims = {
+        name: cls.input_rules for cls in adapter_classes() for name in cls.input_rules.processors
+    }
+    for klass in type(processor).__mro__:
+        if klass.__name__ in claims:
+            return claims[klass.__name__]
+    return InputRules()
+
+
+def reference_archs() -> dict[str, tuple[str, ...]]:
+    """Every backbone's real-size architectures: key -> aliases (lower case)."""
+    return {arch[0]: arch[1:] for cls in adapter_classes() for arch in cls.reference_archs}
+
+
+def load_reference_arch(name: str) -> dict[str, Any]:
+    """The public config values of architecture `name` (a key or alias of
+    `reference_archs()`, any case), with `_key` set to its key.
+
+    Raises:
+        KeyError: no backbone ships `name`, naming the known keys.
+    """
+    archs = reference_archs()
+    wanted = name.lower()
+    key = next((k for k, aliases in archs.items() if wanted == k or wanted in aliases), None)
+    if key is None:
+        raise KeyError(f"unknown architecture {name!r}; known: {', '.join(archs)}")
+    path = resources.files("craft_adapters.backbones").joinpath(f"archs/{key}.json")
+    arch: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
+    arch["_key"] = key
+    return arch

@@ -17,7 +17,6 @@ full sequence, so the language model sees each surviving video token at its orig
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,10 +25,10 @@ import torch
 
 from craft_adapters.registry import VideoLayout
 from craft_adapters.report import CompressionReport, VideoCompression
-from craft_core import TokenBudget
+from craft_core import TokenBudget, TokenCompressor
 from craft_core.checks import check_index_tensor
 
-__all__ = ["PER_TOKEN_KEYS", "Prepared", "accepts", "compress_video", "splice_sequence"]
+__all__ = ["PER_TOKEN_KEYS", "Prepared", "compress_video", "splice_sequence"]
 
 # Per-token [B, L] tensors that are sliced with the sequence.
 PER_TOKEN_KEYS = ("mm_token_type_ids", "token_type_ids")
@@ -58,22 +57,15 @@ def _call_compressor(
     budget: TokenBudget | None,
     importance: torch.Tensor | None = None,
 ) -> Any:
-    # Unset budget entries are left out so the compressor's own defaults apply; the
-    # importance (received attention, when the compressor asked for it: attention.py) goes
-    # only to compressors that take the argument.
-    kwargs = {} if budget is None else budget.kwargs()
-    if accepts(compressor, "importance"):
-        kwargs["importance"] = importance
-    return compressor(features, coords, **kwargs)
-
-
-def accepts(fn: Callable[..., Any], name: str) -> bool:
-    """Whether calling `fn` with the keyword `name` is allowed (named or `**kwargs`)."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    # A craft_core.TokenCompressor gets the budget object as it is, and the importance
+    # (received attention: recorded only when it sets `needs_attention`, attention.py).
+    # Any other callable gets the budget as the user spells it (`ratio=...`), the call
+    # `wrap`'s documentation promises for a plain function.
+    if budget is None:
+        raise ValueError("a compressor needs a budget: set_budget(ratio=...) or threshold=...")
+    if isinstance(compressor, TokenCompressor):
+        return compressor(features, coords, budget=budget, importance=importance)
+    return compressor(features, coords, **budget.kwargs())
 
 
 class NonFiniteOutput(ValueError):

@@ -1,7 +1,8 @@
-"""Read a video file into uint8 frames sampled at a given fps, up to a frame cap.
+"""Read a video file into uint8 frames sampled at a given fps, up to a frame cap; write one.
 
     video = read_video("clip.mp4", fps=2.0, max_frames=64)   # frames [F, H, W, 3] uint8
     frames, fps = video                                       # what build_inputs wants
+    write_video("clip.mp4", frames, fps=4)                    # the workspace's one mp4 writer
 
 Decoders (`backend=`), all giving the same frame indices and, on the project's synthetic
 videos, the same pixels:
@@ -26,14 +27,20 @@ backend can read raises `VideoReadError` naming the path. The frame-index rule:
 `total` and `native_fps` come from the container's header (frames counted by decoding when
 the header has no count; 30 fps when it has no rate); a header that over-counts repeats the last decodable frame.
 Speed of each backend: `packages/craft-adapters/benchmarks/bench_decode.py`.
+
+`write_video` encodes frames with PyAV (yuv420p, `codec` and its `options`): the synthetic
+clips of craft-world, craft-eval's fixtures and every package's tests are written by it.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -49,6 +56,7 @@ __all__ = [
     "available_backends",
     "read_video",
     "sample_indices",
+    "write_video",
 ]
 
 BACKENDS = ("pyav", "torchcodec", "decord")
@@ -269,3 +277,44 @@ def read_video(
         raise
     except Exception as error:
         raise VideoReadError(f"{path}: cannot decode ({type(error).__name__}: {error})") from error
+
+
+def write_video(
+    path: str | Path,
+    frames: np.ndarray | Iterable[np.ndarray],
+    fps: int | Fraction = 8,
+    codec: str = "mpeg4",
+    options: Mapping[str, str] | None = None,
+) -> Path:
+    """Encode uint8 RGB `frames` (`[F, H, W, 3]`, or an iterable of `[H, W, 3]`, read lazily)
+    to `path` with PyAV, yuv420p, creating the parent folders.
+
+    Args:
+        path: the file to write (its container from the extension, e.g. `.mp4`).
+        frames: the frames; their size is the first frame's.
+        fps: the stream's frame rate (an int, or a `Fraction` such as 30000/1001).
+        codec: an FFmpeg encoder name ("mpeg4", "libx264", ...).
+        options: the encoder's options, e.g. `{"crf": "6"}` for libx264, `{"qscale": "1"}`.
+
+    Returns:
+        `path` as a `Path`.
+    """
+    import av
+
+    path = Path(path)
+    frames = iter(frames)
+    first = next(frames, None)
+    if first is None:
+        raise ValueError(f"frames: no frame to write to {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), mode="w") as container:
+        stream: Any = container.add_stream(codec, rate=fps)
+        stream.options = dict(options or {})
+        stream.width, stream.height = int(first.shape[1]), int(first.shape[0])
+        stream.pix_fmt = "yuv420p"
+        for image in itertools.chain([first], frames):
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():  # flush the encoder's delayed frames
+            container.mux(packet)
+    return path

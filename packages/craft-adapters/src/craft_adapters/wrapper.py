@@ -34,7 +34,7 @@ from craft_adapters.registry import BackboneAdapter, get_adapter
 from craft_adapters.report import CompressionReport, VideoCompression
 from craft_adapters.session import VideoSession
 from craft_adapters.splice import PER_TOKEN_KEYS, Prepared, compress_video, splice_sequence
-from craft_core import TokenBudget
+from craft_core import TokenBudget, budget_of
 from craft_core.checks import check_has_data, check_index_tensor
 
 __all__ = ["CompressionReport", "CraftModel", "VideoCompression", "VideoSession", "wrap"]
@@ -137,19 +137,13 @@ class CraftModel(torch.nn.Module):
         `ratio` (>= 1) or `threshold` (in (-1, 1]); `min_tokens` in threshold mode overrides
         the floor `max(1, N // 128)`). With no compressor the budget may be left empty.
         """
-        if budget is not None:
-            if not isinstance(budget, TokenBudget):
-                raise TypeError(
-                    f"budget must be a craft_core.TokenBudget, got {type(budget).__name__}"
-                )
-            if (ratio, threshold, min_tokens) != (None, None, None):
-                raise ValueError("give budget=TokenBudget(...) or its fields, not both")
-            self.token_budget = budget
-            return
-        if self.compressor is None and ratio is None and threshold is None:
+        if budget is None and self.compressor is None and ratio is None and threshold is None:
             self.token_budget = None
             return
-        self.token_budget = TokenBudget(ratio=ratio, threshold=threshold, min_tokens=min_tokens)
+        # parsed once here (the user's spelling) or kept as given; passed down unopened
+        self.token_budget = budget_of(
+            budget, ratio=ratio, threshold=threshold, min_tokens=min_tokens
+        )
 
     @property
     def budget(self) -> dict[str, Any]:
@@ -170,14 +164,14 @@ class CraftModel(torch.nn.Module):
         return self.model.device  # type: ignore[no-any-return]
 
     def _has_video(self, inputs: dict[str, Any]) -> bool:
-        return inputs.get("pixel_values_videos") is not None
+        return inputs.get(self.adapter.video_pixels_key) is not None
 
     def _passthrough(self, inputs: dict[str, Any]) -> bool:
         """True when the HF model runs unchanged (no compressor or no video)."""
         if not self._has_video(inputs):
             return True
         return self.compressor is None and not isinstance(
-            inputs.get("pixel_values_videos"), (list, tuple)
+            inputs.get(self.adapter.video_pixels_key), (list, tuple)
         )
 
     @contextlib.contextmanager
@@ -261,7 +255,7 @@ class CraftModel(torch.nn.Module):
             assigns_all.append(assign)
             reports.append(rep)
         enc = {
-            "video": adapter.shrink_video_output(
+            adapter.encoder_output_key: adapter.shrink_video_output(
                 enc_video, kept_rows_all, new_feats_all, assigns_all
             )
         }
@@ -403,7 +397,9 @@ class CraftModel(torch.nn.Module):
         if inputs.get("attention_mask") is None:
             inputs["attention_mask"] = torch.ones_like(ids)
         if not self._has_video(inputs):
-            raise ValueError("encode_video needs a video: pixel_values_videos is missing")
+            raise ValueError(
+                f"encode_video needs a video: {self.adapter.video_pixels_key} is missing"
+            )
         inputs = _move_inputs(inputs, self.model.device)
         prep = self._prepare(inputs)
         self._last_kept = prep.kept
@@ -435,9 +431,12 @@ def wrap(
 
     Args:
         model: a transformers VLM whose `config.model_type` is in `supported_model_types()`.
-        compressor: a callable `(features [N, D], coords [N, 3], *, ratio=... | threshold=...,
-            min_tokens=..., importance=None) -> CompressionResult` (CRAFT's `CraftCompressor`
-            or any baseline of craft-eval), or None for no compression.
+        compressor: a `craft_core.TokenCompressor` `(features [N, D], coords [N, 3],
+            budget, *, importance=None) -> CompressionResult` (CRAFT's `CraftCompressor` or
+            any method of craft-eval: it gets the `TokenBudget` itself, and the vision
+            tower's attention when it sets `needs_attention`); or a plain callable, called
+            as `(features, coords, ratio=... | threshold=..., min_tokens=...)`; or None for
+            no compression.
         ratio: fixed-ratio budget (>= 1); exactly one of `ratio` / `threshold` with a compressor.
         threshold: similarity-threshold budget in (-1, 1].
         min_tokens: floor of the threshold mode (default `max(1, N // 128)`).

@@ -3,6 +3,9 @@
 from craft_core import CraftConfig, CraftCompressor
 compressor = CraftCompressor(CraftConfig(hidden_size=2560))
 out = compressor(features, coords, ratio=8.0)   # features [N, D], coords [N, 3] (t, h, w)
+
+Every compressor of the project (CRAFT and each baseline) is a `TokenCompressor`:
+`(features, coords, budget: TokenBudget, *, importance=None) -> CompressionResult`.
 """
 
 from craft_core.budget import (
@@ -15,6 +18,7 @@ from craft_core.budget import (
 )
 from craft_core.compressor import CraftCompressor
 from craft_core.config import CraftConfig
+from craft_core.contract import TokenCompressor, budget_of
 from craft_core.merge import GatedMerge
 from craft_core.result import CompressionResult
 
@@ -27,6 +31,8 @@ __all__ = [
     "CraftConfig",
     "GatedMerge",
     "TokenBudget",
+    "TokenCompressor",
+    "budget_of",
     "check_tokens",
     "default_min_tokens",
     "resolve_budget",

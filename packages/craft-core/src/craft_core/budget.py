@@ -70,7 +70,7 @@ class TokenBudget:
 
         budget = TokenBudget(ratio=8)              # or TokenBudget(threshold=0.9, min_tokens=4)
         budget.resolve(num_tokens)                 # -> Budget(floor, threshold) for one video
-        compressor(features, coords, **budget.kwargs())
+        compressor(features, coords, budget)       # any craft_core.TokenCompressor
 
     Raises (when built):
         ValueError: both or neither of `ratio` / `threshold`, `ratio < 1` or not finite,
@@ -145,10 +145,21 @@ class TokenBudget:
         """ "ratio" or "threshold"."""
         return "ratio" if self.ratio is not None else "threshold"
 
-    def resolve(self, num_tokens: int) -> Budget:
-        """The floor (+ threshold) for one video of `num_tokens` (int >= 1) tokens."""
+    def resolve(self, num_tokens: int, *, clamp: bool = True) -> Budget:
+        """The floor (+ threshold) for one video of `num_tokens` (int >= 1) tokens.
+
+        `clamp=False`: a ratio larger than `num_tokens` (`floor(N / ratio) = 0`) raises a
+        ValueError instead of keeping 1 token (a server that reserves each video's
+        placeholders refuses such a video rather than compress it less than asked).
+        """
         check_int("num_tokens", num_tokens, minimum=1)
         if self.ratio is not None:
+            if not clamp and num_tokens < self.ratio:
+                raise ValueError(
+                    f"ratio {self.ratio:g} leaves no token for a video of {num_tokens} tokens "
+                    f"(floor({num_tokens} / {self.ratio:g}) = 0); use a ratio <= {num_tokens} "
+                    "or a longer or larger video"
+                )
             return Budget(floor=target_token_count(num_tokens, self.ratio))
         if self.min_tokens is None:
             return Budget(floor=default_min_tokens(num_tokens), threshold=self.threshold)

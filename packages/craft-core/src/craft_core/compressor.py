@@ -4,6 +4,7 @@
     compressor = CraftCompressor(CraftConfig(hidden_size=2560))
     out = compressor(features, coords, ratio=8.0)        # features [N, D], coords [N, 3] long
     out = compressor(features, coords, threshold=0.9)    # adaptive mode
+    out = compressor(features, coords, TokenBudget(ratio=8))  # the budget object, same call
 
 Each round pairs every active token with its most similar one (training-free, float32,
 blockwise, incrementally updated), keeps the best edges within the budget, orients them by
@@ -25,7 +26,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from craft_core import hub
-from craft_core.budget import Budget, check_tokens, resolve_budget
+from craft_core.budget import Budget, TokenBudget, check_tokens
 from craft_core.checks import (
     check_has_data,
     check_in_range,
@@ -33,6 +34,7 @@ from craft_core.checks import (
     check_int,
 )
 from craft_core.config import CraftConfig
+from craft_core.contract import budget_of
 from craft_core.dense import DENSE_MAX_TOKENS, DensePairing
 from craft_core.merge import GatedMerge, group_edges
 from craft_core.pairing import FullPairing, PairingState, ranked_edges
@@ -240,9 +242,11 @@ class CraftCompressor(
         config: the `CraftConfig` it was built from.
         merge: the learnable `GatedMerge`.
         projection: buffer W_rand `[D, d_sim]` (float32, saved with checkpoints, never trained).
+        needs_attention: False: CRAFT ranks tokens by their features (`TokenCompressor`).
     """
 
     projection: torch.Tensor
+    needs_attention = False
 
     def __init__(self, config: CraftConfig) -> None:
         super().__init__()
@@ -264,17 +268,19 @@ class CraftCompressor(
         self,
         features: torch.Tensor,
         coords: torch.Tensor,
+        budget: TokenBudget | None = None,
         *,
         ratio: float | None = None,
         threshold: float | None = None,
         min_tokens: int | None = None,
         importance: torch.Tensor | None = None,
     ) -> CompressionResult:
-        """Compress one video.
+        """Compress one video (the `craft_core.TokenCompressor` contract).
 
         Args:
             features: `[N, D]` video tokens after the vision projector (any float dtype).
             coords: `[N, 3]` integer (t, h, w) of each token.
+            budget: a `TokenBudget`; or its fields as keywords (the user's spelling):
             ratio: fixed-ratio mode: stop at exactly `max(1, floor(N / ratio))` tokens.
             threshold: adaptive mode: stop when no pair is at least this similar.
             min_tokens: floor of the adaptive mode (default `max(1, N // 128)`).
@@ -285,15 +291,14 @@ class CraftCompressor(
         """
         del importance
         check_tokens(features, coords, self.config.hidden_size)
-        budget = resolve_budget(
-            features.shape[0], ratio=ratio, threshold=threshold, min_tokens=min_tokens
-        )
+        budget = budget_of(budget, ratio=ratio, threshold=threshold, min_tokens=min_tokens)
+        resolved = budget.resolve(int(features.shape[0]))
         if self.projection.device != features.device:
             raise ValueError(
                 f"features are on {features.device} but the compressor is on "
                 f"{self.projection.device}; move one of them (compressor.to(device))"
             )
-        return self._compress(features, coords.long(), budget)
+        return self._compress(features, coords.long(), resolved)
 
     def _compress(
         self, features: torch.Tensor, coords: torch.Tensor, budget: Budget
@@ -391,6 +396,7 @@ class CraftCompressor(
         self,
         features_list: Sequence[torch.Tensor],
         coords_list: Sequence[torch.Tensor],
+        budget: TokenBudget | None = None,
         *,
         ratio: float | None = None,
         threshold: float | None = None,
@@ -401,16 +407,15 @@ class CraftCompressor(
         Args:
             features_list: B tensors `[N_b, D]`.
             coords_list: B tensors `[N_b, 3]`.
+            budget: a `TokenBudget`, or its fields as keywords (as `forward`).
         """
+        budget = budget_of(budget, ratio=ratio, threshold=threshold, min_tokens=min_tokens)
         if len(features_list) != len(coords_list):
             raise ValueError(
                 f"features_list has {len(features_list)} videos but coords_list has "
                 f"{len(coords_list)}"
             )
-        return [
-            self(f, c, ratio=ratio, threshold=threshold, min_tokens=min_tokens)
-            for f, c in zip(features_list, coords_list)
-        ]
+        return [self(f, c, budget) for f, c in zip(features_list, coords_list)]
 
     def fuse_groups(
         self,
@@ -545,17 +550,24 @@ class CraftCompressor(
                 f"{hidden_size} was asked for"
             )
         module = cls(config)
-        expected = module.state_dict()
-        missing = sorted(set(expected) - set(state))
-        unexpected = sorted(set(state) - set(expected))
-        wrong = sorted(k for k in expected if k in state and state[k].shape != expected[k].shape)
-        if missing or unexpected or wrong:
-            raise ValueError(
-                f"checkpoint {folder} does not match its config: missing {missing}, "
-                f"unexpected {unexpected}, wrong shapes {wrong}"
-            )
-        bad = sorted(k for k, v in state.items() if not bool(torch.isfinite(v).all()))
-        if bad:
-            raise ValueError(f"checkpoint {weights_file} holds NaN or inf values in {bad}")
+        _check_state(module.state_dict(), state, folder, weights_file)
         module.load_state_dict(state)
         return module.to(device)
+
+
+def _check_state(
+    expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor], folder: Any, weights: Any
+) -> None:
+    """A checkpoint's tensors against the module its config builds: the same names and
+    shapes, every value finite; a ValueError naming the checkpoint otherwise."""
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = sorted(k for k in expected if k in state and state[k].shape != expected[k].shape)
+    if missing or unexpected or wrong:
+        raise ValueError(
+            f"checkpoint {folder} does not match its config: missing {missing}, "
+            f"unexpected {unexpected}, wrong shapes {wrong}"
+        )
+    bad = sorted(k for k, v in state.items() if not bool(torch.isfinite(v).all()))
+    if bad:
+        raise ValueError(f"checkpoint {weights} holds NaN or inf values in {bad}")

@@ -71,16 +71,7 @@ def resolve_files(
     """
     path = Path(name_or_path)
     if path.is_dir():
-        if revision is not None:
-            raise ValueError(
-                f"revision={revision!r} applies to Hub ids, but {path} is a local folder"
-            )
-        files = [path / name for name in filenames]
-        if not all(f.is_file() for f in files):
-            raise FileNotFoundError(
-                f"{path} is not a CRAFT checkpoint: it needs {' and '.join(filenames)}"
-            )
-        return files, str(path)
+        return _folder_files(path, filenames, revision), str(path)
     repo_id = str(name_or_path)
     try:
         validate_repo_id(repo_id)
@@ -90,49 +81,56 @@ def resolve_files(
             f"{repo_id} is not a CRAFT checkpoint: no such folder, and not a Hub id "
             f"('org/name'{hint})"
         ) from None
+    download = {
+        "revision": revision,
+        "cache_dir": cache_dir,
+        "force_download": force_download,
+        "token": token,
+        "local_files_only": local_files_only,
+    }
     label = repo_id if revision is None else f"{repo_id}@{revision}"
-    files = []
-    for name in filenames:
-        try:
-            found = hf_hub_download(
-                repo_id,
-                name,
-                revision=revision,
-                cache_dir=cache_dir,
-                force_download=force_download,
-                token=token,
-                local_files_only=local_files_only,
-            )
-        except LocalEntryNotFoundError as error:
-            raise LocalEntryNotFoundError(
-                _not_cached(repo_id, name, revision, cache_dir, local_files_only)
-            ) from error
-        except RemoteEntryNotFoundError as error:
-            raise FileNotFoundError(
-                f"Hub repo {label} is not a CRAFT checkpoint: it has no {name}"
-            ) from error
-        except (RepositoryNotFoundError, RevisionNotFoundError) as error:
-            error.append_to_message(
-                f"\nCRAFT checkpoint {label!r}: no local folder of that name either. For a "
-                "private or gated repo pass token= (or run `hf auth login`); check revision=."
-            )
-            raise
-        files.append(Path(found))
-    return files, label
+    return [_hub_file(repo_id, name, label, download) for name in filenames], label
 
 
-def _not_cached(
-    repo_id: str,
-    filename: str,
-    revision: str | None,
-    cache_dir: str | Path | None,
-    local_files_only: bool,
-) -> str:
+def _folder_files(path: Path, filenames: Sequence[str], revision: str | None) -> list[Path]:
+    """`filenames` in the local checkpoint folder `path`, all of them present."""
+    if revision is not None:
+        raise ValueError(f"revision={revision!r} applies to Hub ids, but {path} is a local folder")
+    files = [path / name for name in filenames]
+    if not all(f.is_file() for f in files):
+        raise FileNotFoundError(
+            f"{path} is not a CRAFT checkpoint: it needs {' and '.join(filenames)}"
+        )
+    return files
+
+
+def _hub_file(repo_id: str, name: str, label: str, download: dict[str, Any]) -> Path:
+    """The local path of file `name` of Hub repo `repo_id` (cached or downloaded), with
+    huggingface_hub's errors re-worded for a CRAFT checkpoint. `download`: the keywords of
+    `hf_hub_download` (revision, cache_dir, force_download, token, local_files_only)."""
+    try:
+        return Path(hf_hub_download(repo_id, name, **download))
+    except LocalEntryNotFoundError as error:
+        raise LocalEntryNotFoundError(_not_cached(repo_id, name, download)) from error
+    except RemoteEntryNotFoundError as error:
+        raise FileNotFoundError(
+            f"Hub repo {label} is not a CRAFT checkpoint: it has no {name}"
+        ) from error
+    except (RepositoryNotFoundError, RevisionNotFoundError) as error:
+        error.append_to_message(
+            f"\nCRAFT checkpoint {label!r}: no local folder of that name either. For a "
+            "private or gated repo pass token= (or run `hf auth login`); check revision=."
+        )
+        raise
+
+
+def _not_cached(repo_id: str, filename: str, download: dict[str, Any]) -> str:
     """huggingface_hub's cache-miss error, re-worded: which id, which switch kept it offline."""
+    revision, cache_dir = download["revision"], download["cache_dir"]
     if constants.is_offline_mode():
         why = "HF_HUB_OFFLINE=1 is set, so nothing is downloaded"
         fix = "unset HF_HUB_OFFLINE (or download it once online)"
-    elif local_files_only:
+    elif download["local_files_only"]:
         why = "local_files_only=True, so nothing is downloaded"
         fix = "pass local_files_only=False"
     else:
@@ -202,13 +200,15 @@ def model_card(
     heading = title or (
         f"CRAFT merge module for {base_model}" if base_model else "CRAFT merge module"
     )
-    lines = [
-        "---",
-        data.to_yaml(),
-        "---",
-        "",
-        f"# {heading}",
-        "",
+    lines = ["---", data.to_yaml(), "---", "", f"# {heading}", ""]
+    lines += _card_usage(config, repo_id) + _card_training(ratios, recipe, results)
+    lines += [f"Documentation: {DOCS_URL}", ""]
+    return ModelCard("\n".join(lines))
+
+
+def _card_usage(config: CraftConfig, repo_id: str | None) -> list[str]:
+    """The card's first paragraph and loading example (lines)."""
+    return [
         "A [CRAFT](" + REPO_URL + ") video-token compressor: it merges a video's visual tokens "
         f"(width D = {config.hidden_size}) before they reach the language model.",
         "",
@@ -219,6 +219,14 @@ def model_card(
         "```",
         "",
     ]
+
+
+def _card_training(
+    ratios: Sequence[float] | None, recipe: Mapping[str, Any] | None, results: str | None
+) -> list[str]:
+    """The card's sections on how the module was trained and what it measured (lines; none
+    for what was not given)."""
+    lines: list[str] = []
     if ratios is not None:
         lines += ["Trained at ratios: " + ", ".join(f"{float(r):g}x" for r in ratios) + ".", ""]
     if recipe:
@@ -226,8 +234,7 @@ def model_card(
         lines += [f"- {key}: {value}" for key, value in recipe.items()] + [""]
     if results:
         lines += ["## Measured results", "", results.strip(), ""]
-    lines += [f"Documentation: {DOCS_URL}", ""]
-    return ModelCard("\n".join(lines))
+    return lines
 
 
 def is_craft_card(path: Path) -> bool:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from craft_core import TokenBudget
 from craft_eval.efficiency import cache_nbytes
 from craft_eval.methods.build import row_logs
 from craft_eval.runner import Generation, VideoDecodeError
@@ -171,7 +172,8 @@ class HFBackend:
     Args:
         model, processor: a transformers VLM of a supported backbone and its processor.
         method: registry name, or "none" for the uncompressed model.
-        ratio / threshold / min_tokens: the budget.
+        budget: the `TokenBudget`, passed to the wrapped model as it is; or its fields
+            (ratio / threshold / min_tokens), parsed here once.
         method_kwargs: passed to the method's factory (e.g. checkpoint=...).
         merge_map_dir: if given, the first `merge_maps` items' merge data is saved there.
     """
@@ -185,6 +187,7 @@ class HFBackend:
         ratio: float | None = None,
         threshold: float | None = None,
         min_tokens: int | None = None,
+        budget: TokenBudget | None = None,
         method_kwargs: dict[str, Any] | None = None,
         fps: float = 2.0,
         max_frames: int = 64,
@@ -192,7 +195,7 @@ class HFBackend:
         merge_maps: int = 0,
     ) -> None:
         import craft_adapters
-        from craft_core import TokenBudget
+        from craft_core import budget_of
         from craft_eval.methods.build import build_compressor
 
         self.processor = processor
@@ -206,9 +209,10 @@ class HFBackend:
             hidden_size=int(model.config.get_text_config().hidden_size),
             allow_untrained=True,  # the command line refused untrained runs already
         )
-        budget = None
-        if self.compressor is not None:
-            budget = TokenBudget(ratio=ratio, threshold=threshold, min_tokens=min_tokens)
+        if self.compressor is None:
+            budget = None
+        else:
+            budget = budget_of(budget, ratio=ratio, threshold=threshold, min_tokens=min_tokens)
         self.model = craft_adapters.wrap(model, self.compressor, budget=budget)
         self.probe = _PrefillProbe(_language_model(model), self.device)
         self.merge_map_dir = None if merge_map_dir is None else Path(merge_map_dir)
@@ -306,12 +310,9 @@ class HFBackend:
         }
 
     def _count_video_tokens(self, inputs: dict[str, Any]) -> int:
-        ids = inputs["input_ids"]
-        config = self.model.model.config if hasattr(self.model, "model") else None
-        token = getattr(config, "video_token_id", None) or getattr(
-            config, "video_token_index", None
-        )
-        return int((ids == token).sum()) if token is not None else 0
+        # the backbone's adapter knows its video placeholder (InternVL: the image context token)
+        token = self.model.adapter.video_token_id
+        return int((inputs["input_ids"] == token).sum())
 
     def _maybe_save_merge_map(self, item: Item, frames: np.ndarray) -> None:
         if (

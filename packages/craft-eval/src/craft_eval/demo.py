@@ -191,12 +191,14 @@ def _run_job(world: _World, method: str, ratio: float | None) -> dict[str, Any]:
     records; the trained module is CRAFT from the shipped checkpoint), then the efficiency
     profile of the first question. A failure is this row's error, never the demo's: the
     other methods' results still print."""
+    from craft_core import TokenBudget
     from craft_eval.tasks import get_benchmark
 
     trained = method == TRAINED
+    budget = None if ratio is None else TokenBudget(ratio=ratio)  # the demo's --ratio, once
     try:
         done = world.measure.run(
-            method, ratio, method="craft" if trained else method,
+            method, budget, method="craft" if trained else method,
             checkpoint=world.trained if trained else None, merge_maps=1,
         )  # fmt: skip
         prompt = get_benchmark("mvbench").prompt(world.first)

@@ -1,7 +1,8 @@
 """Efficiency (the paper's Table 2): prefill latency, KV-cache size, analytical FLOPs.
 
 `measure_efficiency` builds the LANGUAGE MODEL of a real-size architecture from its public
-config values (shipped in `craft_eval/archs/*.json`) with random weights (nothing is
+config values (shipped by each backbone's home in craft-adapters,
+`craft_adapters/backbones/archs/*.json`, found through its registry) with random weights (nothing is
 downloaded), compresses random video tokens of the right count with each method, and times
 the prefill of text + surviving video tokens. The vision tower is left out: compression
 acts after it, so its cost is the same for every method.
@@ -29,33 +30,18 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
 
-ARCHS = {
-    "qwen3_5-4b": "qwen3_5-4b.json",
-    "qwen2_5_vl-7b": "qwen2_5_vl-7b.json",
-    "llava_ov-7b": "llava_ov-7b.json",
-}
-ARCH_ALIASES = {
-    "qwen3.5-4b": "qwen3_5-4b",
-    "qwen2.5-vl-7b": "qwen2_5_vl-7b",
-    "llava-ov-7b": "llava_ov-7b",
-    "llava-onevision-7b": "llava_ov-7b",
-}
-
 
 def load_arch(name: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The shipped config of `name` (see ARCHS), with text-config `overrides` applied."""
-    key = ARCH_ALIASES.get(name.lower(), name.lower())
-    if key not in ARCHS:
-        raise KeyError(f"unknown architecture {name!r}; known: {', '.join(ARCHS)}")
-    text = resources.files("craft_eval.archs").joinpath(ARCHS[key]).read_text(encoding="utf-8")
-    arch = json.loads(text)
-    arch["_key"] = key
+    """The shipped config of `name` (a key or alias of
+    `craft_adapters.registry.reference_archs()`), with text-config `overrides` applied."""
+    from craft_adapters.registry import load_reference_arch
+
+    arch = load_reference_arch(name)
     if overrides:
         _check_overrides(name, arch["text_config"], overrides)
         arch["text_config"] = {**arch["text_config"], **overrides}

@@ -1,9 +1,11 @@
 """Tiny datasets in each benchmark's REAL distributed format, with synthetic videos.
 
 Used by the tests (a few records per benchmark) and by `craft-eval demo`. Each benchmark
-owns its writer (`Benchmark.write_fixture` in `craft_eval.tasks.<benchmark>`); the clips and
-shared pieces are in `craft_eval.synthetic`. A new benchmark's fixture is a method of its
-own class: nothing here to edit.
+says where item i's clip goes and what its annotation row holds (`fixture_item` and
+`fixture_file` in `craft_eval.tasks.<benchmark>`); `Benchmark.write_fixture` lays them out
+(MVBench, one JSON file per task, writes its own). The clips and shared pieces are in
+`craft_eval.synthetic`. A new benchmark's fixture is a method of its own class: nothing here
+to edit.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 method at each budget is one resumable run of the runner with `scoring.FirstTokenScorer`.
 
     bench = Measure(model, processor, data_root, runs_dir, subset="object_existence,moving_count")
+    eight = TokenBudget(ratio=8)                              # parsed once, passed as is
     base = bench.run("none")                                  # the uncompressed model
-    a = bench.run("uniform", 8.0)                             # a MethodRun
-    b = bench.run("trained", 8.0, method="craft", checkpoint="path/to/craft")
+    a = bench.run("uniform", eight)                           # a MethodRun
+    b = bench.run("trained", eight, method="craft", checkpoint="path/to/craft")
     a.scores["first_token_kl_mean"], a.scores["first_token_kl_se"]   # nats
     drop, se = paired_records(a.records, b.records, "first_token_kl")
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from craft_core import TokenBudget
 from craft_eval.backend import HFBackend
 from craft_eval.runner import RunConfig, run_benchmark, run_records
 from craft_eval.scoring import FirstTokenScorer
@@ -67,24 +69,24 @@ class Measure:
     def run(
         self,
         label: str,
-        ratio: float | None = None,
+        budget: TokenBudget | None = None,
         *,
         method: str | None = None,
         checkpoint: str | None = None,
         merge_maps: int = 0,
     ) -> MethodRun:
         """Run `method` (default: `label`, a registered name; "none": uncompressed) at
-        `ratio` with CRAFT's `checkpoint` where given, recorded under `label`; the first
+        `budget` with CRAFT's `checkpoint` where given, recorded under `label`; the first
         `merge_maps` questions' merge maps are saved in the run folder."""
         config = RunConfig(
             benchmark="mvbench",
             data_root=str(self.data_root),
             model=self.tag,
             method=label,
-            ratio=ratio,
             checkpoint=checkpoint,
             subset=self.subset,
             max_frames=self.max_frames,
+            budget=budget,
         )
         run_dir = self.runs / config.run_name()
         backend = self.reference
@@ -93,7 +95,7 @@ class Measure:
                 self.model,
                 self.processor,
                 method=method or label,
-                ratio=ratio,
+                budget=budget,
                 max_frames=self.max_frames,
                 method_kwargs={"checkpoint": checkpoint} if checkpoint else None,
                 merge_map_dir=run_dir,

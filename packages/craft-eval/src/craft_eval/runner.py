@@ -99,6 +99,19 @@ class RunConfig:
     limit: int | None = None
     method_kwargs: dict[str, Any] = field(default_factory=dict)
     min_tokens: int | None = None
+    budget: TokenBudget | None = field(default=None, repr=False, compare=False)
+    """The budget, parsed once where the user spelled it (the CLI's `--ratio` ...) and
+    handed to the backend as it is; `ratio` / `threshold` / `min_tokens` are its record in
+    the result files. None: `token_budget()` parses those fields."""
+
+    def __post_init__(self) -> None:
+        if self.budget is None:
+            return
+        record = (self.budget.ratio, self.budget.threshold, self.budget.min_tokens)
+        given = (self.ratio, self.threshold, self.min_tokens)
+        if given not in ((None, None, None), record):
+            raise ValueError("give budget=TokenBudget(...) or --ratio/--threshold, not both")
+        self.ratio, self.threshold, self.min_tokens = record
 
     def run_name(self) -> str:
         budget = ""
@@ -146,15 +159,19 @@ class RunConfig:
         self.token_budget()
 
     def token_budget(self) -> TokenBudget | None:
-        """The run's budget (None for the uncompressed model); checked by craft-core's rules,
-        errors naming the command-line option."""
+        """The run's budget (None for the uncompressed model): `budget` as given, else the
+        fields checked by craft-core's rules, errors naming the command-line option."""
         if self.method == "none":
             return None
+        if self.budget is not None:
+            return self.budget
         return TokenBudget.parse(self.ratio, self.threshold, self.min_tokens, names=_BUDGET_OPTIONS)
 
     def identity(self) -> dict[str, Any]:
-        """The fields a resumed run must share with the interrupted one (JSON-normalised)."""
-        return json.loads(json.dumps(asdict(self), default=str, sort_keys=True))  # type: ignore[no-any-return]
+        """The fields a resumed run must share with the interrupted one (JSON-normalised;
+        the budget as its record fields)."""
+        fields = {k: v for k, v in asdict(self).items() if k != "budget"}
+        return json.loads(json.dumps(fields, default=str, sort_keys=True))  # type: ignore[no-any-return]
 
 
 def shard_from_env() -> tuple[int, int]:
@@ -332,19 +349,11 @@ def _run_locked(
 ) -> dict[str, Any] | None:
     shard_path = run_dir / f"records.rank{rank}.jsonl"
     existing = _read_jsonl(shard_path, repair=True)
-    header = {
-        "type": "header",
-        "config": config.identity(),
-        "protocol": protocol_info,
-        "rank": rank,
-        "world_size": world_size,
-        "frames": f"fps={config.fps:g}, at most {config.max_frames} (uniform over the clip "
-        "when the cap binds)",
-    }
+    header = _header(config, protocol_info, rank, world_size)
     writer = _Writer(shard_path)
     try:
         if existing:
-            _check_header(existing[0], header, shard_path)
+            _check_same_run(shard_path, existing[0], header)
         else:
             writer.write(header)
         done_ids = {r["id"] for r in existing if r.get("type") == "item"}
@@ -372,8 +381,23 @@ def _run_locked(
     return merge_run(run_dir)
 
 
-def _check_header(old: dict[str, Any], header: dict[str, Any], shard_path: Path) -> None:
-    """A shard being resumed must hold the same run (config and world size)."""
+def _header(
+    config: RunConfig, protocol_info: dict[str, Any], rank: int, world_size: int
+) -> dict[str, Any]:
+    """The first line of a shard: what a resumed run must match."""
+    return {
+        "type": "header",
+        "config": config.identity(),
+        "protocol": protocol_info,
+        "rank": rank,
+        "world_size": world_size,
+        "frames": f"fps={config.fps:g}, at most {config.max_frames} (uniform over the clip "
+        "when the cap binds)",
+    }
+
+
+def _check_same_run(shard_path: Path, old: dict[str, Any], header: dict[str, Any]) -> None:
+    """A shard is resumed only by the run that wrote it (same config and world size)."""
     if (
         old.get("type") != "header"
         or old.get("config") != header["config"]

@@ -1,9 +1,10 @@
 """Synthetic clips and the pieces every benchmark's fixture writer shares.
 
-A clip is a coloured square moving over a gradient (`synthetic_frames`), encoded with PyAV
-(`write_video`), so that "which way does the square move?" has a true answer. Each
-benchmark's own `write_fixture` (in `craft_eval.tasks.<benchmark>`) lays these out in its
-distributed format; `craft_eval.fixtures.write_fixture(name, root)` picks the benchmark.
+A clip is a coloured square moving over a gradient (`synthetic_frames`), encoded by
+craft-adapters' PyAV writer (`write_video`), so that "which way does the square move?" has a
+true answer (`direction_question`). `Benchmark.write_fixture` (in `craft_eval.tasks.base`)
+lays them out in each benchmark's distributed format; `craft_eval.fixtures.write_fixture(name,
+root)` picks the benchmark.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -66,23 +67,11 @@ def write_video(
     **frame_kwargs: Any,
 ) -> Path:
     """Encode `frames` (default: `synthetic_frames(**frame_kwargs)`) to `path` with PyAV."""
-    import av
+    from craft_adapters.video import write_video as encode  # lazy: craft_adapters imports torch
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if frames is None:
         frames = synthetic_frames(**frame_kwargs)
-    with av.open(str(path), mode="w") as container:
-        stream: Any = container.add_stream(codec, rate=fps)
-        stream.width = int(frames.shape[2])
-        stream.height = int(frames.shape[1])
-        stream.pix_fmt = "yuv420p"
-        for frame in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return path
+    return encode(path, frames, fps, codec)
 
 
 def write_broken_video(path: str | Path) -> Path:
@@ -111,12 +100,20 @@ def clip_of(i: int) -> dict[str, str]:
     return {"direction": names[i % 4], "colour": list(COLOURS)[i % 3]}
 
 
-def direction_question(i: int) -> tuple[str, list[str], int]:
+class DirectionQuestion(NamedTuple):
+    """Which way clip `i`'s square moves: `candidates[gold]` is right."""
+
+    text: str
+    candidates: list[str]
+    gold: int
+
+
+def direction_question(i: int) -> DirectionQuestion:
     clip = clip_of(i)
     candidates = list(DIRECTIONS)
     shift = (2 * i + 1) % 4  # varies the gold letter: D, C, B, A, D, ...
     rotated = candidates[shift:] + candidates[:shift]
-    return (
+    return DirectionQuestion(
         f"Which way does the {clip['colour']} square move?",
         rotated,
         rotated.index(clip["direction"]),

@@ -4,7 +4,8 @@ At every optimizer step one budget is drawn and used for every micro-batch of th
 every rank: with probability `p_threshold` a similarity threshold, otherwise a fixed ratio.
 The draw is a pure function of `(seed, step)`, so ranks agree without communicating and a
 resumed run draws exactly the sequence an uninterrupted one would. The budget is craft-core's
-`TokenBudget`, the one budget value every package passes along.
+`TokenBudget`, the one budget value every package passes along: one per value listed in the
+config, checked when the config is read (`BudgetConfig.ratio_budgets`), drawn here as it is.
 """
 
 from __future__ import annotations
@@ -27,5 +28,5 @@ def sample_budget(config: BudgetConfig, seed: int, step: int) -> TokenBudget:
         raise ValueError(f"step must be >= 0, got {step}")
     rng = random.Random(f"craft-budget/{seed}/{step}")
     if rng.random() < config.p_threshold:
-        return TokenBudget(threshold=rng.choice(config.thresholds), min_tokens=config.min_tokens)
-    return TokenBudget(ratio=rng.choice(config.ratios))
+        return rng.choice(config.threshold_budgets)
+    return rng.choice(config.ratio_budgets)

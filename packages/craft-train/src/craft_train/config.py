@@ -11,12 +11,23 @@ from __future__ import annotations
 
 import importlib.util
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import InitErrorDetails, PydanticCustomError
+
+from craft_core import TokenBudget
 
 __all__ = [
     "BudgetConfig",
@@ -328,21 +339,48 @@ class BudgetConfig(_Strict):
         default=None, gt=0, description="Floor of the threshold mode (None: N // 128)."
     )
 
-    @field_validator("thresholds")
-    @classmethod
-    def _thresholds(cls, value: list[float]) -> list[float]:
-        bad = [t for t in value if not -1.0 < t <= 1.0]
-        if bad:
-            raise ValueError(f"thresholds must lie in (-1, 1], got {bad}")
-        return value
+    _ratio_budgets: list[TokenBudget] = PrivateAttr(default_factory=list)
+    _threshold_budgets: list[TokenBudget] = PrivateAttr(default_factory=list)
 
-    @field_validator("ratios")
-    @classmethod
-    def _ratios(cls, value: list[float]) -> list[float]:
-        bad = [r for r in value if not r >= 1.0]
-        if bad:
-            raise ValueError(f"ratios must be >= 1, got {bad}")
-        return value
+    @model_validator(mode="after")
+    def _budgets(self) -> BudgetConfig:
+        # Each listed value becomes ONE craft-core TokenBudget, checked by craft-core's rules
+        # (the error names the field); the run draws these objects (`sample_budget`).
+        self._ratio_budgets = _as_budgets("ratios", self.ratios, lambda r: TokenBudget(ratio=r))
+        self._threshold_budgets = _as_budgets(
+            "thresholds",
+            self.thresholds,
+            lambda t: TokenBudget(threshold=t, min_tokens=self.min_tokens),
+        )
+        return self
+
+    @property
+    def ratio_budgets(self) -> list[TokenBudget]:
+        """One `TokenBudget(ratio=r)` per entry of `ratios`, in order."""
+        return list(self._ratio_budgets)
+
+    @property
+    def threshold_budgets(self) -> list[TokenBudget]:
+        """One `TokenBudget(threshold=t, min_tokens=min_tokens)` per entry of `thresholds`."""
+        return list(self._threshold_budgets)
+
+
+def _as_budgets(
+    field: str, values: list[float], build: Callable[[float], TokenBudget]
+) -> list[TokenBudget]:
+    """`build(value)` for every value; a refused one is a validation error of `field`."""
+    budgets = []
+    for value in values:
+        try:
+            budgets.append(build(value))
+        except (TypeError, ValueError) as error:
+            detail = InitErrorDetails(
+                type=PydanticCustomError("budget", "{error}", {"error": str(error)}),
+                loc=(field,),
+                input=values,
+            )
+            raise ValidationError.from_exception_data("BudgetConfig", [detail]) from None
+    return budgets
 
 
 class OptimConfig(_Strict):

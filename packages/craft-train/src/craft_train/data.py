@@ -62,17 +62,25 @@ def json_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
     rows = []
     with path.open() as handle:
         for lineno, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ConfigError(f"{where}: not valid JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise ConfigError(f"{where}: a row must be a JSON object")
-            rows.append((where, row))
+            if line.strip():
+                where = f"{path}:{lineno}"
+                rows.append((where, json_object(line, where)))
     return rows
+
+
+def json_object(text: str, where: str) -> dict[str, Any]:
+    """`text` parsed as one JSON object (a manifest row, a DeepSpeed config).
+
+    Raises:
+        ConfigError: not valid JSON, or not an object; the message starts with `where`.
+    """
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(f"{where}: not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: must be a JSON object")
+    return data
 
 
 def read_manifest(

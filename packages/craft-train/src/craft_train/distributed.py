@@ -8,7 +8,6 @@ fills them in, so the JSON and the YAML can never disagree.
 from __future__ import annotations
 
 import copy
-import json
 import os
 import socket
 from importlib import resources
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 
 from craft_train.config import ConfigError, TrainingConfig
+from craft_train.data import json_object
 
 __all__ = ["load_deepspeed_config", "make_accelerator", "resolve_deepspeed"]
 
@@ -30,13 +30,7 @@ def load_deepspeed_config(name_or_path: str) -> dict[str, Any]:
         text = resources.files("craft_train").joinpath("deepspeed_configs/zero2.json").read_text()
     else:
         text = Path(name_or_path).read_text()
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise ConfigError(f"train.deepspeed: {name_or_path} is not valid JSON ({err})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"train.deepspeed: {name_or_path} must hold a JSON object")
-    return data
+    return json_object(text, f"train.deepspeed: {name_or_path}")
 
 
 def resolve_deepspeed(ds: dict[str, Any], cfg: TrainingConfig) -> dict[str, Any]:

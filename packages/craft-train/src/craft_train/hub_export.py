@@ -137,24 +137,8 @@ def export_hub_folder(
 
     run = Path(output_dir)
     folder = Path(dest) if dest is not None else run / HUB_DIR
-    needed = [run / CRAFT_DIR, run / CONFIG_FILE, run / LOG_FILE, run / TRAIN_STATE]
-    missing = [str(p) for p in needed if not p.exists()]
-    if missing:
-        raise FileNotFoundError(
-            f"{run} is not a finished craft-train run: missing {', '.join(missing)}"
-        )
-    state = json.loads((run / TRAIN_STATE).read_text())
-    if not state.get("finished"):
-        raise ValueError(
-            f"{run} is not finished (step {state.get('global_step')} of "
-            f"{state.get('total_steps')}): resume it before exporting"
-        )
-    if folder.exists():
-        if not folder.is_dir():
-            raise ValueError(f"dest {folder} is a file: pick a new folder")
-        foreign = sorted(p.name for p in folder.iterdir() if p.name not in _WRITES)
-        if foreign:
-            raise ValueError(f"dest {folder} already holds {foreign}: pick a new folder")
+    state = _finished_state(run)
+    _check_dest(folder)
     cfg = yaml.safe_load((run / CONFIG_FILE).read_text())
     summary = {**summarize_log(run / LOG_FILE), "train_state": state}
     recipe = training_recipe(cfg, state)
@@ -181,3 +165,31 @@ def export_hub_folder(
         shutil.rmtree(folder / LORA_DIR, ignore_errors=True)  # a previous export's copy
         shutil.copytree(run / LORA_DIR, folder / LORA_DIR)
     return folder
+
+
+def _finished_state(run: Path) -> dict[str, Any]:
+    """train_state.json of `run`, after checking the run left every file the export reads and
+    finished."""
+    needed = [run / CRAFT_DIR, run / CONFIG_FILE, run / LOG_FILE, run / TRAIN_STATE]
+    missing = [str(p) for p in needed if not p.exists()]
+    if missing:
+        raise FileNotFoundError(
+            f"{run} is not a finished craft-train run: missing {', '.join(missing)}"
+        )
+    state = json.loads((run / TRAIN_STATE).read_text())
+    if not state.get("finished"):
+        raise ValueError(
+            f"{run} is not finished (step {state.get('global_step')} of "
+            f"{state.get('total_steps')}): resume it before exporting"
+        )
+    return state
+
+
+def _check_dest(folder: Path) -> None:
+    """Refuse a `dest` that is a file or holds anything an export does not write."""
+    if folder.exists():
+        if not folder.is_dir():
+            raise ValueError(f"dest {folder} is a file: pick a new folder")
+        foreign = sorted(p.name for p in folder.iterdir() if p.name not in _WRITES)
+        if foreign:
+            raise ValueError(f"dest {folder} already holds {foreign}: pick a new folder")

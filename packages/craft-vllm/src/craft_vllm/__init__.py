@@ -8,8 +8,8 @@ Installing the package is enough: vLLM finds the plugin through its entry point.
 here imports vLLM at import time.
 """
 
-from craft_vllm.options import CraftConfigError, CraftOptions, kept_count, read_options
+from craft_vllm.options import CraftConfigError, CraftOptions, read_options
 
 __version__ = "0.3.0"
 
-__all__ = ["CraftConfigError", "CraftOptions", "kept_count", "read_options"]
+__all__ = ["CraftConfigError", "CraftOptions", "read_options"]

@@ -4,7 +4,7 @@
 built (a bad setting fails in a second, not after loading the backbone), runs vLLM's own
 `__init__`, then loads the CRAFT checkpoint once the language model's width is known.
 `CraftProcessor` (mixed in before vLLM's multimodal processor) gives the number of
-placeholders a video reserves, from craft-core's budget (`options.kept_count`).
+placeholders a video reserves, from craft-core's budget (`CraftOptions.kept`).
 """
 
 from __future__ import annotations
@@ -15,13 +15,7 @@ from typing import Any, ClassVar
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.multimodal.processing import PromptReplacement
 
-from craft_vllm.options import (
-    CraftConfigError,
-    CraftOptions,
-    kept_count,
-    load_compressor,
-    read_options,
-)
+from craft_vllm.options import CraftConfigError, CraftOptions, load_compressor, read_options
 from craft_vllm.precompressed import COUNT
 
 
@@ -39,7 +33,7 @@ def check_settings(vllm_config: Any, architecture: str) -> CraftOptions:
     info = MULTIMODAL_REGISTRY.create_processor(model_config).info
     largest = info.get_max_video_tokens(model_config.max_model_len, {"video": 1})
     try:
-        kept_count(largest, options.ratio)
+        options.kept(largest)
     except CraftConfigError as error:
         raise CraftConfigError(
             f"{error} (the largest video this server accepts has {largest} tokens)"
@@ -81,11 +75,20 @@ class CraftProcessor:
     prompt updates, with each video's placeholder made for `floor(N / ratio)` kept tokens.
 
     Subclasses set `architecture` and write the placeholder (`craft_placeholder`). The ratio
-    is read from the served config (the API server's copy of `--hf-overrides`).
+    is read from the served config (the API server's copy of `--hf-overrides`), once per
+    processor (`craft_options`).
     """
 
     architecture: ClassVar[str]
     info: Any
+    _craft_options: CraftOptions | None = None
+
+    @property
+    def craft_options(self) -> CraftOptions:
+        """The served config's checked options, read on first use and kept."""
+        if self._craft_options is None:
+            self._craft_options = read_options(self.info.get_hf_config(), self.architecture)
+        return self._craft_options
 
     def _get_prompt_updates(
         self, mm_items: Any, hf_processor_mm_kwargs: Mapping[str, Any], out_mm_kwargs: Any
@@ -93,14 +96,14 @@ class CraftProcessor:
         updates = super()._get_prompt_updates(  # type: ignore[misc]
             mm_items, hf_processor_mm_kwargs, out_mm_kwargs
         )
-        ratio = read_options(self.info.get_hf_config(), self.architecture).ratio
+        options = self.craft_options
 
         def video(item_idx: int) -> Any:
             item = out_mm_kwargs["video"][item_idx]
             if COUNT in item:  # a compressed video (precompressed.py): its own count
                 return self.craft_placeholder(item, int(item[COUNT].data))
             n = self.craft_video_tokens(item, hf_processor_mm_kwargs)
-            return self.craft_placeholder(item, kept_count(n, ratio))
+            return self.craft_placeholder(item, options.kept(n))
 
         return [
             PromptReplacement(modality="video", target=u.target, replacement=video)

@@ -39,7 +39,6 @@ from vllm.model_executor.models.llava_onevision import (
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
 from craft_vllm.common import CraftModel, CraftProcessor
-from craft_vllm.options import kept_count
 from craft_vllm.positions import prompt_positions
 
 ARCHITECTURE = "CraftLlavaOnevisionForConditionalGeneration"
@@ -101,15 +100,15 @@ class CraftLlavaOnevisionForConditionalGeneration(
         rows, the newline, each row's original index (`index_columns`)."""
         side = pooled_side(self.config)
         per_frame = side * side
-        ratio = self.craft_options.ratio
+        options = self.craft_options
         out = []
         for video in super()._process_video_pixels(inputs):
             video = video.reshape(-1, video.shape[-1])
             n = int(video.shape[0]) - 1
-            kept_count(n, ratio)  # refuse a ratio that leaves nothing, never clamp
+            options.kept(n)  # refuse a ratio that leaves nothing, never clamp
             idx = torch.arange(n, device=video.device)
             coords = torch.stack([idx // per_frame, (idx % per_frame) // side, idx % side], -1)
-            result = self.craft(video[:n], coords, ratio=ratio)
+            result = self.craft(video[:n], coords, options.budget)
             rows = torch.cat([result.features.to(video.dtype), video[n:]])
             index = torch.cat([result.kept_index.to(video.device), idx.new_tensor([n])])
             out.append(torch.cat([rows, index_columns(index, rows.dtype)], dim=1))

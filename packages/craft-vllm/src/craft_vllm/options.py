@@ -39,8 +39,9 @@ class CraftOptions:
 
     Attributes:
         checkpoint: a folder written by `CraftCompressor.save_pretrained` (craft-train's output).
-        budget: craft-core's fixed-ratio budget (`ratio` >= 1): a video of N tokens keeps
-            exactly `floor(N / ratio)` (`kept_count`).
+        budget: craft-core's fixed-ratio budget (`ratio` >= 1), checked once here and
+            handed to the compressor as it is: a video of N tokens keeps exactly
+            `floor(N / ratio)` (`kept`).
     """
 
     checkpoint: Path
@@ -50,6 +51,17 @@ class CraftOptions:
     def ratio(self) -> float:
         assert self.budget.ratio is not None  # read_options builds ratio budgets only
         return self.budget.ratio
+
+    def kept(self, num_tokens: int) -> int:
+        """Tokens a video of `num_tokens` keeps: craft-core's count, `floor(N / ratio)`.
+
+        craft-core's compressor clamps that floor to 1; a server refuses instead (a video
+        shorter than the ratio would silently be compressed less than asked).
+        """
+        try:
+            return self.budget.resolve(num_tokens, clamp=False).floor
+        except ValueError as error:
+            raise CraftConfigError(f"craft_{error}") from None
 
 
 def _get(hf_config: Any, key: str) -> Any:
@@ -82,21 +94,6 @@ def read_options(hf_config: Any, architecture: str) -> CraftOptions:
             "CraftCompressor.save_pretrained / craft-train wrote: config.json + model.safetensors)"
         )
     return CraftOptions(checkpoint=folder, budget=budget)
-
-
-def kept_count(num_tokens: int, ratio: float) -> int:
-    """Tokens a video of `num_tokens` keeps: craft-core's budget, `floor(N / ratio)`.
-
-    craft-core clamps that floor to 1; a server refuses instead (a video shorter than the
-    ratio would silently be compressed less than asked).
-    """
-    if num_tokens < ratio:  # floor(N / ratio) = 0
-        raise CraftConfigError(
-            f"craft_ratio {ratio:g} leaves no token for a video of {num_tokens} tokens "
-            f"(floor({num_tokens} / {ratio:g}) = 0); use a ratio <= {num_tokens} or a longer or "
-            "larger video"
-        )
-    return TokenBudget(ratio=ratio).resolve(num_tokens).floor
 
 
 def load_compressor(options: CraftOptions, hidden_size: int, device: Any) -> Any:

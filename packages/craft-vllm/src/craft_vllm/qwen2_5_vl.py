@@ -28,7 +28,6 @@ from vllm.model_executor.models.qwen2_5_vl import (
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
 from craft_vllm.common import CraftModel, CraftProcessor
-from craft_vllm.options import kept_count
 from craft_vllm.positions import grid_positions, prompt_positions, pruned_position_columns
 from craft_vllm.precompressed import (
     CraftQwenDataParser,
@@ -90,7 +89,7 @@ class CraftQwen2_5_VLForConditionalGeneration(
         seconds = video_input.get("second_per_grid_ts")
         per_second = float(getattr(self.config.vision_config, "tokens_per_second", 1.0))
         given = getattr(video_input, "craft_coords", None)
-        ratio = self.craft_options.ratio
+        options = self.craft_options
         out = []
         for i, (emb, (t, h, w)) in enumerate(
             zip(video_embeds_split, video_input["video_grid_thw"].tolist())
@@ -102,9 +101,9 @@ class CraftQwen2_5_VLForConditionalGeneration(
                 kept = (c[:, 0] * (h // merge) + c[:, 1]) * (w // merge) + c[:, 2]
                 rows = emb
             else:
-                kept_count(grid.shape[1], ratio)  # refuse a ratio leaving nothing, never clamp
+                options.kept(grid.shape[1])  # refuse a ratio leaving nothing, never clamp
                 coords = torch.from_numpy(grid).T.to(emb.device)
-                result = self.craft(emb, coords, ratio=ratio)
+                result = self.craft(emb, coords, options.budget)
                 kept, rows = result.kept_index, result.features.to(emb.dtype)
             cols = pruned_position_columns(grid, kept).to(emb.device, emb.dtype)
             out.append(torch.cat([rows, cols], dim=1))

@@ -46,7 +46,6 @@ from vllm.multimodal.inputs import (
 from craft_adapters.backbones._qwen import group_mean
 from craft_adapters.backbones.qwen3_vl import timestamp_coords
 from craft_vllm.common import CraftModel, CraftProcessor
-from craft_vllm.options import kept_count
 
 ARCHITECTURE = "CraftQwen3VLForConditionalGeneration"
 
@@ -127,10 +126,10 @@ class CraftQwen3VLForConditionalGeneration(CraftModel, Qwen3VLForConditionalGene
             c = given.to(emb.device)
             h, w = size[1] // merge, size[2] // merge
             return emb, (c[:, 0] * h + c[:, 1]) * w + c[:, 2]
-        kept = kept_count(int(emb.shape[0]), self.craft_options.ratio)  # refuse, never clamp
+        kept = self.craft_options.kept(int(emb.shape[0]))  # refuse, never clamp
         pos = self._video_positions(size, timestamps).to(emb.device)
         coords = timestamp_coords(pos)  # craft-adapters' rule, so the same tokens
-        result = self.craft(emb[:, : self.visual_dim], coords, ratio=self.craft_options.ratio)
+        result = self.craft(emb[:, : self.visual_dim], coords, self.craft_options.budget)
         rows = result.features.to(emb.dtype)
         if self.use_deepstack:
             deep = group_mean(emb[:, self.visual_dim :], result.assignment, kept)

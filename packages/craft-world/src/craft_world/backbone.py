@@ -18,82 +18,34 @@ VIDEO_TOKENS = 144
 
 
 def world_config() -> Any:
-    """The `Qwen2_5_VLConfig` of the world backbone (text: hidden 128, 4 layers)."""
-    from transformers import Qwen2_5_VLConfig
+    """The `Qwen2_5_VLConfig` of the world backbone: craft-adapters' tiny Qwen2.5-VL (its
+    tokenizer's ids, vision tower depth and windows) at the world's sizes (text: hidden 128,
+    4 layers; vision: spatial merge 1, output 128)."""
+    from craft_adapters.backbones.qwen2_5_vl import Qwen25VLAdapter
 
-    from craft_adapters.tiny import TINY_VOCAB_SIZE, build_tiny_processor
-
-    tok = build_tiny_processor("qwen2_5_vl").tokenizer
-    ids = {t: tok.convert_tokens_to_ids(t) for t in tok.all_special_tokens}
-    ids.update(
-        {
-            t: tok.convert_tokens_to_ids(t)
-            for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
-        }
-    )
-    text = {
-        "vocab_size": TINY_VOCAB_SIZE,
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 4096,
-        "pad_token_id": tok.pad_token_id,
-        "eos_token_id": tok.eos_token_id,
-        "bos_token_id": None,
-        "rope_parameters": {
-            "rope_type": "default",
-            "rope_theta": 10000.0,
-            "mrope_section": [4, 6, 6],  # head_dim 32 -> 16 rotary pairs (t, h, w)
-        },
-    }
-    vision = {
-        "depth": 2,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_heads": 2,
-        "patch_size": 14,
-        "spatial_merge_size": 1,
-        "temporal_patch_size": 2,
-        "out_hidden_size": 128,
-        "window_size": 56,
-        "fullatt_block_indexes": [1],
-        "tokens_per_second": 2,
-    }
-    return Qwen2_5_VLConfig(
-        text_config=text,
-        vision_config=vision,
-        image_token_id=ids["<|image_pad|>"],
-        video_token_id=ids["<|video_pad|>"],
-        vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"],
-    )
+    cfg = Qwen25VLAdapter.tiny_config()
+    text, vision = cfg.text_config, cfg.vision_config
+    text.hidden_size, text.intermediate_size, text.num_hidden_layers = 128, 256, 4
+    text.layer_types = ["full_attention"] * 4  # set from num_hidden_layers at init only
+    text.rope_parameters["mrope_section"] = [4, 6, 6]  # head_dim 32 -> 16 rotary pairs (t, h, w)
+    vision.hidden_size, vision.intermediate_size = 64, 128
+    vision.spatial_merge_size, vision.out_hidden_size = 1, 128
+    return cfg
 
 
 def world_processor() -> Any:
-    """The backbone's processor: tiny byte-level tokenizer, merge-1 video processor.
+    """The backbone's processor: craft-adapters' tiny Qwen2.5-VL processor (byte-level
+    tokenizer, chat template) with patch merge 1.
 
     A frame larger than 84 x 84 is resized down to at most 84 x 84 pixels (multiples of 14).
     """
-    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLVideoProcessor
-
     from craft_adapters.tiny import build_tiny_processor
 
-    tiny = build_tiny_processor("qwen2_5_vl")
-    size = {"shortest_edge": 14 * 14 * 4, "longest_edge": 84 * 84}
-    return Qwen2_5_VLProcessor(
-        image_processor=Qwen2VLImageProcessor(size=size, patch_size=14, merge_size=1),
-        tokenizer=tiny.tokenizer,
-        video_processor=Qwen2VLVideoProcessor(
-            size=size,
-            patch_size=14,
-            merge_size=1,
-            temporal_patch_size=2,
-            cap_pixels_per_frame=False,
-        ),
-        chat_template=tiny.chat_template,
-    )
+    processor = build_tiny_processor("qwen2_5_vl")
+    for part in (processor.image_processor, processor.video_processor):
+        part.size = {"shortest_edge": 14 * 14 * 4, "longest_edge": 84 * 84}
+        part.merge_size = 1
+    return processor
 
 
 def new_backbone(seed: int) -> Any:

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from craft_adapters.video import write_video
 from craft_core.checks import check_int
 
 __all__ = [
@@ -206,20 +207,10 @@ def write_mp4(path: str | Path, frames: np.ndarray, fps: int = FPS) -> None:
     """Write uint8 `[F, H, W, 3]` frames as an H.264 mp4 (near-lossless, one thread)."""
     import av
 
-    with av.open(str(path), "w") as container:
-        if "libx264" in av.codecs_available:
-            stream = container.add_stream("libx264", rate=fps)
-            stream.options = {"crf": "6", "preset": "medium", "threads": "1"}
-        else:  # pragma: no cover - PyAV wheels ship libx264
-            stream = container.add_stream("mpeg4", rate=fps)
-            stream.options = {"qscale": "1"}
-        stream.width, stream.height = frames.shape[2], frames.shape[1]
-        stream.pix_fmt = "yuv420p"
-        for image in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+    if "libx264" in av.codecs_available:
+        write_video(path, frames, fps, "libx264", {"crf": "6", "preset": "medium", "threads": "1"})
+    else:  # pragma: no cover - PyAV wheels ship libx264
+        write_video(path, frames, fps, "mpeg4", {"qscale": "1"})
 
 
 def questions_for(scene: Scene, seed: int, split: str, index: int) -> list[Question]:
@@ -270,14 +261,7 @@ def make_clips(
     Returns:
         `out_dir`, ready for `craft_eval.tasks.get_benchmark("mvbench").load(out_dir)`.
     """
-    for name, value in (("n", n), ("seed", seed), ("start", start)):
-        check_int(name, value)  # True is not 1 clip
-    if n <= 0:
-        raise ValueError(f"n must be positive, got {n}")
-    if seed < 0 or start < 0:
-        raise ValueError(f"seed and start must be >= 0, got seed={seed} start={start}")
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    _check_clip_args(n, seed, split, start)
     out = Path(out_dir)
     old = out / "world.json"
     stale = old.is_file() and json.loads(old.read_text()).get("generator") != GENERATOR
@@ -297,23 +281,8 @@ def make_clips(
         rel = f"video/{VIDEO_FOLDER}/{name}"
         captions.append({"video": rel, "caption": scene.caption, "source": "world"})
         for q in questions_for(scene, seed, split, index):
-            records[q.task].append(
-                {
-                    "video": name,
-                    "question": q.question,
-                    "candidates": list(q.candidates),
-                    "answer": q.answer,
-                }
-            )
-            letter = "ABCDE"[q.candidates.index(q.answer)]
-            qa.append(
-                {
-                    "video": rel,
-                    "question": mvbench_prompt(q.question, q.candidates),
-                    "answer": letter,
-                    "source": q.task,
-                }
-            )
+            records[q.task].append(_mvbench_record(q, name))
+            qa.append(_qa_row(q, rel))
     for task, rows in records.items():
         (out / "json" / f"{task}.json").write_text(json.dumps(rows, indent=1))
     (out / "captions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in captions))
@@ -321,3 +290,36 @@ def make_clips(
     meta = {"seed": seed, "split": split, "start": start, "n": n, "generator": GENERATOR}
     (out / "world.json").write_text(json.dumps(meta))
     return out
+
+
+def _check_clip_args(n: int, seed: int, split: str, start: int) -> None:
+    """`make_clips`' arguments: whole numbers (True is not 1 clip), n > 0, a known split."""
+    for name, value in (("n", n), ("seed", seed), ("start", start)):
+        check_int(name, value)
+    if n <= 0:
+        raise ValueError(f"n must be positive, got {n}")
+    if seed < 0 or start < 0:
+        raise ValueError(f"seed and start must be >= 0, got seed={seed} start={start}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+
+
+def _mvbench_record(q: Question, video: str) -> dict[str, Any]:
+    """`q` as a row of MVBench's json/<task>.json (`video`: the file name in its folder)."""
+    return {
+        "video": video,
+        "question": q.question,
+        "candidates": list(q.candidates),
+        "answer": q.answer,
+    }
+
+
+def _qa_row(q: Question, video: str) -> dict[str, Any]:
+    """`q` as a row of craft-train's qa.jsonl: the full MVBench prompt, answered by its letter
+    (`video`: the path under the world folder)."""
+    return {
+        "video": video,
+        "question": mvbench_prompt(q.question, q.candidates),
+        "answer": "ABCDE"[q.candidates.index(q.answer)],
+        "source": q.task,
+    }

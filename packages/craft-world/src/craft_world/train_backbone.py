@@ -275,15 +275,7 @@ def train_backbone(
     pad = int(processor.tokenizer.pad_token_id)
     test = TestBank(work / "test", max(eval_clips, final_clips), recipe.seed, processor)
     cache = PromptCache(processor)
-    model = new_backbone(recipe.seed)
-    model.train()
-    with torch.random.fork_rng():
-        torch.manual_seed(recipe.seed)
-        probe = torch.nn.Linear(int(model.config.get_text_config().hidden_size), len(PALETTE))
-    captured: list[torch.Tensor] = []
-    model.model.visual.register_forward_hook(
-        lambda mod, args, out: captured.append(out.pooler_output)
-    )
+    model, probe, captured = _model_and_probe(recipe.seed)
     params = [*model.parameters(), *probe.parameters()]
     opt = _optimizer(params, recipe.lr)
     state_path, log_path = work / "state.pt", work / "log.jsonl"
@@ -295,23 +287,13 @@ def train_backbone(
             phase, step = phase + 1, 0
             opt = _optimizer(params, recipe.lr)
             continue
-        rng = np.random.default_rng([recipe.seed, 7, phase, step])
-        scenes = [training_scene(recipe, phase, step, j) for j in range(recipe.batch)]
-        examples = [sample_example(s, rng) for s in scenes]
-        pixels = torch.stack([cache.pixels(render(s)) for s in scenes])
         for group in opt.param_groups:
             group["lr"] = _lr(step, steps, recipe.lr)
-        captured.clear()
-        loss = model(**make_batch(cache, pixels, examples, pad)).loss
-        labels = torch.cat([token_colours(s) for s in scenes])  # [B * 144, 6]
-        aux = torch.nn.functional.binary_cross_entropy_with_logits(probe(captured[0]), labels)
-        (loss + recipe.aux_weight * aux).backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        step_parts = (model, probe, captured, params, opt)
+        loss, aux = _train_step(step_parts, cache, pad, recipe, phase, step)
         step += 1
-        row: dict[str, Any] = {"phase": "AB"[phase], "step": step, "loss": round(loss.item(), 5)}
-        row["aux"] = round(aux.item(), 5)
+        row: dict[str, Any] = {"phase": "AB"[phase], "step": step, "loss": round(loss, 5)}
+        row["aux"] = round(aux, 5)
         if step % eval_every == 0 or step == steps:
             row["heldout"] = heldout_accuracy(model, test, cache, pad, eval_clips)
         if step % save_every == 0 or step == steps:
@@ -328,6 +310,49 @@ def train_backbone(
     acc = heldout_accuracy(model, test, cache, pad, final_clips)
     _save_backbone(out, model, processor, log_path, recipe, acc, final_clips)
     return acc
+
+
+def _model_and_probe(seed: int) -> tuple[Any, torch.nn.Linear, list[torch.Tensor]]:
+    """A fresh backbone in training mode, the colour probe on its projector's output
+    (hidden size -> 6 colours), and the list its vision tower's output is captured into
+    (`pooler_output` [B * 144, hidden] per forward)."""
+    model = new_backbone(seed)
+    model.train()
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        probe = torch.nn.Linear(int(model.config.get_text_config().hidden_size), len(PALETTE))
+    captured: list[torch.Tensor] = []
+    model.model.visual.register_forward_hook(
+        lambda mod, args, out: captured.append(out.pooler_output)
+    )
+    return model, probe, captured
+
+
+def _train_step(
+    parts: tuple[Any, torch.nn.Module, list[torch.Tensor], list[torch.nn.Parameter], Any],
+    cache: PromptCache,
+    pad: int,
+    recipe: Recipe,
+    phase: int,
+    step: int,
+) -> tuple[float, float]:
+    """One optimiser step on batch `step` of `phase` (a pure function of them and the seed):
+    answer cross-entropy plus the colour probe's loss. `parts`: model, probe, the captured
+    vision outputs, the trained parameters and the optimiser. Returns (loss, aux loss)."""
+    model, probe, captured, params, opt = parts
+    rng = np.random.default_rng([recipe.seed, 7, phase, step])
+    scenes = [training_scene(recipe, phase, step, j) for j in range(recipe.batch)]
+    examples = [sample_example(s, rng) for s in scenes]
+    pixels = torch.stack([cache.pixels(render(s)) for s in scenes])
+    captured.clear()
+    loss = model(**make_batch(cache, pixels, examples, pad)).loss
+    labels = torch.cat([token_colours(s) for s in scenes])  # [B * 144, 6]
+    aux = torch.nn.functional.binary_cross_entropy_with_logits(probe(captured[0]), labels)
+    (loss + recipe.aux_weight * aux).backward()
+    torch.nn.utils.clip_grad_norm_(params, 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.item(), aux.item()
 
 
 def _resume(

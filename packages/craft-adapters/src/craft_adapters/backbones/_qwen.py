@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from craft_adapters.attention import Recorder, received_attention
+from craft_adapters.backbones._tiny import tiny_tokenizer
 from craft_adapters.registry import BackboneAdapter, VideoLayout
 from craft_core.checks import check_has_data, check_index_tensor
 
@@ -80,6 +81,34 @@ def check_video_grid(pixels: Any, grid: Any, merge: int) -> None:
             f"pixel_values_videos holds {pixels.shape[0]}; pass the outputs of one processor "
             "call together"
         )
+
+
+def tiny_qwen_processor(
+    processor_cls: Any,
+    video_cls: Any,
+    template: str,
+    patch: int,
+    sizes: tuple[dict[str, int], dict[str, int]],
+    **video_extra: Any,
+) -> Any:
+    """A tiny Qwen-family processor: byte-level tokenizer, Qwen2-VL image processor and the
+    backbone's video processor (`sizes`: image, video; 2 x 2 merge, temporal patch 2)."""
+    from transformers import Qwen2VLImageProcessor
+
+    image_size, video_size = sizes
+    return processor_cls(
+        image_processor=Qwen2VLImageProcessor(size=image_size, patch_size=patch, merge_size=2),
+        tokenizer=tiny_tokenizer(template),
+        video_processor=video_cls(
+            size=video_size,
+            patch_size=patch,
+            merge_size=2,
+            temporal_patch_size=2,
+            cap_pixels_per_frame=False,
+            **video_extra,
+        ),
+        chat_template=template,
+    )
 
 
 class QwenAdapter(BackboneAdapter):

@@ -14,25 +14,17 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-from craft_adapters.attention import Recorder, received_attention
-from craft_adapters.backbones._tiny import SPECIAL_IDS, text_common
-from craft_adapters.registry import BackboneAdapter, VideoLayout, register_backbone
-
-
-def _siglip_hook(recorder: Recorder) -> Any:
-    def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        hidden = args[0] if args else kwargs["hidden_states"]
-        b, length, _ = hidden.shape
-        heads = module.num_heads
-        with torch.no_grad():
-            q = module.q_proj(hidden).view(b, length, heads, -1).transpose(1, 2)
-            k = module.k_proj(hidden).view(b, length, heads, -1).transpose(1, 2)
-            rows = [received_attention(q[i], k[i], module.scale) for i in range(b)]
-        recorder.calls.append(torch.stack(rows))
-
-    return hook
+from craft_adapters.attention import Recorder, per_image_hook
+from craft_adapters.backbones._tiny import LLAVA_TEMPLATE, SPECIAL_IDS, text_common, tiny_tokenizer
+from craft_adapters.registry import (
+    BackboneAdapter,
+    InputRules,
+    LmmsClasses,
+    VideoLayout,
+    frame_grid_coords,
+    register_backbone,
+)
 
 
 def _siglip_layer(model: Any) -> Any:
@@ -53,6 +45,13 @@ def _siglip_layer(model: Any) -> Any:
 class LlavaOnevisionAdapter(BackboneAdapter):
     model_types = ("llava_onevision",)
     uses_mrope = False
+    # a fixed input size (no pixel bounds); pixel_values_videos is [B, F, C, H, W], so videos
+    # of different lengths go through the processor one at a time
+    input_rules = InputRules(processors=("LlavaOnevisionProcessor",), one_call_per_length=True)
+    reference_archs = (("llava_ov-7b", "llava-ov-7b", "llava-onevision-7b"),)
+    # simple only: lmms-eval 0.7.3's chat `llava_hf` hands the processor `images=[]` for a
+    # video-only request, which transformers 5 rejects (IndexError in the image processor)
+    lmms_classes = LmmsClasses("llava_hf", simple="simple.llava_hf:LlavaHf")
 
     @property
     def pooled_side(self) -> int:
@@ -81,16 +80,6 @@ class LlavaOnevisionAdapter(BackboneAdapter):
             return_dict=True,
         )
 
-    def full_positions(self, inputs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = inputs["input_ids"]
-        mask = inputs.get("attention_mask")
-        if mask is None:
-            mask = torch.ones_like(ids)
-        pos = mask.long().cumsum(-1) - 1
-        pos = pos.masked_fill(mask == 0, 0)
-        deltas = torch.zeros(ids.shape[0], 1, dtype=torch.long, device=ids.device)
-        return pos, deltas
-
     def video_layout(
         self, inputs: dict[str, Any], positions: torch.Tensor, features: list[torch.Tensor]
     ) -> list[VideoLayout]:
@@ -111,24 +100,12 @@ class LlavaOnevisionAdapter(BackboneAdapter):
             b = int(rows[0, 0])
             if bool((rows[:, 0] != b).any()):
                 raise ValueError("a video's placeholder tokens span two rows of the batch")
-            m = n - 1
-            idx = torch.arange(m, device=ids.device)
-            coords = torch.stack([idx // per_frame, (idx % per_frame) // side, idx % side], dim=-1)
+            idx = torch.arange(n - 1, device=ids.device)
+            coords = frame_grid_coords(n - 1, side, ids.device)
             layouts.append(
                 VideoLayout(batch_index=b, seq_index=rows[:, 1], compress_rows=idx, coords=coords)
             )
         return layouts
-
-    def shrink_video_output(
-        self,
-        output: Any,
-        kept_rows: list[torch.Tensor],
-        new_features: list[torch.Tensor],
-        assignments: list[torch.Tensor],
-    ) -> Any:
-        # The model flattens pooler_output (videos x rows); one [1, total, D] tensor holds
-        # videos of different kept lengths.
-        return BaseModelOutputWithPooling(pooler_output=torch.cat(new_features, dim=0).unsqueeze(0))
 
     fixed_rows_per_video = 1  # the newline row: never compressed, never scored
 
@@ -136,7 +113,7 @@ class LlavaOnevisionAdapter(BackboneAdapter):
         """A pre-hook recording the received attention of the SigLIP layer whose output is
         the selected feature (`vision_feature_layer`)."""
         layer = _siglip_layer(self.model)
-        return [layer.register_forward_pre_hook(_siglip_hook(recorder), with_kwargs=True)]
+        return [layer.register_forward_pre_hook(per_image_hook(recorder), with_kwargs=True)]
 
     def received_attention(self, recorder: Recorder) -> torch.Tensor:
         """`[total grid rows]` received attention pooled like the features (no newline)."""
@@ -174,4 +151,24 @@ class LlavaOnevisionAdapter(BackboneAdapter):
             vision_feature_select_strategy="full",
             vision_feature_layer=-1,
             image_grid_pinpoints=[[56, 56]],
+        )
+
+    @staticmethod
+    def tiny_processor() -> Any:
+        """The in-memory processor of `tiny_config`'s model (`build_tiny_processor`)."""
+        from transformers import (
+            LlavaOnevisionImageProcessor,
+            LlavaOnevisionProcessor,
+            LlavaOnevisionVideoProcessor,
+        )
+
+        return LlavaOnevisionProcessor(
+            image_processor=LlavaOnevisionImageProcessor(
+                size={"height": 56, "width": 56}, image_grid_pinpoints=[[56, 56]]
+            ),
+            tokenizer=tiny_tokenizer(LLAVA_TEMPLATE),
+            video_processor=LlavaOnevisionVideoProcessor(size={"height": 56, "width": 56}),
+            chat_template=LLAVA_TEMPLATE,
+            num_image_tokens=16,
+            vision_feature_select_strategy="full",
         )

@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
-from craft_adapters.backbones._qwen import QwenAdapter
-from craft_adapters.backbones._tiny import mrope, qwen_token_ids, text_common
-from craft_adapters.registry import register_backbone
+from craft_adapters.backbones._qwen import QwenAdapter, tiny_qwen_processor
+from craft_adapters.backbones._tiny import QWEN_TEMPLATE, mrope, qwen_token_ids, text_common
+from craft_adapters.registry import InputRules, LmmsClasses, register_backbone
 
 
 @register_backbone
@@ -22,6 +22,17 @@ class Qwen25VLAdapter(QwenAdapter):
 
     model_types = ("qwen2_5_vl",)
     rope_index_takes_second_per_grid = True
+    # frames are resized per frame only when a bound is given; the fps goes in the metadata
+    # (5.x reads second_per_grid_ts from its sampled fps)
+    input_rules = InputRules(
+        processors=("Qwen2_5_VLProcessor", "Qwen2VLProcessor"),
+        video_metadata=True,
+        frame_bounds=True,
+    )
+    reference_archs = (("qwen2_5_vl-7b", "qwen2.5-vl-7b"),)
+    lmms_classes = LmmsClasses(
+        "qwen2_5_vl", simple="simple.qwen2_5_vl:Qwen2_5_VL", chat="chat.qwen2_5_vl:Qwen2_5_VL"
+    )
 
     def _video_coords(self, pos: torch.Tensor) -> torch.Tensor:
         start = pos[1, 0]
@@ -50,3 +61,13 @@ class Qwen25VLAdapter(QwenAdapter):
             "tokens_per_second": 2,
         }
         return Qwen2_5_VLConfig(text_config=text, vision_config=vision, **qwen_token_ids())
+
+    @staticmethod
+    def tiny_processor() -> Any:
+        """The in-memory processor of `tiny_config`'s model (`build_tiny_processor`)."""
+        from transformers import Qwen2_5_VLProcessor, Qwen2VLVideoProcessor
+
+        size = {"shortest_edge": 28 * 28, "longest_edge": 28 * 28 * 64}
+        return tiny_qwen_processor(
+            Qwen2_5_VLProcessor, Qwen2VLVideoProcessor, QWEN_TEMPLATE, 14, (size, size)
+        )

@@ -8,8 +8,8 @@ import torch
 
 from craft_adapters.backbones._qwen import QwenAdapter
 from craft_adapters.backbones._tiny import mrope, qwen3_vision, qwen_token_ids, text_common
-from craft_adapters.backbones.qwen3_vl import timestamp_coords
-from craft_adapters.registry import register_backbone
+from craft_adapters.backbones.qwen3_vl import qwen3_tiny_processor, timestamp_coords
+from craft_adapters.registry import InputRules, LmmsClasses, register_backbone
 
 
 @register_backbone
@@ -18,6 +18,22 @@ class Qwen35Adapter(QwenAdapter):
     (conv + recurrent) states cannot be cropped back to the video prefix."""
 
     model_types = ("qwen3_5",)
+    # lmms-eval 0.7.3's per-frame bounds: models/simple/qwen3_5.py (Qwen3_5.__init__)
+    input_rules = InputRules(
+        processors=("Qwen3_5Processor",),
+        video_metadata=True,
+        frame_bounds=True,
+        lmms_pixels={
+            "min_pixels": 64 * 32 * 32,
+            "max_pixels": 128 * 32 * 32,
+            "total_pixels": 224 * 1024 * 32 * 32,
+        },
+    )
+    reference_archs = (("qwen3_5-4b", "qwen3.5-4b"),)
+    lmms_classes = LmmsClasses(
+        "qwen3_5", simple="simple.qwen3_5:Qwen3_5", chat="chat.qwen3_5:Qwen3_5"
+    )
+    tiny_processor = staticmethod(qwen3_tiny_processor)
 
     def _video_coords(self, pos: torch.Tensor) -> torch.Tensor:
         return timestamp_coords(pos)

@@ -7,9 +7,15 @@ from typing import Any
 
 import torch
 
-from craft_adapters.backbones._qwen import QwenAdapter, group_mean
-from craft_adapters.backbones._tiny import mrope, qwen3_vision, qwen_token_ids, text_common
-from craft_adapters.registry import register_backbone
+from craft_adapters.backbones._qwen import QwenAdapter, group_mean, tiny_qwen_processor
+from craft_adapters.backbones._tiny import (
+    QWEN3_TEMPLATE,
+    mrope,
+    qwen3_vision,
+    qwen_token_ids,
+    text_common,
+)
+from craft_adapters.registry import InputRules, LmmsClasses, register_backbone
 
 
 def timestamp_coords(pos: torch.Tensor) -> torch.Tensor:
@@ -26,6 +32,19 @@ def timestamp_coords(pos: torch.Tensor) -> torch.Tensor:
     return torch.stack([t, h, w], dim=-1)
 
 
+def qwen3_tiny_processor() -> Any:
+    """The tiny Qwen3-VL processor (Qwen3.5 uses Qwen3-VL's processor too): per-frame
+    timestamps, patch 16, 2 x 2 merge."""
+    from transformers import Qwen3VLProcessor, Qwen3VLVideoProcessor
+
+    # longest_edge is a pixel budget for the WHOLE video: 64 frames of 96 x 96 fit.
+    vsize = {"shortest_edge": 32 * 32, "longest_edge": 96 * 96 * 64}
+    isize = {"shortest_edge": 32 * 32, "longest_edge": 96 * 96}
+    return tiny_qwen_processor(
+        Qwen3VLProcessor, Qwen3VLVideoProcessor, QWEN3_TEMPLATE, 16, (isize, vsize), min_frames=1
+    )
+
+
 @register_backbone
 class Qwen3VLAdapter(QwenAdapter):
     """Deepstack policy: each deepstack layer's per-video rows are shrunk with the SAME
@@ -36,6 +55,18 @@ class Qwen3VLAdapter(QwenAdapter):
     """
 
     model_types = ("qwen3_vl",)
+    # transformers' video processor reads `size` as a budget for the WHOLE video; frames are
+    # resized per frame instead, by default with lmms-eval 0.7.3's bounds
+    # (models/simple/qwen3_vl.py, Qwen3_VL.__init__)
+    input_rules = InputRules(
+        processors=("Qwen3VLProcessor",),
+        video_metadata=True,
+        frame_bounds=True,
+        lmms_pixels={"min_pixels": 256 * 28 * 28, "max_pixels": 1605632, "total_pixels": None},
+    )
+    lmms_classes = LmmsClasses(
+        "qwen3_vl", simple="simple.qwen3_vl:Qwen3_VL", chat="chat.qwen3_vl:Qwen3_VL"
+    )
 
     def _video_coords(self, pos: torch.Tensor) -> torch.Tensor:
         return timestamp_coords(pos)
@@ -72,3 +103,5 @@ class Qwen3VLAdapter(QwenAdapter):
         }
         vision = {**qwen3_vision(), "deepstack_visual_indexes": [0]}
         return Qwen3VLConfig(text_config=text, vision_config=vision, **qwen_token_ids())
+
+    tiny_processor = staticmethod(qwen3_tiny_processor)

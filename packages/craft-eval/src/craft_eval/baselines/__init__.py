@@ -1,10 +1,10 @@
 """The published baselines as pure functions on one video's tokens (issue 5).
 
-Each function takes `features [N, D]`, `coords [N, 3]` (t, h, w) and exactly one budget
-(`ratio=` fixed and exact, or `threshold=` for the methods with an adaptive mode) and returns a
-`craft_core.CompressionResult`. Methods that score tokens by the vision tower's attention
+Each is a `craft_core.TokenCompressor`: it takes `features [N, D]`, `coords [N, 3]`
+(t, h, w) and one budget (a `TokenBudget`, or `ratio=` fixed and exact, or `threshold=` for
+the methods with an adaptive mode) and returns a `craft_core.CompressionResult`. Methods that score tokens by the vision tower's attention
 take `importance=[N]` (attention received) and fall back to the L2 norm, recording which ran
-in `result.info["importance"]`; their registered compressors set `needs_attention = True`,
+in `result.info["importance"]`; they set `needs_attention = True`,
 so craft-adapters hands them the vision tower's last-layer attention (craft_adapters.attention).
 
 Each module registers its own method in `craft_eval.methods` (`@baseline(...)` on its
@@ -15,7 +15,7 @@ method.
 
 from __future__ import annotations
 
-from craft_eval.baselines._common import BaselineMethod
+from craft_eval.baselines._common import Baseline
 from craft_eval.baselines.divprune import divprune
 from craft_eval.baselines.dtd import dtd
 from craft_eval.baselines.fastvid import fastvid
@@ -27,7 +27,7 @@ from craft_eval.baselines.visionzip import visionzip
 
 __all__ = [
     "SEARCH_STEPS",
-    "BaselineMethod",
+    "Baseline",
     "ScissorMergeMethod",
     "divprune",
     "dtd",

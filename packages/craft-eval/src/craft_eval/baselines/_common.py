@@ -1,9 +1,10 @@
 """Pieces shared by the baseline compressors: validation, frames, budgets, result assembly.
 
-Every baseline is a `Baseline`: the public call `(features [N, D], coords [N, 3], *,
-ratio=None, threshold=None, min_tokens=None, importance=None, **settings) ->
-CompressionResult` around a pure core `(features, coords, budget, importance, **settings)`
-(`@baseline(NAME)` makes one; the budget is checked once, in `prepare`).
+Every baseline is a `Baseline`, a `craft_core.TokenCompressor`: the call `(features [N, D],
+coords [N, 3], budget: TokenBudget, *, importance=None, **settings) -> CompressionResult`
+(or the budget as `ratio=` / `threshold=` / `min_tokens=`) around a pure core
+`(features, coords, checked, importance, **settings)` (`@baseline(NAME)` makes one; the
+budget is checked against the tokens once, in `prepare`).
 Computation runs in float32 whatever the input dtype; output features come back in the
 input dtype.
 """
@@ -244,22 +245,46 @@ Core = Callable[..., CompressionResult]
 
 
 class Baseline(Method):
-    """A baseline's public function: `baseline(features, coords, *, ratio=None,
-    threshold=None, min_tokens=None, importance=None, **settings) -> CompressionResult`.
+    """A baseline: a `craft_core.TokenCompressor` around its pure `core`.
 
-    The budget is checked once here (`prepare`) before the method's own `core` runs.
+    `baseline(features, coords, budget, *, importance=None, **settings)` (or `ratio=` /
+    `threshold=` / `min_tokens=` for the budget): the budget is checked against the tokens
+    once (`prepare`) before `core` runs with the bound settings, overridden by the call's.
+    `bind(**settings)` is the registered compressor (`craft-eval --method-arg` options).
     """
 
-    def __init__(self, name: str, core: Core, *, adaptive: bool = False) -> None:
+    def __init__(
+        self,
+        name: str,
+        core: Core,
+        *,
+        adaptive: bool = False,
+        needs_attention: bool = False,
+        settings: dict[str, Any] | None = None,
+    ) -> None:
         self.name = name
         self.core = core
         self.adaptive = adaptive
+        #: craft-adapters hands `importance=` (received attention) to compressors that ask
+        self.needs_attention = needs_attention
+        self.settings = dict(settings or {})
         self.__doc__ = core.__doc__
         self.__name__ = core.__name__
+
+    def bind(self, **settings: Any) -> Baseline:
+        """The same baseline with `settings` as its defaults."""
+        return Baseline(
+            self.name,
+            self.core,
+            adaptive=self.adaptive,
+            needs_attention=self.needs_attention,
+            settings={**self.settings, **settings},
+        )
 
     def compress(self, request: Request, **settings: Any) -> CompressionResult:
         features, coords = request.features, request.coords
         checked = prepare(self.name, features, coords, request.budget, adaptive=self.adaptive)
+        settings = {**self.settings, **settings}
         return self.core(features, coords, checked, request.importance, **settings)
 
 
@@ -275,42 +300,29 @@ def baseline(
     """Decorator: the baseline `name` from its core, registered in `craft_eval.methods`.
 
     `adaptive`: it has a threshold mode (without one, `threshold=` is refused naming the
-    method). The registered factory takes the core's keyword-only settings as its options
-    (`craft-eval --method-arg`); `needs=("attention",)` makes craft-adapters hand the
-    compressor the vision tower's received attention. The rest as `register_method`.
+    method). The registered factory binds the core's keyword-only settings, its options
+    (`craft-eval --method-arg`); `needs=("attention",)` sets `needs_attention`, so
+    craft-adapters hands the compressor the vision tower's received attention. The rest
+    as `register_method`.
     """
 
     def decorate(core: Core) -> Baseline:
-        function = Baseline(name, core, adaptive=adaptive)
-        options = [
-            p for p in inspect.signature(core).parameters.values() if p.kind is p.KEYWORD_ONLY
-        ]
+        function = Baseline(name, core, adaptive=adaptive, needs_attention="attention" in needs)
+        params = inspect.signature(core).parameters.values()
+        options = tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY)
 
-        def factory(**given: Any) -> BaselineMethod:
-            settings = {p.name: given[p.name] for p in options if p.name in given}
-            return BaselineMethod(function, needs_attention="attention" in needs, **settings)
+        def factory(**given: Any) -> Baseline:
+            return function.bind(**{key: given[key] for key in options if key in given})
 
-        factory.__signature__ = inspect.Signature(options)  # type: ignore[attr-defined]
         factory.__module__, factory.__qualname__ = core.__module__, core.__qualname__
-        register_method(name, kind=kind, needs=needs, description=description, saliency=saliency)(
-            factory
-        )
+        register_method(
+            name,
+            kind=kind,
+            needs=needs,
+            description=description,
+            saliency=saliency,
+            options=options,
+        )(factory)
         return function
 
     return decorate
-
-
-class BaselineMethod(Method):
-    """A registered baseline: the function with its settings bound (a `TokenCompressor`);
-    extras it does not use are ignored, as the registry's interface says."""
-
-    def __init__(
-        self, function: Baseline, *, needs_attention: bool = False, **settings: Any
-    ) -> None:
-        self.function = function
-        self.settings = settings
-        #: craft-adapters hands `importance=` (received attention) to compressors that ask
-        self.needs_attention = needs_attention
-
-    def compress(self, request: Request, **extras: Any) -> CompressionResult:
-        return self.function.compress(request, **self.settings)

@@ -191,10 +191,7 @@ def fastvid(
     Non-salient tokens of a frame that merges into no anchor (a zero context share) are
     dropped, as published; `assignment` points them at their most similar kept token.
     """
-    if not 0.0 <= d <= 1.0:
-        raise ValueError(f"d must lie in [0, 1], got {d}")
-    if p < 1 or segments < 1 or knn < 1:
-        raise ValueError(f"p, segments and knn must be >= 1, got {p}, {segments}, {knn}")
+    _check_settings(segments, d, p, knn)
     n = features.shape[0]
     scores, proxy = importance_scores(features, importance)
     settings = dict(segments=segments, tau=tau, d=d, p=p, beta=beta, knn=knn)
@@ -203,7 +200,6 @@ def fastvid(
     k = budget.floor
     if k >= n:
         return identity(NAME, features, coords, info)
-
     frames = frames_of(coords)
     x = features.float()
     e = normalized(x)
@@ -211,27 +207,58 @@ def fastvid(
     ratio = budget.given.ratio
     assert ratio is not None  # no threshold mode
     salient, anchor_counts = _plan(frames.sizes, segs, k, float(ratio), d, p, exact_budget)
+    kept, rows, representative = _keep_and_merge(
+        x, e, scores, frames.members, segs, salient, anchor_counts, (knn, include_anchor, beta)
+    )
+    info["segments"] = [len(s) for s in segs]
+    return finish(NAME, features, coords, kept, representative, rows, info=info)
 
-    kept_parts, row_parts, rest = _salient(x, scores, frames.members, salient)
+
+def _keep_and_merge(
+    x: torch.Tensor,
+    e: torch.Tensor,
+    scores: torch.Tensor,
+    members: list[torch.Tensor],
+    segs: list[list[int]],
+    salient: list[int],
+    anchor_counts: dict[int, int],
+    merging: tuple[int, bool, float],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The salient tokens of every frame, then each segment's anchors merging the rest.
+    -> (kept `[K]`, their rows `[K, D]`, representative `[N]` of every token)."""
+    n = x.shape[0]
+    kept_parts, row_parts, rest = _salient(x, scores, members, salient)
     representative = torch.arange(n, device=x.device)
     best = torch.full((n,), -math.inf, device=x.device)  # similarity to the chosen anchor
     for seg in segs:
         anchors, rows = _segment_anchors(
-            x, e, seg, rest, anchor_counts, knn, include_anchor, beta, representative, best
+            x, e, seg, rest, anchor_counts, merging, representative, best
         )
         kept_parts += anchors
         row_parts += rows
-
     kept = torch.cat(kept_parts)
+    _adopt_unmerged(e, kept, representative, best)
+    return kept, torch.cat(row_parts), representative
+
+
+def _check_settings(segments: int, d: float, p: int, knn: int) -> None:
+    if not 0.0 <= d <= 1.0:
+        raise ValueError(f"d must lie in [0, 1], got {d}")
+    if p < 1 or segments < 1 or knn < 1:
+        raise ValueError(f"p, segments and knn must be >= 1, got {p}, {segments}, {knn}")
+
+
+def _adopt_unmerged(
+    e: torch.Tensor, kept: torch.Tensor, representative: torch.Tensor, best: torch.Tensor
+) -> None:
+    """Kept tokens represent themselves; a token that merged into no anchor (dropped, as
+    published) points at its most similar kept token. Updates `representative` in place."""
     representative[kept] = kept
-    merged = torch.zeros(n, dtype=torch.bool, device=x.device)
+    merged = torch.isfinite(best)
     merged[kept] = True
-    merged |= torch.isfinite(best)
     if not bool(merged.all()):
         lost = torch.nonzero(~merged).squeeze(1)
         representative[lost] = kept[most_similar(e[lost], e[kept])]
-    info["segments"] = [len(s) for s in segs]
-    return finish(NAME, features, coords, kept, representative, torch.cat(row_parts), info=info)
 
 
 def _salient(
@@ -256,14 +283,14 @@ def _segment_anchors(
     seg: list[int],
     rest: list[torch.Tensor],
     anchor_counts: dict[int, int],
-    knn: int,
-    include_anchor: bool,
-    beta: float,
+    merging: tuple[int, bool, float],
     representative: torch.Tensor,
     best: torch.Tensor,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """One segment's density-peak anchors and their merged rows; updates `representative`
-    and `best` (`[N]`: each token's similarity to the anchor it merged into) in place."""
+    and `best` (`[N]`: each token's similarity to the anchor it merged into) in place.
+    `merging`: the settings `(knn, include_anchor, beta)`."""
+    knn, include_anchor, beta = merging
     n = x.shape[0]
     per_frame = all(f in anchor_counts for f in seg)  # one frame, or p = 1
     chosen = {

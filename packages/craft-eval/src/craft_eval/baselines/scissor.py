@@ -180,20 +180,7 @@ def scissor_plan(
     x = features.float()
     e = normalized(x)
     grouper = _Grouper(x, e, frames_of(coords), gram=threshold is None)
-    if threshold is not None:
-        tau = float(threshold)
-    else:
-        lo, hi = -1.0, 1.0
-        for _ in range(search_steps):
-            mid = (lo + hi) / 2
-            count = grouper.count(mid)
-            if count >= floor:
-                hi = mid
-            else:
-                lo = mid
-            if count == floor:
-                break
-        tau = hi
+    tau = float(threshold) if threshold is not None else _search_tau(grouper, floor, search_steps)
     reps, group = grouper.representatives(tau)
 
     # the member of each component most similar to its representative stands for it
@@ -225,6 +212,22 @@ def scissor_plan(
     owner = anchors[most_similar(e, normalized(reps))]
     owner[anchors] = anchors
     return ScissorPlan(reps, anchors, owner, tau, adjusted)
+
+
+def _search_tau(grouper: _Grouper, floor: int, search_steps: int) -> float:
+    """Bisect `tau` in [-1, 1] for a component count of exactly `floor` (the smallest tau
+    found with a count of at least `floor` when it cannot land on it)."""
+    lo, hi = -1.0, 1.0
+    for _ in range(search_steps):
+        mid = (lo + hi) / 2
+        count = grouper.count(mid)
+        if count >= floor:
+            hi = mid
+        else:
+            lo = mid
+        if count == floor:
+            break
+    return hi
 
 
 def plan_groups(

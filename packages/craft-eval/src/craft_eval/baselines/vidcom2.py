@@ -18,6 +18,7 @@ import torch
 from craft_core import CompressionResult
 from craft_eval.baselines._common import (
     Checked,
+    Frames,
     apportion,
     baseline,
     finish,
@@ -88,19 +89,10 @@ def vidcom2(
     )
     sel = normalized(x[:, channels])
     sizes = torch.tensor(frames.sizes, dtype=torch.float32, device=x.device)
-    frame_sum = group_sum(sel, frames.frame_id, frames.count)
-    frame_centre = frame_sum / sizes[:, None]
+    frame_centre = group_sum(sel, frames.frame_id, frames.count) / sizes[:, None]
     video_score = _gaussian(sel, sel.mean(dim=0), ALPHAS)
     frame_score = _gaussian(sel, frame_centre[frames.frame_id], ALPHAS)
-
-    frame_video_mean = (
-        torch.zeros(frames.count, device=x.device).index_add(0, frames.frame_id, video_score)
-        / sizes
-    )
-    uniqueness = -frame_video_mean
-    p = torch.softmax((uniqueness - uniqueness.max()) / temperature, dim=0)
-    scales = ((1.0 + p - p.mean()) / float(ratio)).clamp(max=1.0)
-    quotas = (scales * sizes).tolist()
+    quotas = _frame_quotas(video_score, frames, sizes, float(ratio), temperature)
     budgets = apportion(k, quotas, frames.sizes, at_least_one=True)
 
     token_score = video_score + frame_score
@@ -113,6 +105,21 @@ def vidcom2(
     representative = _assign_in_frame(normalized(x), frames.members, kept_parts, kept)
     info["frame_budgets"] = budgets
     return finish(NAME, features, coords, kept, representative, info=info)
+
+
+def _frame_quotas(
+    video_score: torch.Tensor, frames: Frames, sizes: torch.Tensor, ratio: float, temperature: float
+) -> list[float]:
+    """Each frame's real-valued token quota `k_f`: `n_f / ratio` scaled up for frames that
+    are unlike the video (a softmax over minus their mean video score), at most `n_f`."""
+    frame_video_mean = (
+        torch.zeros(frames.count, device=sizes.device).index_add(0, frames.frame_id, video_score)
+        / sizes
+    )
+    uniqueness = -frame_video_mean
+    p = torch.softmax((uniqueness - uniqueness.max()) / temperature, dim=0)
+    scales = ((1.0 + p - p.mean()) / ratio).clamp(max=1.0)
+    return (scales * sizes).tolist()  # type: ignore[no-any-return]
 
 
 def _assign_in_frame(

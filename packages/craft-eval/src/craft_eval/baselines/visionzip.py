@@ -78,29 +78,46 @@ def visionzip(
     kept_parts, row_parts = [], []
     representative = torch.arange(n, device=features.device)
     for members, k_f in zip(groups, budgets):
-        n_f = members.numel()
-        if k_f >= n_f:
-            kept_parts.append(members)
-            row_parts.append(x[members])
-            continue
-        k_ctx = min(k_f, max(1, round(k_f * contextual_fraction)))
-        k_dom = k_f - k_ctx
-        dominant_pos = top_indices(scores[members], k_dom)
-        rest_mask = torch.ones(n_f, dtype=torch.bool, device=features.device)
-        rest_mask[dominant_pos] = False
-        rest = members[rest_mask]  # ascending original index
-        step = max(1, rest.numel() // k_ctx)
-        centre_pos = torch.arange(0, rest.numel(), step, device=features.device)[:k_ctx]
-        is_centre = torch.zeros(rest.numel(), dtype=torch.bool, device=features.device)
-        is_centre[centre_pos] = True
-        centres, others = rest[is_centre], rest[~is_centre]
-        owner = most_similar(e[others], e[centres])
-        sums = group_sum(x[others], owner, k_ctx)
-        counts = torch.bincount(owner, minlength=k_ctx).clamp(min=1).float()
-        representative[others] = centres[owner]
-        dominant = members[dominant_pos]
-        kept_parts += [dominant, centres]
-        row_parts += [x[dominant], x[centres] + sums / counts[:, None]]
+        group_kept, group_rows = _zip_group(
+            x, e, scores, members, k_f, contextual_fraction, representative
+        )
+        kept_parts += group_kept
+        row_parts += group_rows
 
     kept = torch.cat(kept_parts)
     return finish(NAME, features, coords, kept, representative, torch.cat(row_parts), info=info)
+
+
+def _zip_group(
+    x: torch.Tensor,
+    e: torch.Tensor,
+    scores: torch.Tensor,
+    members: torch.Tensor,
+    k_f: int,
+    contextual_fraction: float,
+    representative: torch.Tensor,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """One group (a frame, or the video) of `members` kept as `k_f` tokens: the dominant
+    (top-scored) ones as they are, and contextual centres, evenly spaced among the rest,
+    each merging the rest most similar to it. Updates `representative` in place.
+    -> (kept indices, their rows) as lists of tensors."""
+    n_f = members.numel()
+    if k_f >= n_f:
+        return [members], [x[members]]
+    k_ctx = min(k_f, max(1, round(k_f * contextual_fraction)))
+    k_dom = k_f - k_ctx
+    dominant_pos = top_indices(scores[members], k_dom)
+    rest_mask = torch.ones(n_f, dtype=torch.bool, device=x.device)
+    rest_mask[dominant_pos] = False
+    rest = members[rest_mask]  # ascending original index
+    step = max(1, rest.numel() // k_ctx)
+    centre_pos = torch.arange(0, rest.numel(), step, device=x.device)[:k_ctx]
+    is_centre = torch.zeros(rest.numel(), dtype=torch.bool, device=x.device)
+    is_centre[centre_pos] = True
+    centres, others = rest[is_centre], rest[~is_centre]
+    owner = most_similar(e[others], e[centres])
+    sums = group_sum(x[others], owner, k_ctx)
+    counts = torch.bincount(owner, minlength=k_ctx).clamp(min=1).float()
+    representative[others] = centres[owner]
+    dominant = members[dominant_pos]
+    return [dominant, centres], [x[dominant], x[centres] + sums / counts[:, None]]

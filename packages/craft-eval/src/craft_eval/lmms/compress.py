@@ -163,7 +163,7 @@ class CraftLMMixin:
         )
         self._model = CompressedGenerate(hf_model, compressor, budget)
         self.craft_method = method
-        self.craft_budget = {} if budget is None else budget.kwargs()
+        self.craft_budget = budget  # the TokenBudget parsed from model_args (None: method=none)
 
     def generate_until(self, requests: list[Any]) -> list[Any]:
         from lmms_eval.api.instance import GenerationResult

@@ -2,58 +2,47 @@
 `CraftLMMixin` in front (frame sampling, chat template, prompt, batching and generation
 settings stay lmms-eval's; only the language model's input is compressed).
 
-| plugin id | lmms-eval classes extended |
-| --- | --- |
-| craft_qwen2_5_vl | `models/simple/qwen2_5_vl.py:Qwen2_5_VL`, `models/chat/qwen2_5_vl.py:Qwen2_5_VL` |
-| craft_qwen3_vl | `models/simple/qwen3_vl.py:Qwen3_VL`, `models/chat/qwen3_vl.py:Qwen3_VL` |
-| craft_qwen3_5 | `models/simple/qwen3_5.py:Qwen3_5`, `models/chat/qwen3_5.py:Qwen3_5` |
-| craft_llava_onevision | `models/simple/llava_hf.py:LlavaHf` (its chat class fails on video-only requests) |
+The classes are generated from the craft-adapters registry: each backbone's adapter names
+the lmms-eval classes it extends (`BackboneAdapter.lmms_classes`), and this module defines
+`Craft<Class>` (simple) and `Craft<Class>Chat` (chat) for them, e.g.
+
+| plugin id | classes here | lmms-eval classes extended (`lmms_eval/models/...`) |
+| --- | --- | --- |
+| craft_qwen2_5_vl | `CraftQwen2_5_VL`, `CraftQwen2_5_VLChat` | `{simple,chat}/qwen2_5_vl.py` |
+| craft_qwen3_vl | `CraftQwen3_VL`, `CraftQwen3_VLChat` | `{simple,chat}/qwen3_vl.py:Qwen3_VL` |
+| craft_qwen3_5 | `CraftQwen3_5`, `CraftQwen3_5Chat` | `{simple,chat}/qwen3_5.py:Qwen3_5` |
+| craft_llava_onevision | `CraftLlavaHf` | `simple/llava_hf.py:LlavaHf` (its chat class fails) |
+| craft_internvl | `CraftInternVLHfChat` | `chat/internvl_hf.py:InternVLHf` (no simple class) |
 
 Importing this module imports lmms-eval (install `craft-eval[lmms]`).
 """
 
 from __future__ import annotations
 
-from lmms_eval.models.chat.qwen2_5_vl import Qwen2_5_VL as _Qwen2_5_VLChat
-from lmms_eval.models.chat.qwen3_5 import Qwen3_5 as _Qwen3_5Chat
-from lmms_eval.models.chat.qwen3_vl import Qwen3_VL as _Qwen3_VLChat
-from lmms_eval.models.simple.llava_hf import LlavaHf as _LlavaHf
-from lmms_eval.models.simple.qwen2_5_vl import Qwen2_5_VL as _Qwen2_5_VL
-from lmms_eval.models.simple.qwen3_5 import Qwen3_5 as _Qwen3_5
-from lmms_eval.models.simple.qwen3_vl import Qwen3_VL as _Qwen3_VL
+import importlib
 
 from craft_eval.lmms.compress import CraftLMMixin
+from craft_eval.lmms.plugin import plugin_class_name, plugin_specs
+
+__all__: list[str] = []
 
 
-class CraftQwen2_5_VL(CraftLMMixin, _Qwen2_5_VL):
-    """lmms-eval's `qwen2_5_vl` (simple) with a compressor."""
+def _extend(spec: str, chat: bool) -> type:
+    """`CraftLMMixin` in front of the lmms-eval class `spec` (`"chat.qwen3_vl:Qwen3_VL"`)."""
+    module, _, name = spec.partition(":")
+    base = getattr(importlib.import_module(f"lmms_eval.models.{module}"), name)
+    attrs: dict[str, object] = {
+        "__module__": __name__,
+        "__doc__": f"lmms-eval's `{name}` ({'chat' if chat else 'simple'}) with a compressor.",
+    }
+    if chat:
+        attrs["is_simple"] = False
+    return type(str(plugin_class_name(spec, chat)), (CraftLMMixin, base), attrs)
 
 
-class CraftQwen2_5_VLChat(CraftLMMixin, _Qwen2_5_VLChat):
-    """lmms-eval's `qwen2_5_vl` (chat) with a compressor."""
-
-    is_simple = False
-
-
-class CraftQwen3_VL(CraftLMMixin, _Qwen3_VL):
-    """lmms-eval's `qwen3_vl` (simple) with a compressor."""
-
-
-class CraftQwen3_VLChat(CraftLMMixin, _Qwen3_VLChat):
-    """lmms-eval's `qwen3_vl` (chat) with a compressor."""
-
-    is_simple = False
-
-
-class CraftQwen3_5(CraftLMMixin, _Qwen3_5):
-    """lmms-eval's `qwen3_5` (simple) with a compressor."""
-
-
-class CraftQwen3_5Chat(CraftLMMixin, _Qwen3_5Chat):
-    """lmms-eval's `qwen3_5` (chat) with a compressor."""
-
-    is_simple = False
-
-
-class CraftLlavaHf(CraftLMMixin, _LlavaHf):
-    """lmms-eval's `llava_hf` (simple; LLaVA-OneVision checkpoints) with a compressor."""
+for _spec in plugin_specs().values():
+    for _path, _chat in ((_spec.simple, False), (_spec.chat, True)):
+        if _path is not None:
+            _cls = _extend(_path, _chat)
+            globals()[_cls.__name__] = _cls
+            __all__.append(_cls.__name__)

@@ -1,45 +1,57 @@
-"""The entry point lmms-eval loads: one `ModelManifest` per backbone.
+"""The entry point lmms-eval loads: one `ModelManifest` per backbone, generated from the
+craft-adapters registry (each backbone's adapter names the lmms-eval classes it extends,
+`BackboneAdapter.lmms_classes`).
 
 lmms-eval 0.7.3 (`lmms_eval/models/__init__.py`, `_initialize_model_registry`) calls
 `ModelRegistryV2.load_entrypoint_manifests("lmms_eval.models")`, which accepts a callable
-returning manifests. Each `craft_<backbone>` names a chat class (lmms-eval prefers it) and a
+returning manifests. Each `craft_<model_type>` names a chat class (lmms-eval prefers it) and a
 simple class (`--force_simple`), subclasses of lmms-eval's own classes for that backbone
-(`craft_eval.lmms.models`).
+(`craft_eval.lmms.models`); either may be missing where the backbone's adapter says so.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-BACKBONES: dict[str, str] = {
-    # plugin model id -> lmms-eval model id whose classes it extends
-    "craft_qwen2_5_vl": "qwen2_5_vl",
-    "craft_qwen3_vl": "qwen3_vl",
-    "craft_qwen3_5": "qwen3_5",
-    "craft_llava_onevision": "llava_hf",
-}
+from craft_adapters.registry import LmmsClasses, adapter_classes
 
-_CLASSES: dict[str, tuple[str, str | None]] = {
-    # plugin model id -> (simple class, chat class) in craft_eval.lmms.models
-    "craft_qwen2_5_vl": ("CraftQwen2_5_VL", "CraftQwen2_5_VLChat"),
-    "craft_qwen3_vl": ("CraftQwen3_VL", "CraftQwen3_VLChat"),
-    "craft_qwen3_5": ("CraftQwen3_5", "CraftQwen3_5Chat"),
-    # simple only: lmms-eval 0.7.3's chat `llava_hf` hands the processor `images=[]` for a
-    # video-only request, which transformers 5 rejects (IndexError in the image processor)
-    "craft_llava_onevision": ("CraftLlavaHf", None),
-}
+MODELS_MODULE = "craft_eval.lmms.models"
+
+
+def plugin_class_name(spec: str | None, chat: bool) -> str | None:
+    """`"simple.qwen3_vl:Qwen3_VL"` -> `"CraftQwen3_VL"` (`"CraftQwen3_VLChat"` for a chat
+    class): the name of the plugin's subclass in `craft_eval.lmms.models`."""
+    if spec is None:
+        return None
+    return f"Craft{spec.rpartition(':')[2]}{'Chat' if chat else ''}"
+
+
+def plugin_specs() -> dict[str, LmmsClasses]:
+    """plugin model id (`craft_<model_type>`) -> the lmms-eval classes it extends."""
+    return {
+        f"craft_{cls.model_types[0]}": cls.lmms_classes
+        for cls in adapter_classes()
+        if cls.lmms_classes is not None
+    }
+
+
+BACKBONES: dict[str, str] = {pid: spec.lmms_id for pid, spec in plugin_specs().items()}
+"""plugin model id -> lmms-eval model id whose classes it extends."""
 
 
 def manifests() -> list[Any]:
     """lmms-eval `ModelManifest`s of the plugin's models (imports lmms-eval's registry only)."""
     from lmms_eval.models.registry_v2 import ModelManifest
 
-    module = "craft_eval.lmms.models"
-    return [
-        ModelManifest(
-            model_id=model_id,
-            simple_class_path=f"{module}.{simple}",
-            chat_class_path=f"{module}.{chat}" if chat else None,
+    out = []
+    for model_id, spec in plugin_specs().items():
+        simple = plugin_class_name(spec.simple, chat=False)
+        chat = plugin_class_name(spec.chat, chat=True)
+        out.append(
+            ModelManifest(
+                model_id=model_id,
+                simple_class_path=f"{MODELS_MODULE}.{simple}" if simple else None,
+                chat_class_path=f"{MODELS_MODULE}.{chat}" if chat else None,
+            )
         )
-        for model_id, (simple, chat) in _CLASSES.items()
-    ]
+    return out

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from craft_core import CompressionResult, TokenBudget, check_tokens
+from craft_core import CompressionResult, TokenBudget, budget_of, check_tokens
 
 
 def fixed_budget(
@@ -31,7 +31,7 @@ class Request:
 
     Attributes:
         features: `[N, D]` floating; coords: `[N, 3]` integer `(t, h, w)`.
-        budget: the caller's `ratio=` or `threshold=` (and `min_tokens=`), checked.
+        budget: the call's budget (checked once, where the user spelled it).
         importance: `[N]` attention received per token, or None.
     """
 
@@ -42,27 +42,31 @@ class Request:
 
 
 class Method:
-    """Base of the registered compressors: owns the public call (a `TokenCompressor`).
+    """Base of the registered compressors: a `craft_core.TokenCompressor`.
 
-    The call's budget (`ratio=` or `threshold=`, `min_tokens=`) becomes one checked
-    `craft_core.TokenBudget` here; `attention=` is another name for `importance=`.
-    Subclasses implement `compress`; what they do with `extras` is theirs (registered
-    methods ignore the ones they do not use).
+    The call takes the budget as a `TokenBudget` (what the packages pass along), or as the
+    user's keywords (`ratio=` or `threshold=`, `min_tokens=`), turned into one here
+    (`craft_core.budget_of`); `attention=` is another name for `importance=`. Subclasses
+    implement `compress`; `extras` are the call's method settings (a baseline's options).
     """
+
+    #: True when the method ranks tokens by the vision tower's received attention
+    needs_attention: bool = False
 
     def __call__(
         self,
         features: torch.Tensor,
         coords: torch.Tensor,
+        budget: TokenBudget | None = None,
         *,
+        importance: torch.Tensor | None = None,
         ratio: float | None = None,
         threshold: float | None = None,
         min_tokens: int | None = None,
-        importance: torch.Tensor | None = None,
         attention: torch.Tensor | None = None,
         **extras: Any,
     ) -> CompressionResult:
-        budget = TokenBudget(ratio=ratio, threshold=threshold, min_tokens=min_tokens)
+        budget = budget_of(budget, ratio=ratio, threshold=threshold, min_tokens=min_tokens)
         importance = importance if importance is not None else attention
         return self.compress(Request(features, coords, budget, importance), **extras)
 

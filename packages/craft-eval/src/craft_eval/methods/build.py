@@ -7,10 +7,10 @@ all build their compressor here:
     model = craft_adapters.wrap(hf_model, compressor, budget=TokenBudget(ratio=8))
 
 One registry lookup, one argument check (`check_method`: the name, the option keys, the
-checkpoint) and one timing wrapper. `TimedCompressor` forwards every attribute of the method
-it wraps (`needs_attention`, `hidden_size`, ...) and the method's call signature, so
-craft-adapters sees exactly what the bare method declares: an attention-using method gets the
-vision tower's attention through every path. Errors name the argument as the caller spells
+checkpoint) and one timing wrapper. `TimedCompressor` is a `craft_core.TokenCompressor` that
+declares the `needs_attention` of the method it wraps (and forwards its other attributes,
+`hidden_size`, ...), so an attention-using method gets the vision tower's attention through
+every path. Errors name the argument as the caller spells
 it (`Spelling`: `--method-arg` on the command line, `model_args` in lmms-eval).
 """
 
@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from craft_core import CompressionResult, TokenBudget, TokenCompressor
 from craft_eval.methods.registry import MethodInfo, get_method_info, list_methods
 
 __all__ = [
@@ -59,7 +60,10 @@ MODEL_ARGS = Spelling(
 
 
 def _options_of(info: MethodInfo) -> set[str]:
-    """The option names `info.factory` takes (CRAFT's factories: every CraftConfig field)."""
+    """The option names `info.factory` takes: `info.options` where the registry names them
+    (a baseline's settings), else its signature (CRAFT's factories: every CraftConfig field)."""
+    if info.options is not None:
+        return set(info.options)
     params = inspect.signature(info.factory).parameters.values()
     allowed = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
     if any(p.kind is p.VAR_KEYWORD and p.name == "overrides" for p in params):
@@ -190,11 +194,11 @@ class CallRecord:
 class TimedCompressor:
     """A built method, timed per call (one call = one video); `calls` records each.
 
-    Everything else is the method's: attributes (`needs_attention`, `hidden_size`, ...)
-    and the call signature are forwarded, so callers cannot tell it from the bare method.
+    A `craft_core.TokenCompressor` declaring what the method declares (`needs_attention`);
+    other attributes (`hidden_size`, ...) are the method's.
     """
 
-    def __init__(self, method: Any) -> None:
+    def __init__(self, method: TokenCompressor) -> None:
         self.method = method
         self.calls: list[CallRecord] = []
 
@@ -204,8 +208,8 @@ class TimedCompressor:
         return getattr(self.method, name)
 
     @property
-    def __signature__(self) -> inspect.Signature:
-        return inspect.signature(self.method)
+    def needs_attention(self) -> bool:
+        return bool(self.method.needs_attention)
 
     @property
     def elapsed_ms(self) -> float:
@@ -219,13 +223,18 @@ class TimedCompressor:
     def reset(self) -> None:
         self.calls = []
 
-    def __call__(self, features: torch.Tensor, coords: torch.Tensor, **kwargs: Any) -> Any:
+    def __call__(
+        self,
+        features: torch.Tensor,
+        coords: torch.Tensor,
+        budget: TokenBudget | None = None,
+        **kwargs: Any,
+    ) -> CompressionResult:
         _sync(features.device)
         start = time.perf_counter()
-        result = self.method(features, coords, **kwargs)
+        result = self.method(features, coords, budget, **kwargs)
         _sync(features.device)
         ms = (time.perf_counter() - start) * 1000.0
-        info = getattr(result, "info", None) or {}
         self.calls.append(
             CallRecord(
                 ms=ms,
@@ -233,7 +242,7 @@ class TimedCompressor:
                 kept_index=result.kept_index.detach().cpu(),
                 assignment=result.assignment.detach().cpu(),
                 digest=result_digest(result),
-                importance=info.get("importance"),
+                importance=(result.info or {}).get("importance"),
             )
         )
         return result

@@ -97,7 +97,7 @@ class CraftMethod(Method):
     def compress(self, request: Request, **extras: Any) -> CompressionResult:
         module = self.module_for(request.features)
         with torch.no_grad():
-            result = module(request.features, request.coords, **request.budget.kwargs())
+            result = module(request.features, request.coords, request.budget)
         result.info["method"] = self.name
         if self.checkpoint is not None:
             result.info.setdefault("checkpoint", self.checkpoint)

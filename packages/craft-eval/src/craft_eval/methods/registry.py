@@ -1,15 +1,14 @@
 """The methods registry: CRAFT and every baseline behind one interface.
 
-A *method* is a factory `(**kwargs) -> TokenCompressor`. A `TokenCompressor` is a callable
+A *method* is a factory `(**options) -> TokenCompressor`, craft-core's contract:
 
-    compressor(features, coords, *, ratio=None, threshold=None, min_tokens=None, **extras)
-        -> craft_core.CompressionResult
+    compressor(features, coords, budget, *, importance=None) -> craft_core.CompressionResult
 
 taking ONE video's tokens (`features [N, D]` floating, `coords [N, 3]` integer `(t, h, w)`)
-and exactly one budget (as `craft_core.resolve_budget` checks it). Fixed-ratio budgets are
-exact: `max(1, floor(N / ratio))` tokens come out. `extras` carries what some methods need
-beyond the tokens (e.g. `attention=[N]` received attention from the vision tower); methods
-ignore extras they do not use.
+and one `craft_core.TokenBudget` (or the user's `ratio=` / `threshold=` / `min_tokens=`,
+parsed into one at the call). Fixed-ratio budgets are exact: `max(1, floor(N / ratio))`
+tokens come out. A compressor that sets `needs_attention = True` is handed
+`importance=[N]` (received attention from the vision tower) by craft-adapters.
 
 Register a method with the decorator:
 
@@ -26,30 +25,11 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any
 
-if TYPE_CHECKING:
-    import torch
-
-    from craft_core import CompressionResult
+from craft_core import TokenCompressor
 
 _KINDS = ("merge", "prune", "none")
-
-
-@runtime_checkable
-class TokenCompressor(Protocol):
-    """What every registered method builds (see the module docstring)."""
-
-    def __call__(
-        self,
-        features: torch.Tensor,
-        coords: torch.Tensor,
-        *,
-        ratio: float | None = None,
-        threshold: float | None = None,
-        min_tokens: int | None = None,
-        **extras: Any,
-    ) -> CompressionResult: ...
 
 
 MethodFactory = Callable[..., TokenCompressor]
@@ -71,6 +51,8 @@ class MethodInfo:
             (the vision tower's received attention, handed over by craft-adapters when the
             built compressor sets `needs_attention`; each result's `info["importance"]`
             records what actually ran).
+        options: the option names the factory takes, where its signature does not say them
+            (a baseline's settings); None: read from the factory's signature.
     """
 
     name: str
@@ -79,6 +61,7 @@ class MethodInfo:
     description: str
     factory: MethodFactory
     saliency: str = "token features"
+    options: tuple[str, ...] | None = None
 
 
 _REGISTRY: dict[str, MethodInfo] = {}
@@ -107,8 +90,9 @@ def register_method(
     needs: tuple[str, ...] | list[str] = (),
     description: str,
     saliency: str = "token features",
+    options: tuple[str, ...] | None = None,
 ) -> Callable[[MethodFactory], MethodFactory]:
-    """Decorator: register `factory` under `name` (`saliency`: see `MethodInfo`).
+    """Decorator: register `factory` under `name` (`saliency`, `options`: see `MethodInfo`).
 
     Raises:
         ValueError: an empty name, an unknown kind, or a name registered twice with a
@@ -134,6 +118,7 @@ def register_method(
             description=description,
             factory=factory,
             saliency=saliency,
+            options=None if options is None else tuple(options),
         )
         return factory
 

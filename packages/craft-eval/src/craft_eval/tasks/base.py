@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from craft_eval.synthetic import DirectionQuestion, direction_question, write_json, write_parquet
 from craft_eval.tasks.parsing import random_fallback
 
 LETTERS = "ABCDEFGHIJ"
@@ -77,6 +78,8 @@ class Benchmark:
     macro_groups: ClassVar[tuple[str, ...]] = ()
     """When set, the headline divides by exactly these groups (absent ones count 0), as
     lmms-eval's MLVU aggregation does."""
+    fixture_file: ClassVar[str] = ""
+    """Where `write_fixture` writes the annotation rows, under the root (.json: JSON)."""
     skip_empty_replies: ClassVar[bool] = False
     """lmms-eval's MVBench aggregation leaves items with an empty reply (after reasoning
     tags are stripped) out of the denominator."""
@@ -141,7 +144,19 @@ class Benchmark:
         return ""
 
     def write_fixture(self, root: Path, video: Callable[[Path, int], str], num_items: int) -> None:
-        """A tiny dataset in this benchmark's distributed layout (`craft_eval.fixtures`)."""
+        """A tiny dataset in this benchmark's distributed layout (`craft_eval.fixtures`): item
+        `i` asks `direction_question(i)` of clip `i`; `fixture_item` says where its clip goes
+        and what its annotation row holds; the rows go to `fixture_file` (JSON or parquet)."""
+        rows = []
+        for i in range(num_items):
+            clip, row = self.fixture_item(i, direction_question(i))
+            video(root / clip, i)
+            rows.append(row)
+        write = write_json if self.fixture_file.endswith(".json") else write_parquet
+        write(root / self.fixture_file, rows)
+
+    def fixture_item(self, i: int, q: DirectionQuestion) -> tuple[str, dict[str, Any]]:
+        """Fixture item `i`, asking `q`: its clip's path under the root and its annotation row."""
         raise NotImplementedError(f"no fixture writer for {self.name!r}")
 
     def rules(self, protocol: str) -> str:

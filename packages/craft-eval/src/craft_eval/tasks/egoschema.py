@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from craft_eval.synthetic import VideoWriter, direction_question, write_parquet
+from craft_eval.synthetic import DirectionQuestion
 from craft_eval.tasks.base import (
     LETTERS,
     Benchmark,
@@ -26,6 +26,7 @@ class EgoSchema(Benchmark):
     name = "egoschema"
     title = "EgoSchema"
     fallbacks = ("random", "empty")
+    fixture_file = "Subset/test-00000-of-00001.parquet"
 
     def load(self, root: str | Path, *, subset: str | None = None) -> list[Item]:
         """`subset`: "subset" (default, 500 public answers) or "full" (no answers)."""
@@ -70,24 +71,17 @@ class EgoSchema(Benchmark):
     def rules(self, protocol: str) -> str:
         return 'lmms-eval prompt; MMMU-style parser ("(A)", "A ", "A.", option texts)'
 
-    def write_fixture(self, root: Path, video: VideoWriter, num_items: int) -> None:
-        rows: list[dict[str, Any]] = []
-        for i in range(num_items):
-            q, cands, gold = direction_question(i)
-            uid = f"0000{i:04d}-aaaa-bbbb-cccc-{i:012d}"
-            video(root / "videos" / f"{uid}.mp4", i)
-            opts = [f"{LETTERS[k]}. The square moves {c}." for k, c in enumerate(cands)]
-            opts.append("E. The square stays still.")
-            rows.append(
-                {
-                    "question_idx": uid,
-                    "question": q,
-                    "video_idx": uid,
-                    "option": opts,
-                    "answer": str(gold),
-                }
-            )
-        write_parquet(root / "Subset" / "test-00000-of-00001.parquet", rows)
+    def fixture_item(self, i: int, q: DirectionQuestion) -> tuple[str, dict[str, Any]]:
+        uid = f"0000{i:04d}-aaaa-bbbb-cccc-{i:012d}"
+        opts = [f"{LETTERS[k]}. The square moves {c}." for k, c in enumerate(q.candidates)]
+        opts.append("E. The square stays still.")
+        return f"videos/{uid}.mp4", {
+            "question_idx": uid,
+            "question": q.text,
+            "video_idx": uid,
+            "option": opts,
+            "answer": str(q.gold),
+        }
 
 
 def _answer_letter(raw: Any, n_options: int, path: Path) -> str:

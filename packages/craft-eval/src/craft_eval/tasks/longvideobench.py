@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from craft_eval.synthetic import VideoWriter, direction_question, write_json
+from craft_eval.synthetic import DirectionQuestion
 from craft_eval.tasks.base import LETTERS, Benchmark, Item, Prompt, find_annotation, read_records
 from craft_eval.tasks.parsing import lvb_extract, strip_reasoning
 
@@ -17,6 +17,7 @@ class LongVideoBench(Benchmark):
     title = "LongVideoBench"
     fallbacks = ("random", "empty")
     breakdowns = ("duration_group", "question_category")
+    fixture_file = "lvb_val.json"
 
     def load(self, root: str | Path, *, subset: str | None = None) -> list[Item]:
         root = Path(root)
@@ -63,24 +64,17 @@ class LongVideoBench(Benchmark):
     def rules(self, protocol: str) -> str:
         return "lmms-eval prompt; answer prefixes removed, first A-E character"
 
-    def write_fixture(self, root: Path, video: VideoWriter, num_items: int) -> None:
-        rows: list[dict[str, Any]] = []
-        for i in range(num_items):
-            q, cands, gold = direction_question(i)
-            vid = f"lvb{i:03d}"
-            video(root / "videos" / f"{vid}.mp4", i)
-            rows.append(
-                {
-                    "video_id": vid,
-                    "id": f"{vid}_0",
-                    "question": q,
-                    "candidates": [f"It moves {c}." for c in cands] + ["It does not move."],
-                    "correct_choice": gold,
-                    "question_category": ["TAA", "S2E", "E3E"][i % 3],
-                    "duration_group": [15, 60, 600, 3600][i % 4],
-                    "duration": 4.0,
-                    "video_path": f"{vid}.mp4",
-                    "subtitle_path": f"{vid}_en.json",
-                }
-            )
-        write_json(root / "lvb_val.json", rows)
+    def fixture_item(self, i: int, q: DirectionQuestion) -> tuple[str, dict[str, Any]]:
+        vid = f"lvb{i:03d}"
+        return f"videos/{vid}.mp4", {
+            "video_id": vid,
+            "id": f"{vid}_0",
+            "question": q.text,
+            "candidates": [f"It moves {c}." for c in q.candidates] + ["It does not move."],
+            "correct_choice": q.gold,
+            "question_category": ["TAA", "S2E", "E3E"][i % 3],
+            "duration_group": [15, 60, 600, 3600][i % 4],
+            "duration": 4.0,
+            "video_path": f"{vid}.mp4",
+            "subtitle_path": f"{vid}_en.json",
+        }

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from craft_eval.synthetic import VideoWriter, direction_question, write_parquet
+from craft_eval.synthetic import DirectionQuestion
 from craft_eval.tasks.base import (
     LETTERS,
     Benchmark,
@@ -17,6 +17,17 @@ from craft_eval.tasks.base import (
 )
 from craft_eval.tasks.parsing import mc_extract, strip_reasoning
 
+# the task of fixture item i: FIXTURE_TASK_TYPES[i % 7]
+FIXTURE_TASK_TYPES = (
+    "plotQA",
+    "needle",
+    "ego",
+    "count",
+    "order",
+    "anomaly_reco",
+    "topic_reasoning",
+)
+
 
 class MLVU(Benchmark):
     name = "mlvu"
@@ -25,6 +36,7 @@ class MLVU(Benchmark):
     macro_over = "task_type"
     # lmms-eval 0.7.3 tasks/mlvu/utils.py:mlvu_aggregate_results_dev divides by these 7
     macro_groups = ("anomaly_reco", "count", "ego", "needle", "order", "plotQA", "topic_reasoning")
+    fixture_file = "dev-00000-of-00001.parquet"
 
     def load(self, root: str | Path, *, subset: str | None = None) -> list[Item]:
         root = Path(root)
@@ -64,31 +76,15 @@ class MLVU(Benchmark):
     def rules(self, protocol: str) -> str:
         return 'lmms-eval prompt ending "Best option: ("; multiple-choice extractor A-D'
 
-    def write_fixture(self, root: Path, video: VideoWriter, num_items: int) -> None:
-        rows: list[dict[str, Any]] = []
-        task_types = [
-            "plotQA",
-            "needle",
-            "ego",
-            "count",
-            "order",
-            "anomaly_reco",
-            "topic_reasoning",
-        ]
-        for i in range(num_items):
-            q, cands, gold = direction_question(i)
-            name = f"mlvu_{i:03d}.mp4"
-            video(root / "video" / name, i)
-            text = q + "\n" + "\n".join(f"({LETTERS[k]}) {c}" for k, c in enumerate(cands))
-            rows.append(
-                {
-                    "video_name": name,
-                    "duration": 4.0,
-                    "question": text,
-                    "candidates": cands,
-                    "answer": LETTERS[gold],
-                    "task_type": task_types[i % 7],
-                    "question_id": f"mlvu-{i}",
-                }
-            )
-        write_parquet(root / "dev-00000-of-00001.parquet", rows)
+    def fixture_item(self, i: int, q: DirectionQuestion) -> tuple[str, dict[str, Any]]:
+        name = f"mlvu_{i:03d}.mp4"
+        text = q.text + "\n" + "\n".join(f"({LETTERS[k]}) {c}" for k, c in enumerate(q.candidates))
+        return f"video/{name}", {
+            "video_name": name,
+            "duration": 4.0,
+            "question": text,
+            "candidates": q.candidates,
+            "answer": LETTERS[q.gold],
+            "task_type": FIXTURE_TASK_TYPES[i % 7],
+            "question_id": f"mlvu-{i}",
+        }

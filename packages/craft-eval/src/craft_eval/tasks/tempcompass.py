@@ -7,7 +7,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from craft_eval.synthetic import VideoWriter, direction_question, write_parquet
+from craft_eval.synthetic import DirectionQuestion
 from craft_eval.tasks.base import LETTERS, Benchmark, Item, Prompt, find_annotation, read_records
 from craft_eval.tasks.parsing import strip_reasoning, tempcompass_extract
 
@@ -16,6 +16,7 @@ class TempCompass(Benchmark):
     name = "tempcompass"
     title = "TempCompass"
     breakdowns = ("dim",)
+    fixture_file = "multi-choice/test-00000-of-00001.parquet"
 
     def load(self, root: str | Path, *, subset: str | None = None) -> list[Item]:
         root = Path(root)
@@ -70,20 +71,12 @@ class TempCompass(Benchmark):
             "A-D); otherwise 0 where lmms-eval would ask an LLM judge (offline)"
         )
 
-    def write_fixture(self, root: Path, video: VideoWriter, num_items: int) -> None:
-        rows: list[dict[str, Any]] = []
-        dims = ["action", "speed", "direction", "order", "attribute_change"]
-        for i in range(num_items):
-            q, cands, gold = direction_question(i)
-            vid = f"{1034419625 + i}" + ("_reverse" if i % 3 == 2 else "")
-            video(root / "videos" / f"{vid}.mp4", i)
-            lines = [f"{LETTERS[k]}. {c}" for k, c in enumerate(cands)]
-            rows.append(
-                {
-                    "video_id": vid,
-                    "dim": dims[i % 5],
-                    "question": q + "\n" + "\n".join(lines),
-                    "answer": lines[gold],
-                }
-            )
-        write_parquet(root / "multi-choice" / "test-00000-of-00001.parquet", rows)
+    def fixture_item(self, i: int, q: DirectionQuestion) -> tuple[str, dict[str, Any]]:
+        vid = f"{1034419625 + i}" + ("_reverse" if i % 3 == 2 else "")
+        lines = [f"{LETTERS[k]}. {c}" for k, c in enumerate(q.candidates)]
+        return f"videos/{vid}.mp4", {
+            "video_id": vid,
+            "dim": ["action", "speed", "direction", "order", "attribute_change"][i % 5],
+            "question": q.text + "\n" + "\n".join(lines),
+            "answer": lines[q.gold],
+        }

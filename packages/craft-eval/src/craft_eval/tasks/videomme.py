@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from craft_eval.synthetic import VideoWriter, direction_question, write_parquet
+from craft_eval.synthetic import DirectionQuestion
 from craft_eval.tasks.base import (
     LETTERS,
     Benchmark,
@@ -36,6 +36,7 @@ class VideoMME(Benchmark):
     title = "Video-MME"
     protocols = ("lmms-eval", "original")
     breakdowns = ("duration", "domain", "sub_category", "task_type")
+    fixture_file = "videomme/test-00000-of-00001.parquet"
 
     def load(self, root: str | Path, *, subset: str | None = None) -> list[Item]:
         root = Path(root)
@@ -90,25 +91,18 @@ class VideoMME(Benchmark):
             return 'prompt ends "The best answer is:"; first A-D after removing answer prefixes'
         return "lmms-eval prompt; multiple-choice extractor A-D (preference order, benchmarks.md)"
 
-    def write_fixture(self, root: Path, video: VideoWriter, num_items: int) -> None:
-        rows: list[dict[str, Any]] = []
-        for i in range(num_items):
-            q, cands, gold = direction_question(i)
-            vid = f"vid{i:03d}"
-            video(root / "data" / f"{vid}.mp4", i)
-            rows.append(
-                {
-                    "video_id": f"{i:03d}",
-                    "duration": ["short", "medium", "long"][i % 3],
-                    "domain": ["Knowledge", "Life Record"][i % 2],
-                    "sub_category": ["Humanity & History", "Daily Life"][i % 2],
-                    "url": f"https://www.youtube.com/watch?v={vid}",
-                    "videoID": vid,
-                    "question_id": f"{i:03d}-1",
-                    "task_type": ["Counting Problem", "Action Recognition"][i % 2],
-                    "question": q,
-                    "options": [f"{LETTERS[k]}. {c.capitalize()}." for k, c in enumerate(cands)],
-                    "answer": LETTERS[gold],
-                }
-            )
-        write_parquet(root / "videomme" / "test-00000-of-00001.parquet", rows)
+    def fixture_item(self, i: int, q: DirectionQuestion) -> tuple[str, dict[str, Any]]:
+        vid = f"vid{i:03d}"
+        return f"data/{vid}.mp4", {
+            "video_id": f"{i:03d}",
+            "duration": ["short", "medium", "long"][i % 3],
+            "domain": ["Knowledge", "Life Record"][i % 2],
+            "sub_category": ["Humanity & History", "Daily Life"][i % 2],
+            "url": f"https://www.youtube.com/watch?v={vid}",
+            "videoID": vid,
+            "question_id": f"{i:03d}-1",
+            "task_type": ["Counting Problem", "Action Recognition"][i % 2],
+            "question": q.text,
+            "options": [f"{LETTERS[k]}. {c.capitalize()}." for k, c in enumerate(q.candidates)],
+            "answer": LETTERS[q.gold],
+        }

@@ -1,0 +1,87 @@
+"""The compressor contract every package shares: `TokenCompressor` and `budget_of`.
+
+A token compressor takes ONE video's tokens and a checked budget and returns a
+`CompressionResult`:
+
+    result = compressor(features, coords, budget)            # budget: a TokenBudget
+    result = compressor(features, coords, ratio=8.0)         # the user's spelling (same call)
+
+`features` are `[N, D]` floating, `coords` `[N, 3]` integer `(t, h, w)`; `importance=[N]`
+(the attention each token receives in the vision tower) is handed over by craft-adapters
+when the compressor sets `needs_attention = True`. CRAFT (`CraftCompressor`) and every
+craft-eval method implement it directly; craft-adapters asks `isinstance(c, TokenCompressor)`
+and `c.needs_attention`, never a signature.
+
+The packages pass the `TokenBudget` object among themselves, parsed once where the user
+spelled it (a command-line option, a config key, `wrap(ratio=...)`); the keywords
+(`ratio=`, `threshold=`, `min_tokens=`) are the user's spelling of the same budget and
+become one `TokenBudget` at the compressor's entry (`budget_of`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from craft_core.budget import TokenBudget
+
+if TYPE_CHECKING:
+    import torch
+
+    from craft_core.result import CompressionResult
+
+__all__ = ["TokenCompressor", "budget_of"]
+
+
+@runtime_checkable
+class TokenCompressor(Protocol):
+    """What CRAFT and every baseline are (see the module docstring).
+
+    Attributes:
+        needs_attention: True when the compressor ranks tokens by the vision tower's
+            received attention and wants `importance=[N]`; craft-adapters records and hands
+            it over only then.
+    """
+
+    needs_attention: bool
+
+    def __call__(
+        self,
+        features: torch.Tensor,
+        coords: torch.Tensor,
+        budget: TokenBudget | None = ...,
+        *,
+        importance: torch.Tensor | None = ...,
+        ratio: float | None = ...,
+        threshold: float | None = ...,
+        min_tokens: int | None = ...,
+    ) -> CompressionResult:
+        """Compress one video (`features [N, D]`, `coords [N, 3]`) to `budget`, or to the
+        budget spelled as `ratio=` / `threshold=` / `min_tokens=` (the user's call)."""
+        ...
+
+
+def budget_of(
+    budget: TokenBudget | None = None,
+    *,
+    ratio: Any = None,
+    threshold: Any = None,
+    min_tokens: Any = None,
+) -> TokenBudget:
+    """The one `TokenBudget` of a compressor call: `budget` as it is (not re-checked), or
+    the keywords checked into a new one.
+
+    Raises:
+        TypeError: `budget` that is not a `TokenBudget` (or as `TokenBudget` for the fields).
+        ValueError: `budget` together with its fields, or as `TokenBudget` for the fields.
+    """
+    if budget is None:
+        return TokenBudget(ratio=ratio, threshold=threshold, min_tokens=min_tokens)
+    if not isinstance(budget, TokenBudget):
+        raise TypeError(f"budget must be a craft_core.TokenBudget, got {type(budget).__name__}")
+    fields = {"ratio": ratio, "threshold": threshold, "min_tokens": min_tokens}
+    given = [name for name, value in fields.items() if value is not None]
+    if given:
+        raise ValueError(
+            f"give budget=TokenBudget(...) or its fields, not both (got budget and {given[0]})"
+        )
+    return budget

@@ -1,1 +1,0 @@
-"""Public config values of the architectures `craft-eval efficiency` builds (JSON)."""
