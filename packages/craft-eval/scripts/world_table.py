@@ -5,11 +5,12 @@ checkpoints at every ratio, first-token accuracy and KL to the uncompressed mode
         --checkpoint trained=packages/craft-world/src/craft_world/checkpoints/craft \
         --out /tmp/world-table.json --markdown /tmp/world-table.md
 
-Every number comes from `craft_world.measure` (`evaluate`, `paired`) on the same held-out
-items (split "test", both tasks, 2 questions a clip). Each method's per-item hits and KL are
-saved to `<out>.items.pt` as they finish: a killed run resumes where it stopped. The
-markdown has the table (accuracy % +- binomial SE, KL +- SE) and, for every checkpoint, its
-paired difference to every other method at every ratio, with a verdict: "wins" (KL lower by
+Every number comes from craft-eval's runner with `scoring.FirstTokenScorer` (first-token
+option-letter hits and KL to the uncompressed model, `scoring.paired_records`) on the same
+held-out items (split "test", both tasks, 2 questions a clip). Each method and ratio is a
+run folder under `<out>.runs/` (JSONL records, written as items finish): a killed run
+resumes where it stopped. The markdown has the table (accuracy % +- binomial SE, KL +- SE)
+and, for every checkpoint, its paired difference to every other method at every ratio, with a verdict: "wins" (KL lower by
 >= 3 paired SE and accuracy higher by >= 1 point), "KL only" (KL lower by >= 3 SE, accuracy
 not 1 point higher), "loses" (KL higher by >= 3 SE), else "ties".
 """
@@ -24,6 +25,8 @@ from typing import Any
 
 import torch
 
+TASKS = "object_existence,moving_count"  # the world's two question types
+
 
 def verdict(kl_drop: float, kl_se: float, acc_gain: float) -> str:
     """`wins`, `KL only`, `loses` or `ties`: the table's reading of one paired comparison."""
@@ -34,28 +37,30 @@ def verdict(kl_drop: float, kl_se: float, acc_gain: float) -> str:
     return "ties"
 
 
-def markdown(rows: dict[str, Any], ratios: list[float], names: list[str], mine: list[str]) -> str:
-    """The table and the paired comparisons of every checkpoint in `mine`."""
-    from craft_world.measure import Score, paired
+def _cell(s: dict[str, Any]) -> str:
+    """`accuracy ± SE (KL mean ± SE)` of one run's scores (accuracy in points)."""
+    return (
+        f"{100 * s['first_token_accuracy']:.1f} ± {100 * s['first_token_accuracy_se']:.1f} "
+        f"(KL {s['first_token_kl_mean']:.3f} ± {s['first_token_kl_se']:.3f})"
+    )
 
-    unc: Score = rows["uncompressed"]
+
+def markdown(rows: dict[str, Any], ratios: list[float], names: list[str], mine: list[str]) -> str:
+    """The table and the paired comparisons of every checkpoint in `mine`; `rows` maps
+    "uncompressed" and "NAME@RATIO" to `(scores, records)` of a run."""
+    from craft_eval.scoring import paired_records
+
+    unc = rows["uncompressed"][0]
     lines = [
-        f"{unc.n} held-out questions; uncompressed accuracy "
-        f"{100 * unc.accuracy:.1f} +- {100 * unc.accuracy_se:.1f}",
+        f"{unc['first_token_n']} held-out questions; uncompressed accuracy "
+        f"{100 * unc['first_token_accuracy']:.1f} +- {100 * unc['first_token_accuracy_se']:.1f}",
         "",
         "| method | " + " | ".join(f"{r:g}x" for r in ratios) + " |",
         "| --- |" + " --- |" * len(ratios),
     ]
     for name in names:
-        cells = []
-        for r in ratios:
-            s = rows.get(f"{name}@{r:g}")
-            cells.append(
-                "-"
-                if s is None
-                else f"{100 * s.accuracy:.1f} ± {100 * s.accuracy_se:.1f} "
-                f"(KL {s.kl_mean:.3f} ± {s.kl_se:.3f})"
-            )
+        cells = ["-" if f"{name}@{r:g}" not in rows else _cell(rows[f"{name}@{r:g}"][0])
+                 for r in ratios]  # fmt: skip
         label = f"**{name}**" if name in mine else name
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     for me in mine:
@@ -69,8 +74,8 @@ def markdown(rows: dict[str, Any], ratios: list[float], names: list[str], mine: 
                 b = rows.get(f"{other}@{r:g}")
                 if other == me or a is None or b is None:
                     continue
-                d, se = paired(b.kl, a.kl)
-                g, g_se = paired(a.hits, b.hits)
+                d, se = paired_records(b[1], a[1], "first_token_kl")
+                g, g_se = paired_records(a[1], b[1], "first_token_correct")
                 lines.append(
                     f"| {r:g}x | {other} | {d:+.4f} ± {se:.4f} | {100 * g:+.1f} ± "
                     f"{100 * g_se:.1f} | {verdict(d, se, g)} |"
@@ -94,42 +99,36 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--checkpoint takes NAME=FOLDER with an existing folder: {args.checkpoint}")
     torch.set_num_threads(1)
 
-    from craft_core import CraftCompressor
+    from craft_core import TokenBudget
+    from craft_eval.measure import Measure
     from craft_eval.methods import list_methods
-    from craft_eval.methods.build import build_compressor
     from craft_world import load_backbone, make_clips
-    from craft_world.measure import Score, answer_logprobs, evaluate, load_items
 
     model, processor = load_backbone()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    items = load_items(make_clips(out.parent / f"clips-{args.clips}", args.clips), task=None)
-    store = out.with_suffix(".items.pt")
-    saved = torch.load(store, weights_only=True) if store.is_file() else {}  # no code at load
-    ref = answer_logprobs(model, processor, items)
-    rows: dict[str, Score] = {k: Score(**v) for k, v in saved.items()}
-    rows["uncompressed"] = evaluate(model, processor, items, ref)
+    data = make_clips(out.parent / f"clips-{args.clips}", args.clips)
+    bench = Measure(model, processor, data, out.with_suffix(".runs"), subset=TASKS)
+    base = bench.run("none")
+    rows = {"uncompressed": (base.scores, base.records)}
     names = args.methods if args.methods is not None else [m.name for m in list_methods()]
-    compressors: dict[str, Any] = {}
-    width = int(model.config.get_text_config().hidden_size)
-    for name in names:  # untrained CRAFT family: a fresh module, as the demo's "craft"
-        compressors[name] = build_compressor(name, hidden_size=width, allow_untrained=True)
-    for name, folder in specs:
-        compressors[name] = CraftCompressor.from_pretrained(folder).eval()
-    summary: dict[str, Any] = {"items": len(items), "uncompressed": rows["uncompressed"].accuracy}
+    # untrained CRAFT family: a fresh module, as the demo's "craft"
+    modules: dict[str, str | None] = {**dict.fromkeys(names), **dict(specs)}
+    summary: dict[str, Any] = {"items": len(base.records),
+                               "uncompressed": base.scores["first_token_accuracy"]}  # fmt: skip
     for ratio in args.ratios:
-        for name, compressor in compressors.items():
+        budget = TokenBudget(ratio=ratio)  # --ratios, parsed once
+        for name, checkpoint in modules.items():
             key = f"{name}@{ratio:g}"
-            if key not in rows:
-                rows[key] = evaluate(model, processor, items, ref, compressor, ratio)
-                saved[key] = {"hits": rows[key].hits, "kl": rows[key].kl}
-                torch.save(saved, store)
-            s = rows[key]
-            summary[key] = {"accuracy": s.accuracy, "accuracy_se": s.accuracy_se,
-                            "kl": s.kl_mean, "kl_se": s.kl_se}  # fmt: skip
+            done = bench.run(name, budget, method="craft" if checkpoint else name,
+                             checkpoint=checkpoint)  # fmt: skip
+            rows[key] = s = (done.scores, done.records)
+            summary[key] = {"accuracy": s[0]["first_token_accuracy"],
+                            "accuracy_se": s[0]["first_token_accuracy_se"],
+                            "kl": s[0]["first_token_kl_mean"], "kl_se": s[0]["first_token_kl_se"]}  # fmt: skip
             print(key, summary[key], flush=True)
             out.write_text(json.dumps(summary, indent=1))
-    text = markdown(rows, args.ratios, list(compressors), [n for n, _ in specs])
+    text = markdown(rows, args.ratios, list(modules), [n for n, _ in specs])
     if args.markdown:
         Path(args.markdown).write_text(text)
     print(text)

@@ -694,19 +694,11 @@ def test_demo_exit_code_says_whether_a_configuration_failed(
     code: int,
 ) -> None:
     """The demo's pieces replaced by stubs: only its bookkeeping of failures is under test."""
-    import craft_world
-    import craft_world.measure
     from craft_eval import demo
 
-    class Model:
-        class config:
-            model_type = "stub"
-
+    stub = demo._World(None, "world", None, None, None)
     monkeypatch.setattr("craft_eval.backend.adapters_status", lambda: (True, ""))
-    monkeypatch.setattr(craft_world, "make_clips", lambda out, n, seed, split: Path(out))
-    monkeypatch.setattr(demo, "_load", lambda *a: (Model(), None, "world", None, "stub"))
-    monkeypatch.setattr(craft_world.measure, "load_items", lambda data, task: [])
-    monkeypatch.setattr(craft_world.measure, "answer_logprobs", lambda *a: None)
+    monkeypatch.setattr(demo, "_world", lambda *a: stub)
     monkeypatch.setattr(demo, "_finish", lambda *a: None)
 
     def job(world: Any, method: str, ratio: float | None) -> dict[str, Any]:

@@ -196,6 +196,29 @@ def test_demo_runs_in_the_world_and_keeps_what_it_did_not_create(
     assert run_demo(methods=["craft-selection"], ratio=8.0, output=tmp_path, num_items=3) == 0
 
 
+@pytest.mark.slow
+def test_demo_wraps_each_configuration_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One wrap of the model per configuration (the uncompressed one is also the KL
+    reference); the KL is measured on the same wrapped model the run generated with."""
+    import craft_adapters
+    from craft_eval.demo import run_demo
+
+    real, wrapped = craft_adapters.wrap, []
+
+    def counting_wrap(model: Any, compressor: Any = None, **kwargs: Any) -> Any:
+        wrapped.append(compressor)
+        return real(model, compressor, **kwargs)
+
+    monkeypatch.setattr(craft_adapters, "wrap", counting_wrap)
+    code = run_demo(methods=["uniform"], ratio=8.0, output=tmp_path, num_items=1)
+    assert code == 0 and "3 configurations" in capsys.readouterr().out
+    # none, uniform @ 8x, craft-trained @ 8x: three wraps, three different compressors
+    assert len(wrapped) == 3 and wrapped[0] is None
+    assert wrapped[1] is not wrapped[2] and None not in wrapped[1:]
+
+
 def test_binomial_standard_error() -> None:
     from craft_eval.demo import binomial_se
 

@@ -36,10 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     from conftest import COLOURS, build_setup, heldout_distill, write_clip  # the tiny world
 
     from craft_core import CraftCompressor
+    from craft_eval.scoring import paired
     from craft_train.config import load_config
     from craft_train.distill import DEFAULT_PROMPTS
     from craft_train.trainer import train
-    from craft_world.measure import paired
 
     work = Path(args.work)
     setup = build_setup(work / "tiny", clips=4)

@@ -14,7 +14,8 @@ MVBench-format questions. Three merge modules on the same frozen backbone:
   model's own answers as teacher; 225 steps x 4 examples by default (the same number of
   examples as stage 1+2).
 
-For each, at ratios 8 and 16, on held-out clips (split "test", both tasks): accuracy (the most
+For each, at ratios 8 and 16, on held-out clips (split "test", both tasks), through
+craft-eval's runner and its first-token scorer (`craft_eval.measure`): accuracy (the most
 likely option letter) and the KL of the first answer token's distribution to the
 uncompressed model's, with the binomial standard error of the accuracy, the standard error
 of the mean KL, and the standard errors of the paired differences to the untrained module
@@ -49,14 +50,16 @@ def distill_manifest(root: Path) -> Path:
     return path
 
 
-def untrained(hidden_size: int, seed: int) -> Any:
-    """The merge module `craft_train.model.build_model` starts from (seeded)."""
+def untrained(hidden_size: int, seed: int, folder: Path) -> Path:
+    """The merge module `craft_train.model.build_model` starts from (seeded), saved in
+    `folder`."""
     from craft_core import CraftCompressor, CraftConfig
     from craft_world import WORLD_CRAFT
 
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return CraftCompressor(CraftConfig(hidden_size=hidden_size, **WORLD_CRAFT))
+        CraftCompressor(CraftConfig(hidden_size=hidden_size, **WORLD_CRAFT)).save_pretrained(folder)
+    return folder
 
 
 def train_stage12(work: Path, root: Path) -> Path:
@@ -74,50 +77,64 @@ def train_stage12(work: Path, root: Path) -> Path:
     return s2 / "craft"
 
 
-def evaluate(modules: dict[str, Any], test_root: Path, ratios: list[float]) -> dict[str, Any]:
-    """Accuracy and KL to the uncompressed model per module and ratio (paired SEs), all from
-    `craft_world.measure`."""
+def evaluate(modules: dict[str, Path], test_root: Path, ratios: list[float]) -> dict[str, Any]:
+    """Accuracy and KL to the uncompressed model per module folder and ratio (paired SEs),
+    all from craft-eval's runner with its first-token scorer (`craft_eval.measure`); the runs
+    go to `<test_root>/runs` (resumed)."""
     import craft_world
-    from craft_world.measure import answer_logprobs, load_items, paired
-    from craft_world.measure import evaluate as measure
+    from craft_core import TokenBudget
+    from craft_eval.measure import Measure
 
     model, processor = craft_world.load_backbone()
-    items = load_items(test_root, task=None)
-    ref = answer_logprobs(model, processor, items)
-    plain = measure(model, processor, items, ref)
+    bench = Measure(model, processor, test_root, test_root / "runs")
+    plain = bench.run("none").scores
     out: dict[str, Any] = {
-        "items": len(items),
-        "uncompressed": {"accuracy": plain.accuracy, "accuracy_se": plain.accuracy_se},
+        "items": plain["first_token_n"],
+        "uncompressed": {
+            "accuracy": plain["first_token_accuracy"],
+            "accuracy_se": plain["first_token_accuracy_se"],
+        },
     }
     for ratio in ratios:
-        scores = {
-            name: measure(model, processor, items, ref, m, ratio) for name, m in modules.items()
+        budget = TokenBudget(ratio=ratio)
+        runs = {
+            name: bench.run(name, budget, method="craft", checkpoint=str(folder))
+            for name, folder in modules.items()
         }
-        base = scores["untrained"]
-        for name, s in scores.items():
-            diff, se = paired(base.kl, s.kl)
-            acc_diff, acc_se = paired(s.hits, base.hits)
-            row = {
-                "accuracy": s.accuracy,
-                "accuracy_se": s.accuracy_se,
-                "kl": s.kl_mean,
-                "kl_se": s.kl_se,
-                "kl_drop_vs_untrained": diff,
-                "kl_drop_se": se,
-                "accuracy_gain_vs_untrained": acc_diff,
-                "accuracy_gain_se": acc_se,
-            }
-            if name == "distill" and "stage 1+2" in scores:
-                d, d_se = paired(scores["stage 1+2"].kl, s.kl)
-                a, a_se = paired(s.hits, scores["stage 1+2"].hits)
-                row |= {
-                    "kl_drop_vs_stage12": d,
-                    "kl_drop_vs_stage12_se": d_se,
-                    "accuracy_gain_vs_stage12": a,
-                    "accuracy_gain_vs_stage12_se": a_se,
-                }
-            out.setdefault(name, {})[f"{ratio:g}x"] = row
+        for name, run in runs.items():
+            out.setdefault(name, {})[f"{ratio:g}x"] = _row(name, run, runs)
     return out
+
+
+def _row(name: str, run: Any, runs: dict[str, Any]) -> dict[str, float]:
+    """One module's scores at one ratio, paired against the untrained module (and the
+    distilled one against stage 1+2)."""
+    from craft_eval.scoring import paired_records
+
+    s, base = run.scores, runs["untrained"].records
+    diff, se = paired_records(base, run.records, "first_token_kl")
+    acc_diff, acc_se = paired_records(run.records, base, "first_token_correct")
+    row = {
+        "accuracy": s["first_token_accuracy"],
+        "accuracy_se": s["first_token_accuracy_se"],
+        "kl": s["first_token_kl_mean"],
+        "kl_se": s["first_token_kl_se"],
+        "kl_drop_vs_untrained": diff,
+        "kl_drop_se": se,
+        "accuracy_gain_vs_untrained": acc_diff,
+        "accuracy_gain_se": acc_se,
+    }
+    if name == "distill" and "stage 1+2" in runs:
+        other = runs["stage 1+2"].records
+        d, d_se = paired_records(other, run.records, "first_token_kl")
+        a, a_se = paired_records(run.records, other, "first_token_correct")
+        row |= {
+            "kl_drop_vs_stage12": d,
+            "kl_drop_vs_stage12_se": d_se,
+            "accuracy_gain_vs_stage12": a,
+            "accuracy_gain_vs_stage12_se": a_se,
+        }
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,11 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"distillation: {args.steps} steps in {seconds:.0f} s", file=sys.stderr)
 
     stage12 = train_stage12(work, root)
-    distilled = CraftCompressor.from_pretrained(out / "craft")
+    width = CraftCompressor.from_pretrained(out / "craft").config.hidden_size
     modules = {
-        "untrained": untrained(distilled.config.hidden_size, seed=0),
-        "stage 1+2": CraftCompressor.from_pretrained(stage12),
-        "distill": distilled,
+        "untrained": untrained(width, seed=0, folder=work / "untrained"),
+        "stage 1+2": stage12,
+        "distill": out / "craft",
     }
     results = evaluate(modules, test_root, [8.0, 16.0])
     results["distill_seconds"] = seconds

@@ -5,14 +5,12 @@ question files. Each case must raise the documented error type naming the argume
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from craft_world import make_clips
-from craft_world.measure import load_items
 
 MAKE_CLIPS_CASES: list[tuple[str, dict[str, Any], type[Exception], str]] = [
     # (id, keyword arguments, error type, text the message must hold)
@@ -41,49 +39,6 @@ def test_make_clips_refuses_bad_arguments_before_writing(
     with pytest.raises(error, match=text):
         make_clips(tmp_path / "w", **kwargs)
     assert not (tmp_path / "w").exists()  # nothing written
-
-
-GOOD = {"video": "a.mp4", "question": "Is it red?", "candidates": ["yes", "no"], "answer": "no"}
-BAD_QUESTION_FILES: list[tuple[str, bytes, str]] = [
-    # (id, content of json/object_existence.json, text the message must hold)
-    ("not-json", b"[{", "not a JSON list"),
-    ("binary", b"\xff\xfe\x00", "not a JSON list"),
-    ("an-object", json.dumps(GOOD).encode(), "not a JSON list"),
-    ("answer-not-a-candidate", json.dumps([{**GOOD, "answer": "maybe"}]).encode(), "record 0"),
-    (
-        "no-candidates",
-        json.dumps([{k: v for k, v in GOOD.items() if k != "candidates"}]).encode(),
-        "missing field 'candidates'",
-    ),
-    ("record-not-object", json.dumps([GOOD, 3]).encode(), "record 1"),
-    (
-        "six-candidates",
-        json.dumps([{**GOOD, "candidates": list("abcdef"), "answer": "f"}]).encode(),
-        "record 0",
-    ),
-]
-
-
-@pytest.mark.parametrize(
-    ("content", "text"),
-    [c[1:] for c in BAD_QUESTION_FILES],
-    ids=[c[0] for c in BAD_QUESTION_FILES],
-)
-def test_load_items_names_the_broken_file(tmp_path: Path, content: bytes, text: str) -> None:
-    path = tmp_path / "json" / "object_existence.json"
-    path.parent.mkdir(parents=True)
-    path.write_bytes(content)
-    with pytest.raises(ValueError, match=text) as info:
-        load_items(tmp_path)
-    assert str(path) in str(info.value)
-
-
-def test_load_items_control_a_good_file_loads(tmp_path: Path) -> None:
-    path = tmp_path / "json" / "object_existence.json"
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps([GOOD]))
-    (item,) = load_items(tmp_path)
-    assert item.answer == "B" and item.task == "object_existence"
 
 
 class _Payload:

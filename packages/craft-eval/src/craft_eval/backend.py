@@ -23,6 +23,7 @@ import torch
 
 from craft_core import TokenBudget
 from craft_eval.efficiency import cache_nbytes
+from craft_eval.methods.build import row_logs
 from craft_eval.runner import Generation, VideoDecodeError
 from craft_eval.tasks import Item, Prompt
 
@@ -233,20 +234,14 @@ class HFBackend:
         new = out[:, inputs["input_ids"].shape[1] :]
         reply = self.processor.batch_decode(new, skip_special_tokens=True)[0]
         report = getattr(self.model, "last_compression", None)
-        before = after = None
+        (log,) = row_logs(report, self.compressor, [self._count_video_tokens(inputs)])
         extra: dict[str, Any] = {}
-        if report is not None and report.videos:
-            before, after = int(report.tokens_before), int(report.tokens_after)
-            extra["rounds"] = list(report.rounds)
-        else:
-            n_video = self._count_video_tokens(inputs)
-            before = after = n_video or None
-        if self.compressor is not None and self.compressor.calls:
-            # which tokens and rows each video kept, and what ranked them (cross-path checks)
-            extra["kept_digests"] = [call.digest for call in self.compressor.calls]
-            sources = [call.importance for call in self.compressor.calls if call.importance]
-            if sources:
-                extra["importance"] = sources
+        if log.rounds:
+            extra["rounds"] = log.rounds
+        if log.kept_digests:  # which tokens and rows each video kept (cross-path checks)
+            extra["kept_digests"] = log.kept_digests
+        if log.importance:  # and what ranked them
+            extra["importance"] = log.importance
         if self.probe.kv_bytes is not None:
             extra["kv_mb"] = self.probe.kv_bytes / 2**20
         if self.probe.seq_len is not None:
@@ -254,14 +249,25 @@ class HFBackend:
         self._maybe_save_merge_map(item, frames)
         return Generation(
             reply=reply,
-            tokens_before=before,
-            tokens_after=after,
+            tokens_before=log.tokens_before or None,  # None: no video token found
+            tokens_after=log.tokens_after or None,
             num_frames=int(frames.shape[0]),
             frames_capped=capped,
-            compress_ms=None if self.compressor is None else self.compressor.elapsed_ms,
+            compress_ms=None if self.compressor is None else log.compression_ms,
             prefill_ms=self.probe.prefill_ms,
             extra=extra,
         )
+
+    @torch.inference_mode()
+    def first_token_logprobs(self, item: Item, prompt: Prompt) -> torch.Tensor:
+        """Log-probabilities of the first answer token `[V]` float32 (CPU): one forward of
+        the wrapped model (compressor inside) on the item's inputs, the next-token
+        distribution right after the prompt (for MVBench prompts, the option letter)."""
+        frames, fps, _ = read_frames(
+            item.video, fps=self.fps, max_frames=self.max_frames, segment=item.segment
+        )
+        logits = self.model(**self._inputs(frames, fps, prompt)).logits[0, -1]
+        return torch.log_softmax(logits.float(), dim=-1).cpu()
 
     def profile(
         self, item: Item, prompt: Prompt, *, warmup: int = 1, repeats: int = 3

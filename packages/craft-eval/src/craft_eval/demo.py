@@ -10,10 +10,10 @@
    parser -> scorer: uncompressed, every registered method at 4x, 8x and 16x, and the
    trained CRAFT module ("craft-trained") at the same ratios,
 4. prints accuracy with its binomial standard error, the first-token KL to the
-   uncompressed model (`craft_world.measure`, +- its standard error), retention, tokens,
-   prefill ms, the compression time next to the prefill time it saves (uncompressed
-   prefill minus this one), KV MB and the FLOPs reduction; then, per ratio, the trained module against
-   every other method on the same questions (paired KL difference +- its standard error);
+   uncompressed model (`craft_eval.scoring.FirstTokenScorer`, a scorer of the run, +- its
+   standard error), retention, tokens, prefill ms, the compression time next to the prefill
+   time it saves (uncompressed prefill minus this one), KV MB and the FLOPs reduction; then,
+   per ratio, the trained module against every other method on the same questions (paired KL difference +- its standard error);
    plots accuracy and retention vs ratio per method; writes the Markdown report and merge
    maps.
 
@@ -95,55 +95,25 @@ def run_demo(
         ratio: evaluate this one ratio only (else `ratios`).
         num_items: held-out clips (questions per task).
     """
-    import torch
-
-    from craft_eval.backend import adapters_status
-    from craft_eval.methods import list_methods
-
     start = time.perf_counter()
-    out = Path(output)
-    ok, missing = adapters_status()
-    if not ok:
-        _line(f"craft-eval demo cannot run the model pipeline: {missing}.")
-        _line("Nothing was faked; install/finish craft-adapters and run it again.")
-        return 1
-    try:
-        import craft_world
-    except ImportError:
-        _line("craft-eval demo needs craft-world (the miniature world): pip install craft-world")
+    if not _prerequisites():
         return 1
     if num_items < 1:
         raise ValueError(f"num_items must be positive, got {num_items}")
     grid = [float(ratio)] if ratio is not None else [float(r) for r in ratios]
-
-    from craft_world.measure import answer_logprobs, load_items
-
-    data = craft_world.make_clips(out / "data" / "mvbench", num_items, seed=seed, split="test")
+    world = _world(model_path, backbone, Path(output), device, num_items, seed)
     n_items = 2 * num_items
-    _line(f"[1/4] wrote {n_items} held-out questions (MVBench format) + clips -> {data}")
-
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model, processor, tag, trained, what = _load(model_path, backbone, out, dev)
-    _line(f"[2/4] {what} ({model.config.model_type}) on {dev}")
-    items = load_items(data, task=None)
-    reference = answer_logprobs(model, processor, items)  # the uncompressed first token
-
-    names = methods or [m.name for m in list_methods()]
-    jobs: list[tuple[str, float | None]] = [("none", None)]
-    jobs += [(m, r) for r in grid for m in names]
-    if trained is not None:
-        jobs += [(TRAINED, r) for r in grid]
+    jobs = _jobs(world, methods, grid)
     _line(f"[3/4] {len(jobs)} configurations x {n_items} questions (ratios {grid})")
     from tqdm.auto import tqdm
 
-    world = _World(model, processor, tag, trained, data, items, reference, out / "runs")
     rows: list[dict[str, Any]] = []
     bar = tqdm(total=len(jobs) * n_items, unit="q", desc="demo", dynamic_ncols=True)
     for method, r in jobs:
         rows.append(_run_job(world, method, r))
         bar.update(n_items)
     bar.close()
-    _finish(world, rows, n_items, out)
+    _finish(world, rows, n_items, Path(output))
     failed = [r for r in rows if "error" in r]
     _line(f"done in {time.perf_counter() - start:.0f} s")
     if failed:  # any failed configuration: the demo did not show what it promised
@@ -153,63 +123,90 @@ def run_demo(
     return 0
 
 
+def _prerequisites() -> bool:
+    """craft-adapters' pipeline and craft-world are there; else says what is missing."""
+    from craft_eval.backend import adapters_status
+
+    ok, missing = adapters_status()
+    if not ok:
+        _line(f"craft-eval demo cannot run the model pipeline: {missing}.")
+        _line("Nothing was faked; install/finish craft-adapters and run it again.")
+        return False
+    try:
+        import craft_world  # noqa: F401
+    except ImportError:
+        _line("craft-eval demo needs craft-world (the miniature world): pip install craft-world")
+        return False
+    return True
+
+
 @dataclass
 class _World:
     """What every configuration of one demo run shares."""
 
     model: Any
-    processor: Any
     tag: str
     trained: str | None  # the shipped trained module, or None
-    data: Path
-    items: Any  # craft_world.measure items (held-out questions)
-    reference: Any  # the uncompressed model's answer log-probabilities
-    runs: Path
+    measure: Any  # craft_eval.measure.Measure: the runs, the uncompressed model wrapped once
+    first: Any  # the first question (its efficiency profile)
+
+
+def _world(
+    model_path: str | None, backbone: str | None, out: Path, device: str | None, n: int, seed: int
+) -> _World:
+    """Writes the held-out clips, loads the model, wraps it uncompressed (once)."""
+    import torch
+
+    import craft_world
+    from craft_eval.measure import Measure
+    from craft_eval.tasks import get_benchmark
+
+    data = craft_world.make_clips(out / "data" / "mvbench", n, seed=seed, split="test")
+    _line(f"[1/4] wrote {2 * n} held-out questions (MVBench format) + clips -> {data}")
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model, processor, tag, trained, what = _load(model_path, backbone, out, dev)
+    _line(f"[2/4] {what} ({model.config.model_type}) on {dev}")
+    measure = Measure(
+        model, processor, data, out / "runs" / tag, subset=DEMO_TASKS, max_frames=DEMO_FRAMES,
+        tag=tag,
+    )  # fmt: skip
+    first = get_benchmark("mvbench").load(data, subset=DEMO_TASKS)[0]
+    return _World(model, tag, trained, measure, first)
+
+
+def _jobs(world: _World, methods: list[str] | None, grid: list[float]) -> list[tuple[str, Any]]:
+    """`(method, ratio)`: uncompressed, every method at every ratio, the trained module."""
+    from craft_eval.methods import list_methods
+
+    names = methods or [m.name for m in list_methods()]
+    jobs: list[tuple[str, float | None]] = [("none", None)]
+    jobs += [(m, r) for r in grid for m in names]
+    if world.trained is not None:
+        jobs += [(TRAINED, r) for r in grid]
+    return jobs
 
 
 def _run_job(world: _World, method: str, ratio: float | None) -> dict[str, Any]:
-    """One configuration: the benchmark run (resumable records), the efficiency profile of
-    the first question and the KL / accuracy against the uncompressed answers. A failure is
-    this row's error, never the demo's: the other methods' results still print."""
-    from craft_eval.backend import HFBackend
-    from craft_eval.runner import RunConfig, run_benchmark
+    """One configuration: the benchmark run with the first-token scorer (resumable
+    records; the trained module is CRAFT from the shipped checkpoint), then the efficiency
+    profile of the first question. A failure is this row's error, never the demo's: the
+    other methods' results still print."""
+    from craft_core import TokenBudget
     from craft_eval.tasks import get_benchmark
-    from craft_world.measure import evaluate
 
-    is_trained = method == TRAINED
-    config = RunConfig(
-        benchmark="mvbench",
-        data_root=str(world.data),
-        model=world.tag,
-        method=method,
-        ratio=ratio,
-        checkpoint=world.trained if is_trained else None,
-        subset=DEMO_TASKS,
-        max_frames=DEMO_FRAMES,
-    )
-    run_dir = world.runs / world.tag / config.run_name()
-    mvbench = get_benchmark("mvbench")
-    first = mvbench.load(world.data, subset=DEMO_TASKS)[0]
+    trained = method == TRAINED
+    budget = None if ratio is None else TokenBudget(ratio=ratio)  # the demo's --ratio, once
     try:
-        backend = HFBackend(
-            world.model,
-            world.processor,
-            method="craft" if is_trained else method,
-            ratio=ratio,
-            max_frames=DEMO_FRAMES,
-            method_kwargs={"checkpoint": world.trained} if is_trained else None,
-            merge_map_dir=run_dir,
-            merge_maps=1,
-        )
-        summary = run_benchmark(config, backend, run_dir, progress=False)
-        assert summary is not None
-        prof = backend.profile(first, mvbench.prompt(first), repeats=3)
-        prof["measured"] = evaluate(
-            world.model, world.processor, world.items, world.reference, backend.compressor, ratio
-        )
+        done = world.measure.run(
+            method, budget, method="craft" if trained else method,
+            checkpoint=world.trained if trained else None, merge_maps=1,
+        )  # fmt: skip
+        prompt = get_benchmark("mvbench").prompt(world.first)
+        prof = done.backend.profile(world.first, prompt, repeats=3)
     except Exception as error:  # one method failing must not hide the others' results
         return {"method": method, "ratio": ratio, "error": f"{type(error).__name__}: {error}"}
-    return {"method": method, "ratio": ratio, "scores": summary["scores"], **prof}
+    return {"method": method, "ratio": ratio, "scores": done.scores, "records": done.records,
+            **prof}  # fmt: skip
 
 
 def _finish(world: _World, rows: list[dict[str, Any]], n_items: int, out: Path) -> None:
@@ -218,7 +215,7 @@ def _finish(world: _World, rows: list[dict[str, Any]], n_items: int, out: Path) 
 
     _print_table(rows, world.model, n_items)
     _print_paired(rows)
-    report = write_report(world.runs / world.tag, out / "report")
+    report = write_report(world.measure.runs, out / "report")
     plot = plot_accuracy_and_retention(rows, out / "report" / "accuracy_retention_vs_ratio.png")
     if world.tag == "world":
         _line(
@@ -237,7 +234,7 @@ def _finish(world: _World, rows: list[dict[str, Any]], n_items: int, out: Path) 
     _line(f"report:   {report['markdown']}")
     for path in report["merge_maps"][:2]:
         _line(f"merge map: {path}")
-    _line(f"records:  {world.runs / world.tag}  (JSONL per run; resumable)")
+    _line(f"records:  {world.measure.runs}  (JSONL per run; resumable)")
 
 
 def _print_table(rows: list[dict[str, Any]], model: Any, n_items: int) -> None:
@@ -281,22 +278,23 @@ def _table_row(
     se = binomial_se(acc, int(s["n_scored"]))
     acc_text = "-" if acc is None else f"{acc:.1f} +- {se:.1f}"
     keep = None if acc is None or not base_acc else 100.0 * acc / base_acc
-    m = row["measured"]
+    kl = s.get("first_token_kl_mean")
+    kl_text = "-" if kl is None else f"{kl:.3f} +- {s['first_token_kl_se']:.3f}"
     row["accuracy"], row["se"], row["retention"] = acc, se, keep
     tokens = f"{_f(s['tokens_before_mean'], 0)} -> {_f(s['tokens_after_mean'], 0)}"
     return (
         f"{row['method']:<16} {rtext:>5} {tokens:>13} {_f(row['prefill_ms'], 1):>10} "
         f"{_f(row['compress_ms'], 1):>11} {_f(saved, 1):>13} {_f(row['kv_mb'], 3):>7} "
         f"{_f(None if flops is None else 100 * flops, 1, '%'):>10} {acc_text:>12} "
-        f"{f'{m.kl_mean:.3f} +- {m.kl_se:.3f}':>15} {_f(keep, 1, '%'):>9}"
+        f"{kl_text:>15} {_f(keep, 1, '%'):>9}"
     )
 
 
 def _print_paired(rows: list[dict[str, Any]]) -> None:
     """Per ratio, the trained module minus every other method on the same questions."""
-    from craft_world.measure import paired
+    from craft_eval.scoring import paired_records
 
-    done = {(r["method"], r["ratio"]): r["measured"] for r in rows if "measured" in r}
+    done = {(r["method"], r["ratio"]): r["records"] for r in rows if "records" in r}
     for (method, ratio), mine in done.items():
         if method != TRAINED:
             continue
@@ -305,8 +303,12 @@ def _print_paired(rows: list[dict[str, Any]]) -> None:
         for (other, r), theirs in done.items():
             if r != ratio or other == TRAINED:
                 continue
-            drop, se = paired(theirs.kl, mine.kl)
-            gain, gain_se = paired(mine.hits, theirs.hits)
+            try:
+                drop, se = paired_records(theirs, mine, "first_token_kl")
+                gain, gain_se = paired_records(mine, theirs, "first_token_correct")
+            except ValueError as why:  # records resumed from a run without the scorer
+                _line(f"  vs {other:<16} not paired: {why}")
+                continue
             _line(
                 f"  vs {other:<16} KL drop {drop:+.3f} +- {se:.3f} ({drop / max(se, 1e-12):+5.1f} SE)"
                 f"   accuracy {100 * gain:+5.1f} +- {100 * gain_se:.1f} points"

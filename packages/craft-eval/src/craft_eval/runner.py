@@ -25,7 +25,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -68,6 +68,16 @@ class Backend(Protocol):
     """Runs the model on one item: read the video, build inputs, compress, generate."""
 
     def generate(self, item: Item, prompt: Prompt) -> Generation: ...
+
+
+class Scorer(Protocol):
+    """Measures an answered item beyond its reply (e.g. `scoring.FirstTokenScorer`: the
+    first answer token's KL to the uncompressed model): the fields it returns go into the
+    item's record, and `scoring.summarize` aggregates the ones it knows."""
+
+    def __call__(
+        self, item: Item, prompt: Prompt, backend: Backend, generation: Generation
+    ) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -252,12 +262,14 @@ def run_benchmark(
     merge_timeout_s: float = 24 * 3600.0,
     stop_after: int | None = None,
     items: list[Item] | None = None,
+    scorers: Sequence[Scorer] = (),
 ) -> dict[str, Any] | None:
     """Evaluate `config` with `backend`; return the merged summary (rank 0) or None.
 
     Args:
         backend: a Backend, or a zero-argument factory (called only if work remains).
         items: `load_items(config)` when the caller already loaded (and so checked) them.
+        scorers: each adds its fields to every answered item's record (see `Scorer`).
         rank, world_size: default from the environment (torchrun); simulate ranks in tests.
         stop_after: stop after this many NEW items without writing "done" (tests use it
             to simulate a killed run).
@@ -278,7 +290,7 @@ def run_benchmark(
     try:
         return _run_locked(
             config, backend, run_dir, bench, protocol_info, items, order, shard, rank,
-            world_size, progress, merge_timeout_s, stop_after,
+            world_size, progress, merge_timeout_s, stop_after, scorers,
         )  # fmt: skip
     finally:
         lock.release()
@@ -333,6 +345,7 @@ def _run_locked(
     progress: bool,
     merge_timeout_s: float,
     stop_after: int | None,
+    scorers: Sequence[Scorer],
 ) -> dict[str, Any] | None:
     shard_path = run_dir / f"records.rank{rank}.jsonl"
     existing = _read_jsonl(shard_path, repair=True)
@@ -354,7 +367,7 @@ def _run_locked(
                 if stop_after is not None and count >= stop_after:
                     bar.close()
                     return None
-                writer.write(_evaluate(item, order[item.id], bench, config, model))
+                writer.write(_evaluate(item, order[item.id], bench, config, model, scorers))
                 bar.update(1)
             bar.close()
         if not finished:
@@ -410,7 +423,12 @@ def _progress(total: int, initial: int, config: RunConfig, rank: int, enabled: b
 
 
 def _evaluate(
-    item: Item, index: int, bench: Any, config: RunConfig, model: Backend
+    item: Item,
+    index: int,
+    bench: Any,
+    config: RunConfig,
+    model: Backend,
+    scorers: Sequence[Scorer] = (),
 ) -> dict[str, Any]:
     prompt = bench.prompt(item, config.protocol)
     row: dict[str, Any] = {
@@ -451,6 +469,8 @@ def _evaluate(
         item_s=round(time.perf_counter() - start, 4),
         **({"extra": gen.extra} if gen.extra else {}),
     )
+    for scorer in scorers:
+        row.update(scorer(item, prompt, model, gen))
     return row
 
 
@@ -518,6 +538,12 @@ def merge_run(run_dir: str | Path) -> dict[str, Any]:
         )
     _write_whole(run_dir / "summary.json", json.dumps(summary, indent=1, sort_keys=True))
     return summary
+
+
+def run_records(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The item records of a merged run (`records.jsonl`), in benchmark order: what the
+    scorers measured per item, for paired comparisons of two runs."""
+    return [r for r in _read_jsonl(Path(run_dir) / "records.jsonl") if r.get("type") == "item"]
 
 
 def _write_whole(path: Path, text: str) -> None:

@@ -1,14 +1,35 @@
 """Scores of a run: accuracy (headline as each benchmark defines it), per-category
-breakdowns, realized compression ratio per video averaged, retention against a base run."""
+breakdowns, realized compression ratio per video averaged, retention against a base run,
+and the first answer token's measurements (`FirstTokenScorer`, a scorer of the runner).
+
+    scorer = FirstTokenScorer(HFBackend(model, processor))         # the uncompressed model
+    run_benchmark(config, backend, run_dir, scorers=[scorer])      # + first_token_* fields
+    summary["scores"]["first_token_kl_mean"], ...["first_token_kl_se"]      # nats
+    drop, se = paired_records(other_records, my_records, "first_token_kl")  # mean, SE
+
+The first answer token's distribution is the model's next-token distribution right after
+the prompt: for MVBench prompts, the option letter. Its KL(uncompressed || compressed) says
+how much of the answer a compressor changed; the most likely option letter among the
+item's options is what a greedy reply starts with. Both are per item, so two methods on
+the same items are compared by the paired difference, whose standard error is far smaller
+than either method's own.
+"""
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
+from collections.abc import Sequence
 from statistics import mean
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from craft_eval.tasks import Benchmark
+from craft_eval.tasks import Benchmark, Item, Prompt
 from craft_eval.tasks.parsing import strip_reasoning
+
+if TYPE_CHECKING:
+    import torch
+
+    from craft_eval.runner import Generation
 
 
 def summarize(records: list[dict[str, Any]], benchmark: Benchmark) -> dict[str, Any]:
@@ -22,6 +43,7 @@ def summarize(records: list[dict[str, Any]], benchmark: Benchmark) -> dict[str, 
     - errors (undecodable videos ...) count as wrong and are listed in `errors`.
     - lmms-eval's aggregation rules: MVBench leaves empty replies out of the denominators
       (`skip_empty_replies`); MLVU's headline divides by its 7 task types (`macro_groups`).
+    - `first_token_*` where the records carry `FirstTokenScorer`'s fields.
     """
     ok = [r for r in records if r.get("status") == "ok"]
     errors = [r for r in records if r.get("status") != "ok"]
@@ -48,22 +70,9 @@ def summarize(records: list[dict[str, Any]], benchmark: Benchmark) -> dict[str, 
             g: {"accuracy": acc(rows), "n": len(rows)} for g, rows in sorted(groups.items())
         }
     micro = acc(records)
-    headline: float | None
-    if benchmark.macro_over and benchmark.macro_groups:
-        per_group = breakdowns.get(benchmark.macro_over, {})
-        fixed = [(per_group.get(g) or {}).get("accuracy") or 0.0 for g in benchmark.macro_groups]
-        headline = mean(fixed)
-    elif benchmark.macro_over and breakdowns.get(benchmark.macro_over):
-        values = [v["accuracy"] for v in breakdowns[benchmark.macro_over].values()]
-        values = [v for v in values if v is not None]
-        headline = mean(values) if values else None
-    else:
-        headline = micro
-
-    efficiency = _efficiency(ok)
     return {
         "benchmark": benchmark.name,
-        "accuracy": headline,
+        "accuracy": _headline(benchmark, breakdowns, micro),
         "micro_accuracy": micro,
         "headline": f"mean over {benchmark.macro_over}" if benchmark.macro_over else "accuracy",
         "n_items": len(records),
@@ -71,9 +80,27 @@ def summarize(records: list[dict[str, Any]], benchmark: Benchmark) -> dict[str, 
         "n_errors": len(errors),
         "errors": [{"id": r.get("id"), "error": r.get("error")} for r in errors],
         "breakdowns": breakdowns,
-        **efficiency,
+        **_efficiency(ok),
         "frames_capped": sum(1 for r in ok if r.get("frames_capped")),
+        **_first_token(ok),
     }
+
+
+def _headline(
+    benchmark: Benchmark, breakdowns: dict[str, dict[str, dict[str, Any]]], micro: float | None
+) -> float | None:
+    """The benchmark's headline accuracy: micro, or the mean over its `macro_over` groups
+    (a fixed list of groups, missing ones counting 0, where `macro_groups` names them)."""
+    if benchmark.macro_over and benchmark.macro_groups:
+        per_group = breakdowns.get(benchmark.macro_over, {})
+        return mean(
+            [(per_group.get(g) or {}).get("accuracy") or 0.0 for g in benchmark.macro_groups]
+        )
+    if benchmark.macro_over and breakdowns.get(benchmark.macro_over):
+        values = [v["accuracy"] for v in breakdowns[benchmark.macro_over].values()]
+        values = [v for v in values if v is not None]
+        return mean(values) if values else None
+    return micro
 
 
 def _efficiency(ok: list[dict[str, Any]]) -> dict[str, Any]:
@@ -107,3 +134,96 @@ def retention(accuracy: float | None, base_accuracy: float | None) -> float | No
     if accuracy is None or not base_accuracy:
         return None
     return 100.0 * accuracy / base_accuracy
+
+
+def _first_token(ok: list[dict[str, Any]]) -> dict[str, Any]:
+    """Means of `FirstTokenScorer`'s fields over the answered items that carry them: the
+    first-token accuracy (fraction) with its binomial standard error, the mean KL (nats)
+    with the standard error of the mean. Nothing when no record carries them."""
+    kl = [float(r["first_token_kl"]) for r in ok if r.get("first_token_kl") is not None]
+    hits = [float(r["first_token_correct"]) for r in ok if "first_token_correct" in r]
+    if not kl:
+        return {}
+    p = mean(hits) if hits else None
+    return {
+        "first_token_n": len(kl),
+        "first_token_accuracy": p,
+        "first_token_accuracy_se": None if p is None else math.sqrt(p * (1 - p) / len(hits)),
+        "first_token_kl_mean": mean(kl),
+        "first_token_kl_se": _stdev(kl) / math.sqrt(len(kl)),
+    }
+
+
+def _stdev(values: Sequence[float]) -> float:
+    """Sample standard deviation (n - 1); 0 for fewer than 2 values."""
+    if len(values) < 2:
+        return 0.0
+    m = math.fsum(values) / len(values)
+    return math.sqrt(math.fsum((v - m) ** 2 for v in values) / (len(values) - 1))
+
+
+def paired(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+    """Mean of `a - b` over paired values and the standard error of that mean
+    (`std / sqrt(n)`)."""
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError(f"need two series of >= 2 paired values, got {len(a)} and {len(b)}")
+    d = [float(x) - float(y) for x, y in zip(a, b)]
+    return math.fsum(d) / len(d), _stdev(d) / math.sqrt(len(d))
+
+
+def paired_records(
+    a: list[dict[str, Any]], b: list[dict[str, Any]], field: str
+) -> tuple[float, float]:
+    """`paired` of `field` (e.g. "first_token_kl", "first_token_correct") over the items
+    both runs' records carry it for, matched by item id: mean of a - b and its SE."""
+    values = {r["id"]: r[field] for r in b if r.get(field) is not None}
+    both = [(float(r[field]), float(values[r["id"]])) for r in a if r.get(field) is not None
+            and r["id"] in values]  # fmt: skip
+    return paired([x for x, _ in both], [y for _, y in both])
+
+
+def kl_to(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """`KL(reference || other)` over the last dim of two log-probability tensors `[..., V]`:
+    `[...]`."""
+    if reference.shape != other.shape:
+        raise ValueError(f"shapes differ: {tuple(reference.shape)} vs {tuple(other.shape)}")
+    return (reference.exp() * (reference - other)).sum(-1)
+
+
+class FirstTokenScorer:
+    """A scorer of the runner (`run_benchmark(..., scorers=[...])`): per answered item,
+    `first_token_kl` (KL(uncompressed || this backend) of the first answer token, nats) and
+    `first_token_correct` (its most likely option letter among the item's options is the
+    gold one).
+
+    Args:
+        reference: the uncompressed model as a backend with `first_token_logprobs(item,
+            prompt) -> [V]` (an `HFBackend` with method "none"); its answers are computed
+            once per item and prompt, and a run with `reference` itself as its backend has
+            KL 0 exactly.
+        tokenizer: maps the option letters to token ids (`processor.tokenizer`).
+    """
+
+    def __init__(self, reference: Any, tokenizer: Any) -> None:
+        self.reference = reference
+        self.tokenizer = tokenizer
+        self._answers: dict[tuple[str, str], torch.Tensor] = {}
+
+    def reference_logprobs(self, item: Item, prompt: Prompt) -> torch.Tensor:
+        """The uncompressed model's first-token log-probabilities `[V]` (cached)."""
+        key = (item.id, prompt.text + prompt.assistant_prefix)
+        if key not in self._answers:
+            self._answers[key] = self.reference.first_token_logprobs(item, prompt)
+        return self._answers[key]
+
+    def __call__(
+        self, item: Item, prompt: Prompt, backend: Any, generation: Generation
+    ) -> dict[str, Any]:
+        ref = self.reference_logprobs(item, prompt)
+        mine = ref if backend is self.reference else backend.first_token_logprobs(item, prompt)
+        letters = [self.tokenizer.convert_tokens_to_ids(c) for c in item.letters]
+        best = item.letters[int(mine[letters].argmax())]
+        out: dict[str, Any] = {"first_token_kl": float(kl_to(ref, mine))}
+        if item.answer:
+            out["first_token_correct"] = best == item.answer
+        return out

@@ -6,8 +6,9 @@
     craft_world.craft_path()                               # a merge module trained by craft-train
 
 The clips and questions are in `craft_world.clips`, the backbone recipe in
-`craft_world.backbone` and `craft_world.train_backbone`, item-by-item measurements in
-`craft_world.measure`.
+`craft_world.backbone` and `craft_world.train_backbone`. Measurements in the world (accuracy,
+the first answer token's KL to the uncompressed model, paired comparisons) are craft-eval's:
+its runner with `craft_eval.scoring.FirstTokenScorer`.
 """
 
 from __future__ import annotations

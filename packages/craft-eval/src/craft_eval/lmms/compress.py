@@ -16,13 +16,19 @@ a logging view of `task_dict` records that order, so batches of any size map bac
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from craft_core import TokenBudget
-from craft_eval.methods.build import MODEL_ARGS, TimedCompressor, build_compressor, check_method
+from craft_eval.methods.build import (
+    MODEL_ARGS,
+    RowLog,
+    TimedCompressor,
+    build_compressor,
+    check_method,
+    row_logs,
+)
 
 _BUDGET_NAMES = ("model_args ratio", "model_args threshold", "model_args min_tokens")
 
@@ -42,34 +48,25 @@ def _options(checkpoint: str | None) -> dict[str, Any]:
     return {"checkpoint": str(checkpoint)} if checkpoint else {}
 
 
-@dataclass
-class RowRecord:
-    """Compression of one batch row (one request)."""
-
-    tokens_before: int
-    tokens_after: int
-    compression_ms: float
-    kept_digests: list[str] = field(default_factory=list)  # per video: tokens + rows kept
-    importance: list[str] = field(default_factory=list)  # per video: what ranked the tokens
-
-    def fields(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "visual_tokens_before": self.tokens_before,
-            "visual_tokens_after": self.tokens_after,
-            "realized_ratio": round(self.tokens_before / max(1, self.tokens_after), 4),
-            "compression_ms": round(self.compression_ms, 3),
-        }
-        if self.kept_digests:
-            out["kept_digests"] = list(self.kept_digests)
-        if self.importance:
-            out["importance"] = list(self.importance)
-        return out
+def row_fields(row: RowLog) -> dict[str, Any]:
+    """The compression fields of one request in lmms-eval's sample log (`token_counts`)."""
+    out: dict[str, Any] = {
+        "visual_tokens_before": row.tokens_before,
+        "visual_tokens_after": row.tokens_after,
+        "realized_ratio": round(row.tokens_before / max(1, row.tokens_after), 4),
+        "compression_ms": round(row.compression_ms, 3),
+    }
+    if row.kept_digests:
+        out["kept_digests"] = list(row.kept_digests)
+    if row.importance:
+        out["importance"] = list(row.importance)
+    return out
 
 
 class CompressedGenerate:
     """Stands where lmms-eval keeps the HF model: `generate` compresses, the rest delegates.
 
-    `rows` holds one `RowRecord` per row of the last `generate` call.
+    `rows` holds one `RowLog` (`methods.build.row_logs`) per row of the last `generate`.
     """
 
     def __init__(
@@ -81,7 +78,7 @@ class CompressedGenerate:
         self._compressor = compressor
         self._wrapped = craft_adapters.wrap(model, compressor, budget=budget)
         self._video_token_id = self._wrapped.adapter.video_token_id
-        self.rows: list[RowRecord] = []
+        self.rows: list[RowLog] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._hf, name)
@@ -100,26 +97,11 @@ class CompressedGenerate:
         self.rows = self._records(ids)
         return out
 
-    def _records(self, ids: Any) -> list[RowRecord]:
+    def _records(self, ids: Any) -> list[RowLog]:
         if not isinstance(ids, torch.Tensor):
             return []
-        report = self._wrapped.last_compression
-        if report is None or not report.videos:
-            counts = (ids == self._video_token_id).sum(dim=1).tolist()
-            return [RowRecord(int(n), int(n), 0.0) for n in counts]
-        rows = [RowRecord(0, 0, 0.0) for _ in range(ids.shape[0])]
-        calls = self._compressor.calls if self._compressor is not None else []
-        for k, video in enumerate(report.videos):
-            row = rows[video.batch_index]
-            row.tokens_before += video.tokens_before
-            row.tokens_after += video.tokens_after
-            if k < len(calls):
-                row.compression_ms += calls[k].ms
-                row.kept_digests.append(calls[k].digest)
-                source = calls[k].importance
-                if source:
-                    row.importance.append(source)
-        return rows
+        counts = (ids == self._video_token_id).sum(dim=1).tolist()
+        return row_logs(self._wrapped.last_compression, self._compressor, counts)
 
 
 class _DocLog:
@@ -188,7 +170,7 @@ class CraftLMMixin:
 
         log: list[tuple[Any, ...]] = []
         original = self.task_dict
-        keyed: dict[tuple[Any, ...], list[RowRecord]] = {}
+        keyed: dict[tuple[Any, ...], list[RowLog]] = {}
         compressed: CompressedGenerate = self._model
         inner_generate = compressed.generate
 
@@ -236,7 +218,7 @@ class CraftLMMixin:
         )
 
 
-def _with_fields(result: Any, row: RowRecord | None, result_cls: Any) -> Any:
+def _with_fields(result: Any, row: RowLog | None, result_cls: Any) -> Any:
     """The request's result with the compression fields in its `TokenCounts`."""
     from lmms_eval.api.instance import TokenCounts
 
@@ -246,7 +228,7 @@ def _with_fields(result: Any, row: RowRecord | None, result_cls: Any) -> Any:
         text, counts = result, None
     if row is None:
         return result
-    merged = CraftTokenCounts.make(TokenCounts, counts, row.fields())
+    merged = CraftTokenCounts.make(TokenCounts, counts, row_fields(row))
     return result_cls(text=text, token_counts=merged)
 
 

@@ -19,7 +19,8 @@ from __future__ import annotations
 import hashlib
 import inspect
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +33,13 @@ __all__ = [
     "CLI",
     "MODEL_ARGS",
     "CallRecord",
+    "RowLog",
     "Spelling",
     "TimedCompressor",
     "build_compressor",
     "check_method",
     "result_digest",
+    "row_logs",
 ]
 
 
@@ -243,6 +246,52 @@ class TimedCompressor:
             )
         )
         return result
+
+
+@dataclass
+class RowLog:
+    """What compression did to one batch row (one benchmark item, one lmms-eval request):
+    its videos' tokens before and after, the compressor's time on them and, per video, what
+    it kept (`CallRecord.digest`: tokens and rows), what ranked the tokens and the rounds."""
+
+    tokens_before: int
+    tokens_after: int
+    compression_ms: float = 0.0
+    kept_digests: list[str] = field(default_factory=list)
+    importance: list[str] = field(default_factory=list)
+    rounds: list[int] = field(default_factory=list)
+
+
+def row_logs(
+    report: Any, compressor: TimedCompressor | None, video_tokens: Sequence[int]
+) -> list[RowLog]:
+    """One `RowLog` per batch row of the last forward or `generate()`, the one compression
+    log of `craft-eval run` (`HFBackend`) and of the lmms-eval plugin.
+
+    Args:
+        report: the wrapped model's `last_compression` (craft-adapters' report: its
+            `videos` in call order, each with `batch_index`, `tokens_before`,
+            `tokens_after`, `rounds`), or None.
+        compressor: the timed compressor of that call (its `calls`: one per video, in the
+            report's order), or None for the uncompressed model.
+        video_tokens: per row, its video tokens in the input: the row's counts, unchanged,
+            where nothing was compressed (no report, or a report without videos).
+    """
+    if report is None or not report.videos:
+        return [RowLog(int(n), int(n)) for n in video_tokens]
+    rows = [RowLog(0, 0) for _ in video_tokens]
+    calls = compressor.calls if compressor is not None else []
+    for k, video in enumerate(report.videos):
+        row = rows[video.batch_index]
+        row.tokens_before += int(video.tokens_before)
+        row.tokens_after += int(video.tokens_after)
+        row.rounds.append(int(video.rounds))
+        if k < len(calls):
+            row.compression_ms += calls[k].ms
+            row.kept_digests.append(calls[k].digest)
+            if calls[k].importance:
+                row.importance.append(calls[k].importance)
+    return rows
 
 
 def _sync(device: torch.device) -> None:
