@@ -31,7 +31,7 @@ from craft_adapters.wrapper import (
     wrap,
 )
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 __all__ = [
     "BackboneAdapter",

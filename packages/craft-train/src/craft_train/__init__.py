@@ -14,7 +14,7 @@ videos to match the uncompressed model (`craft_train.distill`). The command line
 from craft_train.budget import sample_budget
 from craft_train.config import ConfigError, TrainingConfig, check_paths, load_config
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 __all__ = [
     "ConfigError",

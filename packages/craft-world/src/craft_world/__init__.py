@@ -18,7 +18,7 @@ from typing import Any
 
 from craft_world.clips import make_clips
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 __all__ = ["WORLD_CRAFT", "backbone_path", "craft_path", "load_backbone", "make_clips"]
 
