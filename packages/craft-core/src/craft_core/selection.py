@@ -202,7 +202,8 @@ def rank_edges(
     partner_sim: torch.Tensor,
     square_norms: torch.Tensor,
     floor: int,
-    threshold: float | None,
+    threshold: float | torch.Tensor | None,
+    room: torch.Tensor | None = None,
 ) -> RankedEdges | None:
     """Steps 2-7 of one round on fixed-shape masks, and the layout, with no host sync.
 
@@ -212,13 +213,17 @@ def rank_edges(
         partner_sim: `[n]` float64 its exact similarity `s*_i`.
         square_norms: `[N]` exact squared norm of every token's current row.
         floor: fewest tokens allowed to remain.
-        threshold: `s_theta` in threshold mode, None in fixed-ratio mode.
+        threshold: `s_theta` in threshold mode (a float or a 0-d tensor), None in
+            fixed-ratio mode.
+        room: the compiled loop's padded rounds: the budget as a 0-d long tensor, for
+            `n` padded rows whose padding has `partner_sim` -inf (`floor` is then unused
+            and the edges are `n // 2` slots, those past `room` masked).
 
     Returns:
         The round's ranked edges, or None when the budget allows none (k <= 0).
     """
     n, size = active_ids.numel(), square_norms.numel()
-    budget = min(n - floor, n // 2)
+    budget = min(n - floor, n // 2) if room is None else n // 2
     if budget <= 0:
         return None
     # 2-4. Candidates, k, truncation: the best s*_i first, ties to the smaller i (stable
@@ -230,6 +235,8 @@ def rank_edges(
     pos = pos[:budget]
     first, second, sim = active_ids[pos], partner[pos], partner_sim[pos]
     keep = ranked[:budget] > float("-inf")  # all True in fixed-ratio mode (n >= 2)
+    if room is not None:
+        keep = keep & (torch.arange(budget, device=keep.device) < room)
 
     # 5. Orientation: the larger current norm is the target; equal norms: the smaller index.
     norm_first, norm_second = square_norms[first], square_norms[second]
