@@ -252,17 +252,30 @@ def rank_edges(
     not_target.index_put_((torch.where(keep, targets, size),), ~keep)
     keep = keep & not_target[sources]
 
-    # 7. One target per source: highest similarity, then smallest target index. The two
-    # copies of a mutual pair (i -> j and j -> i: same target, source and similarity) are
-    # one edge: the copy that starts at its target wins. One integer key orders all three:
-    # the rank of the similarity among the distinct values (edges are sorted by it), the
-    # target, and the copy.
+    # 7. One target per source.
+    keep = _one_target_per_source(keep, targets, sources, sim, first_is_target, size)
+    return _rank_layout(keep, targets, sources, sim, size)
+
+
+def _one_target_per_source(
+    keep: torch.Tensor,
+    targets: torch.Tensor,
+    sources: torch.Tensor,
+    sim: torch.Tensor,
+    first_is_target: torch.Tensor,
+    size: int,
+) -> torch.Tensor:
+    """Step 7 on `[m]` edges sorted by similarity: the `keep` mask, each source's best edge
+    only (highest similarity, then smallest target index)."""
+    # The two copies of a mutual pair (i -> j and j -> i: same target, source and
+    # similarity) are one edge: the copy that starts at its target wins. One integer key
+    # orders all three: the rank of the similarity among the distinct values (edges are
+    # sorted by it), the target, and the copy.
     sim_rank = torch.nn.functional.pad(torch.cumsum(sim[1:] != sim[:-1], 0), (1, 0))
     key = (sim_rank * (size + 1) + targets) * 2 + (~first_is_target)
     slot = torch.where(keep, sources, size)
     lowest = torch.full((size + 1,), torch.iinfo(torch.long).max, device=keep.device)
-    keep = keep & (key == lowest.scatter_reduce_(0, slot, key, "amin")[sources])
-    return _rank_layout(keep, targets, sources, sim, size)
+    return keep & (key == lowest.scatter_reduce_(0, slot, key, "amin")[sources])
 
 
 def _rank_layout(
