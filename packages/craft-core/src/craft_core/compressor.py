@@ -4,11 +4,14 @@
     compressor = CraftCompressor(CraftConfig(hidden_size=2560))
     out = compressor(features, coords, ratio=8.0)        # features [N, D], coords [N, 3] long
     out = compressor(features, coords, threshold=0.9)    # adaptive mode
+    CraftConfig(hidden_size=2560, compile=True)          # one compiled graph a round
 
 Each round pairs every active token with its most similar one (training-free, float32,
 blockwise, incrementally updated), keeps the best edges within the budget, orients them by
 L2 norm, drops chains, and fuses each target with its sources through `GatedMerge`
-(differentiable). See `docs/algorithm.md` for every rule.
+(differentiable). See `docs/algorithm.md` for every rule. With `compile=True` and no
+autograd, `_compress_compiled` runs the same loop as one compiled graph a round
+(`compiled.py`); training stays eager.
 """
 
 from __future__ import annotations
