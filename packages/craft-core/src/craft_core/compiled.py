@@ -90,7 +90,11 @@ def padded_round(
     targets = torch.where(edge_slots < num_edges, edges.targets, dummy)
     similarity = torch.where(edge_slots < num_edges, edges.similarity, 0.0).float()
     new_rows = merge.fuse_all(
-        rows[row_ids], rows[sources], edges.group, coords[row_ids], coords[sources], similarity, phi
+        (rows[row_ids], rows[sources]),
+        edges.group,
+        (coords[row_ids], coords[sources]),
+        similarity,
+        phi,
     )
     new_rows = new_rows.masked_fill(~row_ok.unsqueeze(1), 0.0)  # the dummy row stays zero
     new_embed, new_norms = row_keys(new_rows, weight, block)

@@ -285,11 +285,9 @@ class GatedMerge(nn.Module):
 
     def fuse_all(
         self,
-        x_targets: torch.Tensor,
-        x_sources: torch.Tensor,
+        rows: tuple[torch.Tensor, torch.Tensor],
         group: torch.Tensor,
-        coords_targets: torch.Tensor,
-        coords_sources: torch.Tensor,
+        coords: tuple[torch.Tensor, torch.Tensor],
         similarity: torch.Tensor,
         phi: torch.Tensor,
     ) -> torch.Tensor:
@@ -299,10 +297,12 @@ class GatedMerge(nn.Module):
         A lone target's softmax weight is exactly 1 (`exp(0) / 1`), so `x_t + (G * 1)(x_i -
         x_t)` is `forward`'s lone row, op for op; with no gate, a lone row is `x_i` itself.
 
-        Shapes: `x_targets [T, D]`, `x_sources [E, D]`, `group [E]` (target row of each
-        edge, in `[0, T)`), `coords_* [., 3]`, `similarity [E]`, `phi [d_phi]` float64
-        (`round_embedding` of the round). Returns `[T, D]` in the dtype of `x_targets`.
+        Shapes: `rows = (x_targets [T, D], x_sources [E, D])`, `group [E]` (target row of
+        each edge, in `[0, T)`), `coords = (coords_targets [T, 3], coords_sources [E, 3])`,
+        `similarity [E]`, `phi [d_phi]` float64 (`round_embedding` of the round). Returns
+        `[T, D]` in the dtype of `x_targets`.
         """
+        (x_targets, x_sources), (coords_targets, coords_sources) = rows, coords
         reduce = self.config.reduce
         if reduce == "target":
             return x_targets
@@ -313,7 +313,7 @@ class GatedMerge(nn.Module):
             coeff = self.gate(x_targets, x_sources, group, 1, phi) * coeff
         base = _exact(x_targets)
         step = coeff * (_exact(x_sources) - base[group])
-        rows = base.index_add(0, group, step)
+        fused = base.index_add(0, group, step)
         if reduce == "mean":  # forward copies a lone source (x_t + (x_i - x_t) may round)
             num_targets = x_targets.shape[0]
             count = group.new_zeros(num_targets).index_add_(0, group, torch.ones_like(group))
@@ -321,5 +321,5 @@ class GatedMerge(nn.Module):
             edge = group.new_zeros(num_targets).scatter_(
                 0, group, torch.arange(group.numel(), device=group.device)
             )
-            rows = torch.where((count == 1).unsqueeze(1), _exact(x_sources[edge]), rows)
-        return rows.to(x_targets.dtype)
+            fused = torch.where((count == 1).unsqueeze(1), _exact(x_sources[edge]), fused)
+        return fused.to(x_targets.dtype)
