@@ -26,11 +26,13 @@ graphs are compiled with `mode="reduce-overhead"` (CUDA graphs); on a CPU with
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
-from torch import nn
 
 from craft_core.certify import buffered_partners
 from craft_core.compiling import inductor_options
+from craft_core.merge import GatedMerge
 from craft_core.selection import rank_edges, row_keys
 
 MIN_BUCKET = 64
@@ -48,7 +50,7 @@ def bucket(n: int) -> int:
 
 
 def padded_round(
-    merge: nn.Module,
+    merge: GatedMerge,
     tables: tuple[torch.Tensor, ...],
     active: torch.Tensor,
     scalars: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor],
@@ -109,20 +111,22 @@ def padded_round(
     return torch.cat([edges.sizes, in_doubt.view(1)])
 
 
-_COMPILED: dict[tuple[str, tuple], object] = {}
+_COMPILED: dict[tuple[str, tuple], Callable[..., torch.Tensor]] = {}
 
 
-def compiled_round(device: torch.device):  # type: ignore[no-untyped-def]
+def compiled_round(device: torch.device) -> Callable[..., torch.Tensor]:
     """`padded_round` compiled for `device`'s kind (one wrapper per kind and option set)."""
-    if device.type == "cuda":
-        key: tuple[str, tuple] = ("cuda", ())
-        options: dict[str, object] = {"mode": "reduce-overhead"}
-    else:
-        inductor = inductor_options()
-        key = (device.type, tuple(sorted(inductor.items())))
-        options = {"options": inductor}
+    inductor = inductor_options()
+    key = (device.type, tuple(sorted(inductor.items())))
     if key not in _COMPILED:
-        _COMPILED[key] = torch.compile(padded_round, fullgraph=True, dynamic=False, **options)
+        if device.type == "cuda":
+            _COMPILED[key] = torch.compile(
+                padded_round, fullgraph=True, dynamic=False, mode="reduce-overhead"
+            )
+        else:
+            _COMPILED[key] = torch.compile(
+                padded_round, fullgraph=True, dynamic=False, options=inductor
+            )
     return _COMPILED[key]
 
 

@@ -391,9 +391,9 @@ class CraftCompressor(
         state = PaddedState(features, coords, weight, config.sim_block)
         round_fn, delta = compiled_round(device), similarity_bound(config.sim_dim)
         raise_recompile_limit()
-        threshold = budget.threshold
-        if threshold is not None:
-            threshold = torch.tensor(threshold, dtype=torch.float64, device=device)
+        threshold = None
+        if budget.threshold is not None:
+            threshold = torch.tensor(budget.threshold, dtype=torch.float64, device=device)
         rounds, fallbacks = 0, 0
         while (room := _room(state.n, budget.floor)) > 0:
             phi = round_embedding(rounds + 1, config.round_embed_dim, device)
