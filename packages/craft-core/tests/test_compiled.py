@@ -85,6 +85,10 @@ def test_a_second_video_of_the_same_length_compiles_nothing() -> None:
     want, got = eager_and_compiled(x, coords, {"ratio": 4.0})
     assert_same(want, got)
     assert graphs() == before
+    x, coords = make_tokens(2, 97, 24)  # another length in the same buckets (128, then 64)
+    want, got = eager_and_compiled(x, coords, {"ratio": 4.0})
+    assert_same(want, got)
+    assert graphs() == before
 
 
 def test_a_round_with_more_rows_in_doubt_than_the_buffer_is_redone_exactly() -> None:

@@ -63,7 +63,7 @@ def padded_round(
     Args:
         merge: the `GatedMerge`.
         tables: `(rows [S, D] float32, coords [S, 3] long, embed [S, d] float64, norms [S]
-            float64, owner [N] long)` with `S = bucket(N) + 1`: row `S - 1` is the dummy.
+            float64, owner [S] long)` with `S = bucket(N) + 1`: row `S - 1` is the dummy.
         active: `[B]` long, the active ids ascending in its first n slots, then `S - 1`.
         scalars: `(n, room, threshold, phi)`: 0-d long active count and budget
             (`min(n - floor, n // 2)`), 0-d float64 threshold (None: fixed-ratio mode),
@@ -142,7 +142,8 @@ class PaddedState:
     Attributes:
         rows: `[S, D]` float32 current rows (`S = bucket(N) + 1`; row `S - 1` the dummy).
         coords, embed, norms: `[S, 3]` long, `[S, d]` float64, `[S]` float64 (as `row_keys`).
-        owner: `[N]` long, the token each input token now belongs to.
+        owner: `[S]` long, the token each input token now belongs to (the first N; the
+            padding belongs to the dummy).
         active: `[bucket(n)]` long, the active ids ascending, then the dummy id.
         n: active tokens (host int, from the round's sizes).
     """
@@ -161,10 +162,12 @@ class PaddedState:
         self.embed[:n] = embed
         self.norms = torch.zeros(size, dtype=torch.float64, device=device)
         self.norms[:n] = norms
-        self.owner = torch.arange(n, device=device)
+        # Padded too (the padding owned by the dummy): a table's shape is the bucket's, so
+        # videos of every length in one bucket share the graphs.
+        self.owner = torch.full((size,), size - 1, device=device)
+        self.owner[:n] = torch.arange(n, device=device)
         self.n = n
-        self.active = self.owner.clone()
-        self.set_active(self.active)
+        self.set_active(self.owner[:n])
 
     def tables(self) -> tuple[torch.Tensor, ...]:
         """`padded_round`'s tables."""

@@ -430,7 +430,7 @@ class CraftCompressor(
             features=state.rows[kept].to(features.dtype),
             coords=coords[kept],
             kept_index=kept,
-            assignment=torch.searchsorted(kept, state.owner),
+            assignment=torch.searchsorted(kept, state.owner[: features.shape[0]]),
             rounds=rounds,
             info=info,
         )
