@@ -114,11 +114,10 @@ def listed_exact(
     listed_val, pos = top_val[:, :keep], top_pos[:, :keep]
     # Float64 dot products of grid values are exact in any order (multiples of 2^-46 < 2^53).
     exact = torch.bmm(key_embed[pos], row_embed.unsqueeze(2)).squeeze(2)
-    if top_val.shape[1] <= keep:
-        # Every column is listed, the own one too (the only -inf fast score; with more
-        # columns than `keep` it sorts after all of them and is never listed).
-        own = torch.isneginf(listed_val)
-        exact, pos = exact.masked_fill(own, float("-inf")), pos.masked_fill(own, -1)
+    # A -inf fast score is no candidate: the own column when every column is listed, or a
+    # masked column (the compiled loop's padding). Otherwise every listed score is finite.
+    excluded = torch.isneginf(listed_val)
+    exact, pos = exact.masked_fill(excluded, float("-inf")), pos.masked_fill(excluded, -1)
     if top_val.shape[1] > keep:
         left = top_val[:, keep].double() + delta
     else:
@@ -160,24 +159,29 @@ def exact_best(
 
 
 def _fast_listed(
-    embed: torch.Tensor, block: int, keep: int, delta: float
+    embed: torch.Tensor, block: int, keep: int, delta: float, valid: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One float32 pass and the exact similarities of each row's listed candidates.
 
     Returns `(best [n] float64 exact, partner [n] position, doubt [n] bool)`: the best listed
     column (ties: smallest position) and whether it fails to beat the bound on the rest.
+    Columns where `valid` (`[n]` bool) is False are never candidates.
     """
     n = embed.shape[0]
     fast = embed.float()  # exact: 24 significant bits
     if n <= 2 * block:  # one block; no loop over n, so a compiled round keeps n symbolic
         sims = fast @ fast.T
         sims.diagonal().fill_(float("-inf"))  # a row's own column never wins
+        if valid is not None:
+            sims.masked_fill_(~valid, float("-inf"))
         top_val, top_pos = torch.topk(sims, min(keep + 1, n), dim=1)
         return _decide(embed, top_val, top_pos, keep, delta)
     values, positions = [], []
     for start in range(0, n, 2 * block):
         sims = fast[start : start + 2 * block] @ fast.T
         sims.diagonal(offset=start).fill_(float("-inf"))  # a row's own column never wins
+        if valid is not None:
+            sims.masked_fill_(~valid, float("-inf"))
         top = torch.topk(sims, min(keep + 1, n), dim=1)
         values.append(top.values)
         positions.append(top.indices)
@@ -225,7 +229,12 @@ def certified_partners(
 
 
 def buffered_partners(
-    embed: torch.Tensor, block: int, delta: float, spare: int, keep: int = 3
+    embed: torch.Tensor,
+    block: int,
+    delta: float,
+    spare: int,
+    keep: int = 3,
+    valid: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`certified_partners` with fixed shapes and no host sync: the GPU path's pairing.
 
@@ -240,13 +249,18 @@ def buffered_partners(
         delta: `similarity_bound(d)` (read once by the caller: it queries global settings).
         spare: rows the exact recheck holds (a fixed `[spare, n]` product).
         keep: candidates per row that get an exact similarity.
+        valid: `[n]` bool, the rows that take part (None: all). The others (the compiled
+            loop's padding) are nobody's partner and never in doubt; their own answer is
+            meaningless.
 
     Returns:
         `(similarity [n] float64, partner [n] position, in_doubt 0-d long)`: exact whenever
         `in_doubt <= spare`.
     """
     n = embed.shape[0]
-    best, partner, doubt = _fast_listed(embed, block, keep, delta)
+    best, partner, doubt = _fast_listed(embed, block, keep, delta, valid)
+    if valid is not None:
+        doubt = doubt & valid
     # Row r in doubt goes to buffer slot (its rank among the rows in doubt); the rest, and
     # rows past the buffer, to the spare slot `spare`, which is then dropped. No Python
     # int that depends on n enters an op, so a compiled round keeps n symbolic.
@@ -258,6 +272,8 @@ def buffered_partners(
     rows = torch.where(used, rows[:spare], 0)
     sims = embed[rows] @ embed.T  # [spare, n] float64, exact
     sims.scatter_(1, rows.unsqueeze(1), float("-inf"))  # the own column never wins
+    if valid is not None:
+        sims.masked_fill_(~valid, float("-inf"))
     exact_sim, exact_pos = sims.max(dim=1)  # ties: the first maximum = smallest index
     # Written one place to the right; unused slots write the spare entry 0, then dropped.
     target = torch.where(used, rows + 1, 0)

@@ -13,6 +13,9 @@ apart: no run depends on what a run on another path left in the cache.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 # ATen's CPU capability -> the vector width inductor writes its C++ kernels for.
@@ -20,7 +23,7 @@ import torch
 _SIMD_BITS = {"AVX512": 512, "AVX2": 256}
 
 
-def inductor_options() -> dict[str, object]:
+def inductor_options() -> dict[str, str | int | bool | Callable[..., Any]]:
     """Inductor options for `torch.compile(..., options=...)`, keyed by this process's
     `torch.backends.cpu.get_cpu_capability()` (see the module docstring)."""
     capability = torch.backends.cpu.get_cpu_capability()

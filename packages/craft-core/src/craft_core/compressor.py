@@ -5,11 +5,14 @@
     out = compressor(features, coords, ratio=8.0)        # features [N, D], coords [N, 3] long
     out = compressor(features, coords, threshold=0.9)    # adaptive mode
     out = compressor(features, coords, TokenBudget(ratio=8))  # the budget object, same call
+    CraftConfig(hidden_size=2560, compile=True)          # one compiled graph a round
 
 Each round pairs every active token with its most similar one (training-free, float32,
 blockwise, incrementally updated), keeps the best edges within the budget, orients them by
 L2 norm, drops chains, and fuses each target with its sources through `GatedMerge`
-(differentiable). See `docs/algorithm.md` for every rule.
+(differentiable). See `docs/algorithm.md` for every rule. With `compile=True` and no
+autograd, `_compress_compiled` runs the same loop as one compiled graph a round
+(`compiled.py`); training stays eager.
 """
 
 from __future__ import annotations
@@ -27,16 +30,18 @@ from torch import nn
 
 from craft_core import hub
 from craft_core.budget import Budget, TokenBudget, check_tokens
+from craft_core.certify import similarity_bound
 from craft_core.checks import (
     check_has_data,
     check_in_range,
     check_index_tensor,
     check_int,
 )
+from craft_core.compiled import SPARE, PaddedState, compiled_round, raise_recompile_limit
 from craft_core.config import CraftConfig
 from craft_core.contract import budget_of
 from craft_core.dense import DENSE_MAX_TOKENS, DensePairing
-from craft_core.merge import GatedMerge, group_edges
+from craft_core.merge import GatedMerge, group_edges, round_embedding
 from craft_core.pairing import FullPairing, PairingState, ranked_edges
 from craft_core.result import CompressionResult
 from craft_core.selection import (
@@ -304,6 +309,9 @@ class CraftCompressor(
         self, features: torch.Tensor, coords: torch.Tensor, budget: Budget
     ) -> CompressionResult:
         """The loop: pair, select (one host sync), fuse, retire the sources; until the budget."""
+        if self.config.compile and not self._tracks_grad(features):
+            with torch.no_grad():
+                return self._compress_compiled(features, coords, budget)
         started = time.perf_counter()
         n, device = features.shape[0], features.device
         store = self._row_store(features)
@@ -321,22 +329,9 @@ class CraftCompressor(
             if plan is None:
                 break
             rounds += 1
-            targets, sources = plan.layout.targets, plan.sources
-            # Two gathers, not one split: a matmul's bits may depend on its input's alignment.
-            new_rows = self.merge(
-                store.gather(targets),
-                store.gather(sources),
-                plan.layout,
-                coords[targets],
-                coords[sources],
-                plan.similarity.float(),
-                rounds,
+            owner, active_ids = self._apply_round(
+                plan, (store, pairing, square_norms, weight), coords, owner, active_ids, rounds
             )
-            store.replace(targets, new_rows)
-            with torch.no_grad():
-                owner, active_ids = _retire(owner, active_ids, plan)
-                new_embed, square_norms[targets] = row_keys(new_rows, weight, self.config.sim_block)
-                pairing.update(targets, new_embed, active_ids, sources)
         info: dict[str, object] = {
             "method": "craft",
             "mode": "ratio" if budget.threshold is None else "threshold",
@@ -359,16 +354,129 @@ class CraftCompressor(
             info=info,
         )
 
+    def _apply_round(
+        self,
+        plan: RoundPlan,
+        state: tuple[Any, Any, torch.Tensor, torch.Tensor],
+        coords: torch.Tensor,
+        owner: torch.Tensor,
+        active_ids: torch.Tensor,
+        round_index: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fuse a round's groups, retire its sources, update the rows' keys (in place).
+
+        `state` is `(row store, pairing, square norms [N], grid_projection(W_rand))`;
+        returns the new `(owner [N], active_ids [n - E])`."""
+        store, pairing, square_norms, weight = state
+        targets, sources = plan.layout.targets, plan.sources
+        # Two gathers, not one split: a matmul's bits may depend on its input's alignment.
+        new_rows = self.merge(
+            store.gather(targets),
+            store.gather(sources),
+            plan.layout,
+            coords[targets],
+            coords[sources],
+            plan.similarity.float(),
+            round_index,
+        )
+        store.replace(targets, new_rows)
+        with torch.no_grad():
+            owner, active_ids = _retire(owner, active_ids, plan)
+            new_embed, square_norms[targets] = row_keys(new_rows, weight, self.config.sim_block)
+            pairing.update(targets, new_embed, active_ids, sources)
+        return owner, active_ids
+
+    def _compress_compiled(
+        self, features: torch.Tensor, coords: torch.Tensor, budget: Budget
+    ) -> CompressionResult:
+        """The loop with one compiled graph a round (`compiled.py`); no autograd."""
+        started = time.perf_counter()
+        config, device = self.config, features.device
+        weight = grid_projection(self.projection)
+        state = PaddedState(features, coords, weight, config.sim_block)
+        round_fn, delta = compiled_round(device), similarity_bound(config.sim_dim)
+        raise_recompile_limit()
+        threshold = None
+        if budget.threshold is not None:
+            threshold = torch.tensor(budget.threshold, dtype=torch.float64, device=device)
+        rounds, fallbacks = 0, 0
+        while (room := _room(state.n, budget.floor)) > 0:
+            phi = round_embedding(rounds + 1, config.round_embed_dim, device)
+            scalars = (torch.tensor(state.n, device=device), torch.tensor(room, device=device))
+            sizes = round_fn(
+                self.merge,
+                state.tables(),
+                state.active,
+                (*scalars, threshold, phi),
+                weight,
+                config.sim_block,
+                delta,
+            ).tolist()  # the round's one host sync
+            if sizes[3] > SPARE:  # the graph merged nothing: this round, eagerly
+                fallbacks += 1
+                if not self._fallback_round(state, budget, weight, rounds + 1):
+                    break
+            elif sizes[0] == 0:
+                break
+            else:
+                state.n -= sizes[0]
+                state.shrink()
+            rounds += 1
+        kept = state.kept().clone()
+        info: dict[str, object] = {
+            "method": "craft",
+            "mode": "ratio" if budget.threshold is None else "threshold",
+            "floor": budget.floor,
+            "seconds": time.perf_counter() - started,
+            "pairing": "compiled",
+            "fallbacks": fallbacks,
+        }
+        return CompressionResult(
+            features=state.rows[kept].to(features.dtype),
+            coords=coords[kept],
+            kept_index=kept,
+            assignment=torch.searchsorted(kept, state.owner[: features.shape[0]]),
+            rounds=rounds,
+            info=info,
+        )
+
+    def _fallback_round(
+        self, state: PaddedState, budget: Budget, weight: torch.Tensor, round_index: int
+    ) -> bool:
+        """A compiled round whose rows in doubt overflowed its buffer, redone eagerly (exact
+        rechecks with host syncs) on the same state; False if the budget allows no edge."""
+        active_ids = state.kept()
+        pairing = FullPairing(state.embed, self.config.sim_block)
+        partner, sim = pairing.fallback(active_ids)
+        edges = ranked_edges(active_ids, partner, sim, state.norms, budget.floor, budget.threshold)
+        num_edges, num_targets, num_lone = edges.sizes.tolist()[:3]
+        if not num_edges:
+            return False
+        plan = lay_out(edges, num_edges, num_targets, num_lone)
+        state.owner, active_ids = self._apply_round(
+            plan,
+            (state, pairing, state.norms, weight),
+            state.coords,
+            state.owner,
+            active_ids,
+            round_index,
+        )
+        state.set_active(active_ids)
+        return True
+
     def _row_store(self, features: torch.Tensor) -> _SlotRows | _CopiedRows | _PieceRows:
         """In-place rows without autograd (a plain copy for a few hundred tokens); stitched
         pieces when a gradient must flow."""
-        track_grad = torch.is_grad_enabled() and (
-            features.requires_grad or any(p.requires_grad for p in self.merge.parameters())
-        )
-        if track_grad:
+        if self._tracks_grad(features):
             return _PieceRows(features)
         return (
             _CopiedRows(features) if features.shape[0] <= DENSE_MAX_TOKENS else _SlotRows(features)
+        )
+
+    def _tracks_grad(self, features: torch.Tensor) -> bool:
+        """Whether a gradient must flow (to the features or the merge's weights)."""
+        return torch.is_grad_enabled() and (
+            features.requires_grad or any(p.requires_grad for p in self.merge.parameters())
         )
 
     def _start_pairing(

@@ -76,6 +76,16 @@ class CraftConfig(BaseModel):
         "0.2 arithmetic, kept as the reference); 'recheck' = certified with every row "
         "recomputed exactly (a test of the fallback).",
     )
+    compile: bool = Field(
+        default=False,
+        strict=True,
+        description="Run the compression loop compiled (torch.compile): one graph a round, "
+        "padded to power-of-two size buckets, so a video compiles at most about log2(N) "
+        "graphs and a second video of a length in the same bucket none (the first pays "
+        "seconds of compile per graph). The same tokens and rows as eager; without autograd "
+        "only (training stays eager). Needs pairing 'auto' or 'full' and selection "
+        "'certified': the loop pairs with the fixed-shape 'full' strategy.",
+    )
     rank: StrictInt = Field(
         default=128,
         gt=0,
@@ -142,6 +152,12 @@ class CraftConfig(BaseModel):
             raise ValueError(
                 "pairing='dense' computes every similarity exactly and has no recheck to "
                 "force: use selection='certified' or 'exact' with it, or another pairing"
+            )
+        if self.compile and (self.pairing not in ("auto", "full") or self.selection != "certified"):
+            raise ValueError(
+                "compile=True runs its own fixed-shape pairing ('full', certified): it needs "
+                f"pairing 'auto' or 'full' and selection 'certified', got pairing "
+                f"{self.pairing!r}, selection {self.selection!r}"
             )
         if any(s < 0 for s in self.rope_sections):
             raise ValueError(f"rope_sections must be non-negative, got {self.rope_sections}")

@@ -200,21 +200,27 @@ class GatedMerge(nn.Module):
         x_sources: torch.Tensor,
         group: torch.Tensor,
         round_index: int,
+        phi: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """G `[E, D]` float64 in (0, 1): the per-channel gate of each (target, source) edge."""
+        """G `[E, D]` float64 in (0, 1): the per-channel gate of each (target, source) edge
+        (`phi`, if given, is `round_embedding(round_index)` already made)."""
         width = self.config.hidden_size
         weight = _exact(self.w_down.weight)
         # W_down [x_t ; x_i] = W_t x_t + W_s x_i: the target half once per target, not per edge.
         hidden = F.linear(_exact(x_targets), weight[:, :width])[group]
         hidden = hidden + F.linear(_exact(x_sources), weight[:, width:], _exact(self.w_down.bias))
-        return self.gate_from_hidden(hidden, round_index)
+        return self.gate_from_hidden(hidden, round_index, phi)
 
-    def gate_from_hidden(self, hidden: torch.Tensor, round_index: int) -> torch.Tensor:
+    def gate_from_hidden(
+        self, hidden: torch.Tensor, round_index: int, phi: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """GELU, affine-free LN, round modulation, W_up, sigmoid: `[E, d_h] -> [E, D]`, in
-        float64 (the input is upcast exactly)."""
+        float64 (the input is upcast exactly). `phi` (`[d_phi]` float64), if given, is the
+        round's embedding: a tensor, so a compiled graph is not specialised to the round."""
         hidden = F.gelu(_exact(hidden))
         hidden = F.layer_norm(hidden, (hidden.shape[-1],), eps=self.config.layer_norm_eps)
-        phi = round_embedding(round_index, self.config.round_embed_dim, hidden.device)
+        if phi is None:
+            phi = round_embedding(round_index, self.config.round_embed_dim, hidden.device)
         modulation = F.linear(_exact(phi), _exact(self.w_mod.weight), _exact(self.w_mod.bias))
         gamma, beta = modulation.chunk(2)
         up = F.linear(hidden * (1 + gamma) + beta, _exact(self.w_up.weight), _exact(self.w_up.bias))
@@ -276,3 +282,44 @@ class GatedMerge(nn.Module):
         step = coeff * (_exact(x_sources[lone:]) - shared_base[shared_group])
         shared_rows = shared_base.index_add(0, shared_group, step)
         return torch.cat([lone_rows, shared_rows]).to(x_targets.dtype)
+
+    def fuse_all(
+        self,
+        rows: tuple[torch.Tensor, torch.Tensor],
+        group: torch.Tensor,
+        coords: tuple[torch.Tensor, torch.Tensor],
+        similarity: torch.Tensor,
+        phi: torch.Tensor,
+    ) -> torch.Tensor:
+        """`forward`'s rows with fixed shapes: every target as a group, lone or not (the
+        compiled loop's padded rounds; rows of groups it masks are computed and dropped).
+
+        A lone target's softmax weight is exactly 1 (`exp(0) / 1`), so `x_t + (G * 1)(x_i -
+        x_t)` is `forward`'s lone row, op for op; with no gate, a lone row is `x_i` itself.
+
+        Shapes: `rows = (x_targets [T, D], x_sources [E, D])`, `group [E]` (target row of
+        each edge, in `[0, T)`), `coords = (coords_targets [T, 3], coords_sources [E, 3])`,
+        `similarity [E]`, `phi [d_phi]` float64 (`round_embedding` of the round). Returns
+        `[T, D]` in the dtype of `x_targets`.
+        """
+        (x_targets, x_sources), (coords_targets, coords_sources) = rows, coords
+        reduce = self.config.reduce
+        if reduce == "target":
+            return x_targets
+        coeff = self.source_weights(
+            x_targets, x_sources, group, coords_targets, coords_sources, similarity
+        ).unsqueeze(1)
+        if reduce == "gate":
+            coeff = self.gate(x_targets, x_sources, group, 1, phi) * coeff
+        base = _exact(x_targets)
+        step = coeff * (_exact(x_sources) - base[group])
+        fused = base.index_add(0, group, step)
+        if reduce == "mean":  # forward copies a lone source (x_t + (x_i - x_t) may round)
+            num_targets = x_targets.shape[0]
+            count = group.new_zeros(num_targets).index_add_(0, group, torch.ones_like(group))
+            # The edge of each lone row (one edge writes it); other rows' entries are unused.
+            edge = group.new_zeros(num_targets).scatter_(
+                0, group, torch.arange(group.numel(), device=group.device)
+            )
+            fused = torch.where((count == 1).unsqueeze(1), _exact(x_sources[edge]), fused)
+        return fused.to(x_targets.dtype)

@@ -202,7 +202,8 @@ def rank_edges(
     partner_sim: torch.Tensor,
     square_norms: torch.Tensor,
     floor: int,
-    threshold: float | None,
+    threshold: float | torch.Tensor | None,
+    room: torch.Tensor | None = None,
 ) -> RankedEdges | None:
     """Steps 2-7 of one round on fixed-shape masks, and the layout, with no host sync.
 
@@ -212,13 +213,17 @@ def rank_edges(
         partner_sim: `[n]` float64 its exact similarity `s*_i`.
         square_norms: `[N]` exact squared norm of every token's current row.
         floor: fewest tokens allowed to remain.
-        threshold: `s_theta` in threshold mode, None in fixed-ratio mode.
+        threshold: `s_theta` in threshold mode (a float or a 0-d tensor), None in
+            fixed-ratio mode.
+        room: the compiled loop's padded rounds: the budget as a 0-d long tensor, for
+            `n` padded rows whose padding has `partner_sim` -inf (`floor` is then unused
+            and the edges are `n // 2` slots, those past `room` masked).
 
     Returns:
         The round's ranked edges, or None when the budget allows none (k <= 0).
     """
     n, size = active_ids.numel(), square_norms.numel()
-    budget = min(n - floor, n // 2)
+    budget = min(n - floor, n // 2) if room is None else n // 2
     if budget <= 0:
         return None
     # 2-4. Candidates, k, truncation: the best s*_i first, ties to the smaller i (stable
@@ -230,6 +235,8 @@ def rank_edges(
     pos = pos[:budget]
     first, second, sim = active_ids[pos], partner[pos], partner_sim[pos]
     keep = ranked[:budget] > float("-inf")  # all True in fixed-ratio mode (n >= 2)
+    if room is not None:
+        keep = keep & (torch.arange(budget, device=keep.device) < room)
 
     # 5. Orientation: the larger current norm is the target; equal norms: the smaller index.
     norm_first, norm_second = square_norms[first], square_norms[second]
@@ -245,17 +252,30 @@ def rank_edges(
     not_target.index_put_((torch.where(keep, targets, size),), ~keep)
     keep = keep & not_target[sources]
 
-    # 7. One target per source: highest similarity, then smallest target index. The two
-    # copies of a mutual pair (i -> j and j -> i: same target, source and similarity) are
-    # one edge: the copy that starts at its target wins. One integer key orders all three:
-    # the rank of the similarity among the distinct values (edges are sorted by it), the
-    # target, and the copy.
+    # 7. One target per source.
+    keep = _one_target_per_source(keep, targets, sources, sim, first_is_target, size)
+    return _rank_layout(keep, targets, sources, sim, size)
+
+
+def _one_target_per_source(
+    keep: torch.Tensor,
+    targets: torch.Tensor,
+    sources: torch.Tensor,
+    sim: torch.Tensor,
+    first_is_target: torch.Tensor,
+    size: int,
+) -> torch.Tensor:
+    """Step 7 on `[m]` edges sorted by similarity: the `keep` mask, each source's best edge
+    only (highest similarity, then smallest target index)."""
+    # The two copies of a mutual pair (i -> j and j -> i: same target, source and
+    # similarity) are one edge: the copy that starts at its target wins. One integer key
+    # orders all three: the rank of the similarity among the distinct values (edges are
+    # sorted by it), the target, and the copy.
     sim_rank = torch.nn.functional.pad(torch.cumsum(sim[1:] != sim[:-1], 0), (1, 0))
     key = (sim_rank * (size + 1) + targets) * 2 + (~first_is_target)
     slot = torch.where(keep, sources, size)
     lowest = torch.full((size + 1,), torch.iinfo(torch.long).max, device=keep.device)
-    keep = keep & (key == lowest.scatter_reduce_(0, slot, key, "amin")[sources])
-    return _rank_layout(keep, targets, sources, sim, size)
+    return keep & (key == lowest.scatter_reduce_(0, slot, key, "amin")[sources])
 
 
 def _rank_layout(

@@ -1,0 +1,159 @@
+"""Benchmark: the compiled loop (`CraftConfig(compile=True)`) against eager CRAFT and DivPrune.
+
+    uv run python packages/craft-core/benchmarks/bench_compiled.py [--quick] [--threads 1]
+        [--sizes 2048,8192,16384] [--dims 1024,2560] [--repeats 3]
+
+Per (N, D), ratio 8, video-like tokens (`bench_compressor.video_like`): the first compiled
+call (graphs compiled in this process), then warm times of compiled CRAFT, eager CRAFT,
+DivPrune and the irreducible work (`bench_compressor.irreducible`), measured interleaved in
+one run, the minimum of `--repeats` (shared cores: the quietest sample). Goals on a CPU:
+compiled CRAFT <= 1.5x DivPrune at N = 2,048, compiled whole / irreducible <= 1.5 at
+N = 8,192, D = 1,024. Then, for one size, the compile seconds of a fresh process with an
+empty Inductor cache (cold) and with the cache that run left (disk), and the fused kernels +
+extern calls of each compiled round graph (on CUDA each is a launch). N = 144 is printed,
+labelled: no longer a goal (a few ms beside a model's prefill).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+from bench_compressor import irreducible, timed_pair, video_like
+from torch._inductor.utils import run_and_get_code
+
+from craft_core import CraftCompressor, CraftConfig
+
+
+def pair(dim: int, device: torch.device) -> tuple[CraftCompressor, CraftCompressor]:
+    """Eager and compiled compressors with the same weights."""
+    eager = CraftCompressor(CraftConfig(hidden_size=dim)).to(device).eval()
+    compiled = CraftCompressor(CraftConfig(hidden_size=dim, compile=True)).to(device).eval()
+    compiled.load_state_dict(eager.state_dict())
+    return eager, compiled
+
+
+def frames_for(n: int) -> tuple[int, int]:
+    """(frames, grid) of a video of n tokens: 16 x 16 per frame, or 4 frames of 6 x 6."""
+    return (n // 256, 16) if n % 256 == 0 else (n // 36, 6)
+
+
+def time_size(n: int, dim: int, repeats: int, device: torch.device) -> None:
+    from craft_eval.baselines.divprune import divprune
+
+    frames, grid = frames_for(n)
+    features, coords = video_like(frames, grid, grid, dim)
+    features, coords = features.to(device), coords.to(device)
+    eager, compiled = pair(dim, device)
+    with torch.no_grad():
+        start = time.perf_counter()
+        out, codes = run_and_get_code(lambda: compiled(features, coords, ratio=8.0))
+        first = time.perf_counter() - start
+        want = eager(features, coords, ratio=8.0)
+        same = torch.equal(out.features, want.features) and torch.equal(
+            out.kept_index, want.kept_index
+        )
+
+        def run_compiled() -> None:
+            compiled(features, coords, ratio=8.0)
+
+        fast, slow = timed_pair(
+            run_compiled, lambda: eager(features, coords, ratio=8.0), repeats, device
+        )
+        _, prune = timed_pair(
+            run_compiled, lambda: divprune(features, coords, ratio=8.0), repeats, device
+        )
+        _, floor = timed_pair(
+            run_compiled, lambda: irreducible(eager, features, out.num_kept), repeats, device
+        )
+    best = [1e3 * min(t) for t in (fast, slow, prune, floor)]
+    label = "  (small N: not a goal)" if n < 1024 else ""
+    print(
+        f"{n:>7}{dim:>6}{out.rounds:>7}{first:>9.1f}{best[0]:>10.1f}{best[1]:>10.1f}"
+        f"{best[2]:>11.1f}{best[3]:>10.1f}{best[0] / best[2]:>10.2f}{best[0] / best[3]:>9.2f}"
+        f"{best[1] / best[0]:>9.2f}{same!s:>6}{label}"
+    )
+    print(f"{'':>13}round graphs compiled: {kernel_counts(codes)}")
+
+
+def kernel_counts(codes: list[str]) -> str:
+    """`fused kernels + extern calls` of each generated round graph (each a launch on CUDA)."""
+    counts = []
+    for code in codes:
+        call = code[code.index("def call(") :]
+        kernels = len(re.findall(r"^\s+cpp_fused_\w+\(", call, re.M))
+        kernels += len(re.findall(r"\.run\(", call))  # Triton kernels on CUDA
+        extern = len(re.findall(r"extern_kernels\.\w+\(|torch\.ops\.aten\.\w+", call))
+        counts.append(f"{kernels}+{extern}")
+    return ", ".join(counts) or "none (all buckets already compiled)"
+
+
+CHILD = """
+import sys, time, torch
+sys.path.insert(0, {here!r})
+from bench_compressor import video_like
+from craft_core import CraftCompressor, CraftConfig
+features, coords = video_like({frames}, {grid}, {grid}, {dim})
+compressor = CraftCompressor(CraftConfig(hidden_size={dim}, compile=True))
+with torch.no_grad():
+    start = time.perf_counter()
+    compressor(features, coords, ratio=8.0)
+print(time.perf_counter() - start)
+"""
+
+
+def disk_cache_seconds(n: int, dim: int) -> None:
+    """First-call seconds of a fresh process reading the Inductor cache this run filled (the
+    `first s` column is the cold figure: this run started with an empty cache)."""
+    frames, grid = frames_for(n)
+    script = CHILD.format(here=os.path.dirname(__file__), frames=frames, grid=grid, dim=dim)
+    done = subprocess.run(
+        [sys.executable, "-c", script], check=True, capture_output=True, text=True
+    )
+    print(
+        f"first call, N = {n:,}, D = {dim:,}, new process, graphs from the disk cache: "
+        f"{float(done.stdout.split()[-1]):.1f} s (compile + one run; cold: `first s` above)"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="N = 2,048, D = 256, one repeat")
+    parser.add_argument("--sizes", default="144,2048,8192,16384")
+    parser.add_argument("--dims", default="1024,2560")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    # A cache of our own, empty: `first s` is the cold compile; the child process then
+    # inherits it (`disk_cache_seconds`).
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="craft-bench-inductor-")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    sizes = [2048] if args.quick else [int(s) for s in args.sizes.split(",")]
+    dims = [256] if args.quick else [int(d) for d in args.dims.split(",")]
+    repeats = 1 if args.quick else args.repeats
+    print(
+        f"device {device}, {torch.get_num_threads()} threads, ratio 8, ms = min of "
+        f"{repeats} interleaved repeats, warm; first s = first compiled call (compiles)"
+    )
+    print(
+        f"{'N':>7}{'D':>6}{'rounds':>7}{'first s':>9}{'compiled':>10}{'eager':>10}"
+        f"{'DivPrune':>11}{'irred.':>10}{'c/DivPr':>10}{'c/irred':>9}{'speedup':>9}{'same':>6}"
+    )
+    for dim in dims:
+        for n in sizes:
+            time_size(n, dim, repeats, device)
+    print("goals: c/DivPr <= 1.5 at N = 2,048; c/irred <= 1.5 at N = 8,192, D = 1,024")
+    disk_cache_seconds(sizes[0], dims[0])
+
+
+if __name__ == "__main__":
+    main()

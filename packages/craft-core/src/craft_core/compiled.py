@@ -1,0 +1,198 @@
+"""The compiled compression loop (`CraftConfig(compile=True)`): one graph a round.
+
+    compressor = CraftCompressor(CraftConfig(hidden_size=2560, compile=True))
+    with torch.no_grad():
+        out = compressor(features, coords, ratio=8.0)   # the same tokens and rows as eager
+
+A round (pairing, selection, the gated merge, retiring the sources, the embedding update) is
+`padded_round`, traced whole by `torch.compile(fullgraph=True, dynamic=False)`. Its shapes
+are static: the tables hold `bucket(N) + 1` rows (the last one a dummy that masked writes
+land on) and the active set is padded to `bucket(n)` slots, a power of two, with a mask;
+sizes that depend on the data (n, the round's budget, the threshold, the round embedding)
+enter as tensors. So a video of N tokens compiles at most about log2(N) graphs (one per
+bucket it passes through; rounds in one bucket share it), and a second video of a length
+in the same bucket compiles nothing. The round's one host sync reads its sizes (edges,
+targets, lone targets, rows in doubt): the stop test and the next bucket.
+
+Exactness is the eager loop's: the same certified pairing (`certify.buffered_partners`, the
+`full` strategy), the same selection with masks, the merge in float64 rounded once
+(`GatedMerge.fuse_all`). If more rows are in doubt than the recheck buffer holds (`spare`),
+the graph merges nothing and the round is redone eagerly (`CraftCompressor._fallback_round`).
+
+Training stays eager: with autograd on, `CraftCompressor` runs the eager loop. On CUDA the
+graphs are compiled with `mode="reduce-overhead"` (CUDA graphs); on a CPU with
+`compiling.inductor_options()` (its cache keyed by the instruction path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from craft_core.certify import buffered_partners
+from craft_core.compiling import inductor_options
+from craft_core.merge import GatedMerge
+from craft_core.selection import rank_edges, row_keys
+
+MIN_BUCKET = 64
+"""Fewest slots of a padded active set: below it, rounds cost their ops, not their size."""
+SPARE = 64
+"""Rows in doubt that a round rechecks exactly inside its graph (`buffered_partners`)."""
+RECOMPILE_LIMIT = 64
+"""Dynamo's per-function graph limit while the loop runs (its default, 8, is fewer than the
+buckets of one long video; past it Dynamo would silently run the round eagerly)."""
+
+
+def bucket(n: int) -> int:
+    """Slots of a padded set of `n` rows: the next power of two, at least `MIN_BUCKET`."""
+    return max(MIN_BUCKET, 1 << max(n - 1, 0).bit_length())
+
+
+def padded_round(
+    merge: GatedMerge,
+    tables: tuple[torch.Tensor, ...],
+    active: torch.Tensor,
+    scalars: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor],
+    weight: torch.Tensor,
+    block: int,
+    delta: float,
+) -> torch.Tensor:
+    """One round on padded, fixed-shape state, updated in place; nothing read back.
+
+    Args:
+        merge: the `GatedMerge`.
+        tables: `(rows [S, D] float32, coords [S, 3] long, embed [S, d] float64, norms [S]
+            float64, owner [S] long)` with `S = bucket(N) + 1`: row `S - 1` is the dummy.
+        active: `[B]` long, the active ids ascending in its first n slots, then `S - 1`.
+        scalars: `(n, room, threshold, phi)`: 0-d long active count and budget
+            (`min(n - floor, n // 2)`), 0-d float64 threshold (None: fixed-ratio mode),
+            `[d_phi]` float64 round embedding.
+        weight: `[D, d]` `grid_projection(W_rand)`.
+        block, delta: `sim_block` and `similarity_bound(d)`.
+
+    Returns:
+        `[4]` long: kept edges, targets, lone targets, rows in doubt. With more than `SPARE`
+        rows in doubt no edge is kept and nothing changes.
+    """
+    rows, coords, embed, norms, owner = tables
+    n, room, threshold, phi = scalars
+    dummy = rows.shape[0] - 1
+    slots = torch.arange(active.shape[0], device=active.device)
+    sim, pos, in_doubt = buffered_partners(embed[active], block, delta, SPARE, valid=slots < n)
+    sim = sim.masked_fill(slots >= n, float("-inf"))  # padding is nobody's candidate
+    room = torch.where(in_doubt <= SPARE, room, 0)  # not exact: merge nothing, redo eagerly
+    edges = rank_edges(active, active[pos], sim, norms, 0, threshold, room=room)
+    assert edges is not None  # B >= MIN_BUCKET: there are B // 2 edge slots
+    num_edges, num_targets = edges.sizes[0], edges.sizes[1]
+    edge_slots = slots[: edges.targets.shape[0]]
+    row_ok = edge_slots < num_targets
+    row_ids = torch.where(row_ok, edges.row_target, dummy)
+    sources = torch.where(edge_slots < num_edges, edges.sources, dummy)
+    targets = torch.where(edge_slots < num_edges, edges.targets, dummy)
+    similarity = torch.where(edge_slots < num_edges, edges.similarity, 0.0).float()
+    new_rows = merge.fuse_all(
+        (rows[row_ids], rows[sources]),
+        edges.group,
+        (coords[row_ids], coords[sources]),
+        similarity,
+        phi,
+    )
+    new_rows = new_rows.masked_fill(~row_ok.unsqueeze(1), 0.0)  # the dummy row stays zero
+    new_embed, new_norms = row_keys(new_rows, weight, block)
+    rows.index_put_((row_ids,), new_rows)
+    embed.index_put_((row_ids,), new_embed)
+    norms.index_put_((row_ids,), new_norms)
+    # Retire: sources hand their tokens to their targets and leave the active slots.
+    redirect = torch.arange(dummy + 1, device=active.device).index_put_((sources,), targets)
+    owner.copy_(redirect[owner])
+    leaving = redirect[active] != active
+    active.copy_(torch.sort(active.masked_fill(leaving, dummy)).values)
+    return torch.cat([edges.sizes, in_doubt.view(1)])
+
+
+_COMPILED: dict[tuple[str, tuple], Callable[..., torch.Tensor]] = {}
+
+
+def compiled_round(device: torch.device) -> Callable[..., torch.Tensor]:
+    """`padded_round` compiled for `device`'s kind (one wrapper per kind and option set)."""
+    inductor = inductor_options()
+    key = (device.type, tuple(sorted(inductor.items())))
+    if key not in _COMPILED:
+        if device.type == "cuda":
+            _COMPILED[key] = torch.compile(
+                padded_round, fullgraph=True, dynamic=False, mode="reduce-overhead"
+            )
+        else:
+            _COMPILED[key] = torch.compile(
+                padded_round, fullgraph=True, dynamic=False, options=inductor
+            )
+    return _COMPILED[key]
+
+
+def raise_recompile_limit() -> None:
+    """At least `RECOMPILE_LIMIT` graphs per function (see its docstring)."""
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+
+
+class PaddedState:
+    """The compiled loop's state: padded tables (see `padded_round`) and the active count.
+
+    Attributes:
+        rows: `[S, D]` float32 current rows (`S = bucket(N) + 1`; row `S - 1` the dummy).
+        coords, embed, norms: `[S, 3]` long, `[S, d]` float64, `[S]` float64 (as `row_keys`).
+        owner: `[S]` long, the token each input token now belongs to (the first N; the
+            padding belongs to the dummy).
+        active: `[bucket(n)]` long, the active ids ascending, then the dummy id.
+        n: active tokens (host int, from the round's sizes).
+    """
+
+    def __init__(
+        self, features: torch.Tensor, coords: torch.Tensor, weight: torch.Tensor, block: int
+    ) -> None:
+        n, device = features.shape[0], features.device
+        size = bucket(n) + 1
+        embed, norms = row_keys(features, weight, block)
+        self.rows = torch.zeros(size, features.shape[1], device=device)
+        self.rows[:n] = features.detach()
+        self.coords = torch.zeros(size, 3, dtype=torch.long, device=device)
+        self.coords[:n] = coords
+        self.embed = torch.zeros(size, embed.shape[1], dtype=torch.float64, device=device)
+        self.embed[:n] = embed
+        self.norms = torch.zeros(size, dtype=torch.float64, device=device)
+        self.norms[:n] = norms
+        # Padded too (the padding owned by the dummy): a table's shape is the bucket's, so
+        # videos of every length in one bucket share the graphs.
+        self.owner = torch.full((size,), size - 1, device=device)
+        self.owner[:n] = torch.arange(n, device=device)
+        self.n = n
+        self.set_active(self.owner[:n])
+
+    def tables(self) -> tuple[torch.Tensor, ...]:
+        """`padded_round`'s tables."""
+        return self.rows, self.coords, self.embed, self.norms, self.owner
+
+    def kept(self) -> torch.Tensor:
+        """`[n]` the active ids, ascending."""
+        return self.active[: self.n]
+
+    def set_active(self, active_ids: torch.Tensor) -> None:
+        """Take `active_ids` (`[n]` ascending) as the active set, padded to its bucket."""
+        self.n = active_ids.numel()
+        dummy = self.rows.shape[0] - 1
+        self.active = torch.full((bucket(self.n),), dummy, device=active_ids.device)
+        self.active[: self.n] = active_ids
+
+    def shrink(self) -> None:
+        """Drop padding slots once n fits a smaller bucket (the slots past n are padding)."""
+        if bucket(self.n) < self.active.numel():
+            self.active = self.active[: bucket(self.n)].clone()
+
+    def gather(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` (`[k]`) -> `[k, D]` float32 (the eager round's row store interface)."""
+        return self.rows[ids]
+
+    def replace(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
+        """Rows `ids` (`[k]`, distinct) now read from `rows` (`[k, D]` float32)."""
+        self.rows[ids] = rows

@@ -1,0 +1,145 @@
+"""The compiled loop (`CraftConfig(compile=True)`): the eager loop's tokens and rows, bit for
+bit, with at most one graph per size bucket and none for a second video of the same length.
+
+The default run checks a representative subset of the pinned cases (the gate with position
+weights at N = 33 and 64, both budget modes: one bucket, two graphs); `nox -s core_paths`
+runs it again under `ATEN_CPU_CAPABILITY=default` and `MKL_CBWR=AVX2`. The slow marker runs
+all 216 pinned cases compiled (about 18 graphs: minutes of compile on 2 cores).
+
+    uv run pytest packages/craft-core/tests/test_compiled.py -q -p no:cacheprovider
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from core_testkit import case_id, make_tokens, reference_cases, reference_gate
+from test_same_tokens import PINNED, digests
+
+from craft_core import CraftCompressor, CraftConfig
+from craft_core.compiled import SPARE, bucket
+
+
+def compiled(config: CraftConfig) -> CraftConfig:
+    """`config` with the compiled loop on (validated: `model_copy` would skip the check)."""
+    return CraftConfig(**{**config.model_dump(), "pairing": "auto", "compile": True})
+
+
+def graphs() -> int:
+    """Graphs Dynamo has compiled in this process so far."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def mismatches(cases: list) -> list[str]:
+    """Keys of the pinned cases whose compiled run differs from the pin (tokens or rows)."""
+    wrong = []
+    for config, seed, n, budget, _ in cases:
+        key = case_id((config, seed, n, budget, False))
+        if digests(compiled(config), seed, n, budget, grad=False) != PINNED[key]:
+            wrong.append(key)
+    return wrong
+
+
+def test_compiled_loop_matches_the_pins() -> None:
+    cases = [
+        case
+        for case in reference_cases()
+        if case[0].reduce == "gate" and case[2] in (33, 64) and case[0].pairing == "full"
+    ]
+    assert len(cases) == 6  # both sizes, ratio 4 and 1.7, threshold 0.6
+    assert not mismatches(cases)
+
+
+def mean_config() -> CraftConfig:
+    return CraftConfig(hidden_size=24, sim_dim=16, sim_block=16, reduce="mean", compile=True)
+
+
+def eager_and_compiled(
+    x: torch.Tensor, coords: torch.Tensor, budget: dict, config: CraftConfig | None = None
+) -> tuple:
+    config = config or mean_config()
+    eager = CraftCompressor(config.model_copy(update={"compile": False}))
+    compiled = CraftCompressor(config)
+    compiled.load_state_dict(eager.state_dict())  # the same weights (each init draws its own)
+    with torch.no_grad():
+        return eager(x, coords, **budget), compiled(x, coords, **budget)
+
+
+def assert_same(want, got) -> None:  # type: ignore[no-untyped-def]
+    assert got.info["pairing"] == "compiled"
+    assert torch.equal(got.kept_index, want.kept_index)
+    assert torch.equal(got.assignment, want.assignment)
+    assert torch.equal(got.features, want.features)
+    assert got.rounds == want.rounds
+
+
+def test_a_second_video_of_the_same_length_compiles_nothing() -> None:
+    x, coords = make_tokens(1, 100, 24)
+    before = graphs()
+    want, got = eager_and_compiled(x, coords, {"ratio": 4.0})
+    assert_same(want, got)
+    # One graph per bucket the active set passed through (128, then 64): at most log2(N).
+    assert 0 < graphs() - before <= len({bucket(100), bucket(got.kept_index.numel())})
+    before = graphs()
+    x, coords = make_tokens(2, 100, 24)  # other tokens, the same length
+    want, got = eager_and_compiled(x, coords, {"ratio": 4.0})
+    assert_same(want, got)
+    assert graphs() == before
+    x, coords = make_tokens(2, 97, 24)  # another length in the same buckets (128, then 64)
+    want, got = eager_and_compiled(x, coords, {"ratio": 4.0})
+    assert_same(want, got)
+    assert graphs() == before
+
+
+def test_a_round_with_more_rows_in_doubt_than_the_buffer_is_redone_exactly() -> None:
+    # 80 exact copies of one token: every copy is in doubt (its listed candidates tie).
+    x, coords = make_tokens(3, 100, 24)
+    x[10:90] = x[5]
+    want, got = eager_and_compiled(x, coords, {"ratio": 4.0})
+    assert got.info["fallbacks"] >= 1 and SPARE < 80
+    assert_same(want, got)
+
+
+def test_training_stays_eager_and_gradients_flow() -> None:
+    config = CraftConfig(hidden_size=24, sim_dim=16, sim_block=16, compile=True)
+    x, coords = make_tokens(4, 40, 24)
+    compressor = CraftCompressor(config)
+    out = compressor(x.requires_grad_(), coords, ratio=4.0)
+    assert out.info["pairing"] != "compiled"
+    out.features.sum().backward()
+    assert x.grad is not None and compressor.merge.w_up.weight.grad is not None
+
+
+@pytest.mark.parametrize("update", [{"pairing": "dense"}, {"selection": "exact"}])
+def test_compile_refuses_a_pairing_it_does_not_run(update: dict) -> None:
+    with pytest.raises(ValueError, match="compile=True"):
+        CraftConfig(hidden_size=24, compile=True, **update)
+
+
+def test_compile_is_a_strict_bool() -> None:
+    with pytest.raises(ValueError, match="compile"):
+        CraftConfig(hidden_size=24, compile="yes")
+
+
+@pytest.mark.slow
+def test_every_pinned_case_compiled() -> None:
+    assert not mismatches(reference_cases())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_compiled_loop_on_cuda_equals_the_cpu() -> None:
+    # CUDA graphs (mode="reduce-overhead"); the same rows as the eager CPU loop.
+    x, coords = make_tokens(5, 1000, 24)
+    config = mean_config()
+    torch.manual_seed(0)
+    cpu = CraftCompressor(config.model_copy(update={"compile": False}))
+    reference_gate(cpu, 0)
+    gpu = CraftCompressor(config).cuda()
+    gpu.load_state_dict(cpu.state_dict())
+    with torch.no_grad():
+        want = cpu(x, coords, ratio=8.0)
+        for _ in range(2):  # the second call replays the captured graphs
+            got = gpu(x.cuda(), coords.cuda(), ratio=8.0)
+    assert torch.equal(got.kept_index.cpu(), want.kept_index)
+    assert torch.equal(got.features.cpu(), want.features)
