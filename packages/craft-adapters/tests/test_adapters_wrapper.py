@@ -393,3 +393,17 @@ def test_images_beside_the_video_are_kept(name: str, tiny_models: dict[str, Any]
     image_id = model.config.image_token_id
     n_image = int((inputs["input_ids"] == image_id).sum())
     assert n_image > 0 and int((inputs["input_ids"][0, kept] == image_id).sum()) == n_image
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("setting", [{"use_cache": False}, {"logits_to_keep": 0}])
+def test_encode_video_refuses_the_settings_it_fixes(
+    tiny_models: dict[str, Any], setting: dict[str, Any]
+) -> None:
+    """A session is one cached prefill: a caller's use_cache / logits_to_keep is refused by
+    name, never silently overridden."""
+    model, processor = tiny_models["qwen2_5_vl"]
+    video_inputs, _ = build_session_inputs(processor, make_frames(4, seed=3), 2.0, ["Why?"])
+    wrapped = wrap(model, KeepEvery(2), ratio=2.0)
+    with pytest.raises(ValueError, match=next(iter(setting))):
+        wrapped.encode_video(**video_inputs, **setting)

@@ -294,10 +294,17 @@ class CraftModel(torch.nn.Module):
             self.last_compression = None
             return self.model(**self._hf_kwargs(inputs), **rest)
         prep = self._prepare(inputs)
+        out = self._compressed_call(prep, rest)
+        self.adapter.set_rope_deltas(prep.rope_deltas)
+        return out
+
+    def _compressed_call(self, prep: Any, rest: dict[str, Any]) -> Any:
+        """The HF model on the compressed sequence of `prep` (the report kept for the
+        caller); `rest` are the caller's other keywords (labels, use_cache, ...)."""
         self._last_kept = prep.kept
         self.last_compression = prep.report
         with self._mask_guard():
-            out = self.model(
+            return self.model(
                 input_ids=prep.input_ids,
                 attention_mask=prep.attention_mask,
                 position_ids=prep.position_ids,
@@ -305,8 +312,6 @@ class CraftModel(torch.nn.Module):
                 **prep.extra,
                 **rest,
             )
-        self.adapter.set_rope_deltas(prep.rope_deltas)
-        return out
 
     def compressed_index(self, batch_index: int = 0) -> torch.Tensor:
         """Original sequence positions kept by the last compressed call, for one batch row."""
@@ -402,19 +407,10 @@ class CraftModel(torch.nn.Module):
             )
         inputs = _move_inputs(inputs, self.model.device)
         prep = self._prepare(inputs)
-        self._last_kept = prep.kept
-        self.last_compression = prep.report
-        with self._mask_guard():
-            out = self.model(
-                input_ids=prep.input_ids,
-                attention_mask=prep.attention_mask,
-                position_ids=prep.position_ids,
-                mm_encoder_outputs=prep.encoder_outputs,
-                use_cache=True,
-                logits_to_keep=1,
-                **prep.extra,
-                **rest,
-            )
+        fixed = {"use_cache": True, "logits_to_keep": 1}  # a session is one cached prefill
+        if clash := sorted(set(fixed) & set(rest)):
+            raise ValueError(f"encode_video sets {', '.join(clash)} itself; leave it out")
+        out = self._compressed_call(prep, {**fixed, **rest})
         return VideoSession(self, inputs, prep, out.past_key_values)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import torch
@@ -78,8 +77,7 @@ class Qwen3VLAdapter(QwenAdapter):
         new_features: list[torch.Tensor],
         assignments: list[torch.Tensor],
     ) -> Any:
-        new = copy.copy(output)
-        new.pooler_output = tuple(new_features)
+        new = super().shrink_video_output(output, kept_rows, new_features, assignments)
         deep = getattr(output, "deepstack_features", None)
         if deep is not None:
             new.deepstack_features = [
