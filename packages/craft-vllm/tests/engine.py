@@ -194,3 +194,21 @@ def video_span(kept: int, question: str = QUESTION) -> tuple[int, int]:
     before = len(tokenizer(head)["input_ids"])
     upto = prompt(question).split(question)[0]
     return before, len(tokenizer(upto)["input_ids"]) - 1 + kept
+
+
+def _craft_path(model: Any) -> str:
+    """Runs inside vLLM's worker: which loop the served CRAFT module runs (`info["pairing"]`:
+    "compiled" for craft-core's compiled loop), on 64 random tokens of one frame."""
+    craft = model.craft
+    param = next(craft.parameters())
+    features = torch.randn(64, craft.config.hidden_size, dtype=param.dtype, device=param.device)
+    grid = torch.meshgrid(torch.arange(1), torch.arange(8), torch.arange(8), indexing="ij")
+    coords = torch.stack(grid, -1).reshape(-1, 3).to(param.device)
+    with torch.inference_mode():
+        result = craft(features, coords, ratio=4.0)
+    return str(result.info["pairing"])
+
+
+def served_craft_path(llm: Any) -> str:
+    """`_craft_path` of the engine's one CPU worker."""
+    return llm.apply_model(_craft_path)[0]

@@ -58,3 +58,24 @@ def test_craft_equals_craft_adapters(workdir, videos, ratio) -> None:
         fresh = CraftCompressor(small_config())
         control = engine.adapters_generate(workdir / "model", fresh, ratio, videos)
         assert not all(_agree(served, control))
+
+
+def test_compiled_loop_serves_the_eager_tokens(workdir, videos) -> None:
+    """craft-core's compiled loop (`"compile": true` in the checkpoint's config) inside vLLM's
+    worker: the same greedy tokens as craft-adapters' EAGER generate() with the same weights,
+    and the worker's module really runs the compiled loop (its result says so)."""
+    eager = CraftCompressor.from_pretrained(workdir / "craft")
+    compiled = CraftCompressor(eager.config.model_copy(update={"compile": True}))
+    compiled.load_state_dict(eager.state_dict())
+    compiled.save_pretrained(workdir / "craft_compiled")
+
+    def work(llm):
+        return engine.served_craft_path(llm), engine.vllm_generate(llm, videos)
+
+    path, served = engine.run(
+        workdir / "model", engine.overrides(workdir / "craft_compiled", CONTROL), work
+    )
+    assert path == "compiled"
+    reference = engine.adapters_generate(workdir / "model", eager, CONTROL, videos)
+    assert _agree(served, reference) == [True] * len(videos)
+    assert [n for _, n in served] == [r[1] for r in reference]
