@@ -77,16 +77,19 @@ def train_stage12(work: Path, root: Path) -> Path:
     return s2 / "craft"
 
 
-def evaluate(modules: dict[str, Path], test_root: Path, ratios: list[float]) -> dict[str, Any]:
+def evaluate(
+    modules: dict[str, Path], test_root: Path, ratios: list[float], runs: Path
+) -> dict[str, Any]:
     """Accuracy and KL to the uncompressed model per module folder and ratio (paired SEs),
     all from craft-eval's runner with its first-token scorer (`craft_eval.measure`); the runs
-    go to `<test_root>/runs` (resumed)."""
+    go to `runs` and resume there (a run is matched by its settings and checkpoint PATH, not
+    the weights: `main` names the folder by the arguments that make the modules)."""
     import craft_world
     from craft_core import TokenBudget
     from craft_eval.measure import Measure
 
     model, processor = craft_world.load_backbone()
-    bench = Measure(model, processor, test_root, test_root / "runs")
+    bench = Measure(model, processor, test_root, runs)
     plain = bench.run("none").scores
     out: dict[str, Any] = {
         "items": plain["first_token_n"],
@@ -176,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         "stage 1+2": stage12,
         "distill": out / "craft",
     }
-    results = evaluate(modules, test_root, [8.0, 16.0])
+    # the modules above are retrained on every call: runs of other arguments must not resume
+    runs = work / f"runs-clips{args.clips}-test{args.test}-steps{args.steps}-lr{args.lr:g}"
+    results = evaluate(modules, test_root, [8.0, 16.0], runs)
     results["distill_seconds"] = seconds
     results["args"] = vars(args)
     (work / "results.json").write_text(json.dumps(results, indent=1))

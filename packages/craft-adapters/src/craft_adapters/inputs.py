@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from craft_adapters.registry import adapter_classes, input_rules
+from craft_adapters.registry import InputRules, adapter_classes, input_rules
 from craft_adapters.video import _check_rate
 from craft_core.checks import check_int
 
@@ -140,11 +140,15 @@ def frame_size(
 
 
 def _resize_frames(
-    processor: Any, videos: list[np.ndarray], pixels: dict[str, int | None]
+    processor: Any,
+    videos: list[np.ndarray],
+    pixels: dict[str, int | None],
+    rules: InputRules | None = None,
 ) -> list[np.ndarray] | None:
     """Frames resized per frame (bicubic, antialiased, as qwen-vl-utils), or None when the
-    processor resizes them itself (Qwen2.5-VL without bounds)."""
-    rules = input_rules(processor)  # the backbone's adapter says how its frames are sized
+    processor resizes them itself (Qwen2.5-VL without bounds). `rules`: the processor's
+    `input_rules` when the caller has them already."""
+    rules = rules or input_rules(processor)  # the backbone's adapter says how frames are sized
     given: dict[str, int | None] = {k: v for k, v in pixels.items() if v is not None}
     if not rules.frame_bounds:
         if given:
@@ -175,8 +179,8 @@ def _resize_frames(
     return out
 
 
-def _video_kwargs(processor: Any, videos: list[np.ndarray], fps: list[float]) -> dict[str, Any]:
-    if input_rules(processor).video_metadata:
+def _video_kwargs(rules: InputRules, videos: list[np.ndarray], fps: list[float]) -> dict[str, Any]:
+    if rules.video_metadata:
         # Qwen2.5-VL reads second_per_grid_ts from the metadata's sampled fps (5.x)
         from transformers.video_utils import VideoMetadata
 
@@ -201,17 +205,18 @@ def _process(
     fps: list[float],
     pixels: dict[str, int | None] | None = None,
 ) -> Any:
-    resized = _resize_frames(processor, videos, pixels or {})
+    rules = input_rules(processor)
+    resized = _resize_frames(processor, videos, pixels or {}, rules)
     if resized is not None:
         videos = resized
-    kwargs = _video_kwargs(processor, videos, fps)
+    kwargs = _video_kwargs(rules, videos, fps)
     if resized is not None:
         kwargs["do_resize"] = False
     common: dict[str, Any] = {"return_tensors": "pt"}
     if len(texts) > 1:
         common.update(padding=True, padding_side="left")
     lengths = {int(v.shape[0]) for v in videos}
-    if input_rules(processor).one_call_per_length and len(lengths) > 1:
+    if rules.one_call_per_length and len(lengths) > 1:
         # pixel_values_videos is [B, F, C, H, W]: videos of different lengths do not stack, so
         # process them one at a time and hand the model a list (craft_adapters handles it).
         pieces = [

@@ -79,8 +79,9 @@ def padded_round(
     n, room, threshold, phi = scalars
     dummy = rows.shape[0] - 1
     slots = torch.arange(active.shape[0], device=active.device)
-    sim, pos, in_doubt = buffered_partners(embed[active], block, delta, SPARE, valid=slots < n)
-    sim = sim.masked_fill(slots >= n, float("-inf"))  # padding is nobody's candidate
+    valid = slots < n
+    sim, pos, in_doubt = buffered_partners(embed[active], block, delta, SPARE, valid=valid)
+    sim = sim.masked_fill(~valid, float("-inf"))  # padding is nobody's candidate
     room = torch.where(in_doubt <= SPARE, room, 0)  # not exact: merge nothing, redo eagerly
     edges = rank_edges(active, active[pos], sim, norms, 0, threshold, room=room)
     assert edges is not None  # B >= MIN_BUCKET: there are B // 2 edge slots

@@ -152,6 +152,36 @@ class _PieceRows:
         self.pieces.append(rows)
 
 
+def _result(
+    features: torch.Tensor,
+    coords: torch.Tensor,
+    final: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    rounds: int,
+    budget: Budget,
+    started: float,
+    loop_info: dict[str, object],
+) -> CompressionResult:
+    """The loop's result, eager or compiled: `final` = (kept rows `[K, D]`, kept ids `[K]`
+    sorted, owner `[N]`: the token each input token ended in); `loop_info` the loop's own
+    fields after the common ones."""
+    rows, kept, owner = final
+    info: dict[str, object] = {
+        "method": "craft",
+        "mode": "ratio" if budget.threshold is None else "threshold",
+        "floor": budget.floor,
+        "seconds": time.perf_counter() - started,
+        **loop_info,
+    }
+    return CompressionResult(
+        features=rows.to(features.dtype),
+        coords=coords[kept],
+        kept_index=kept,
+        assignment=torch.searchsorted(kept, owner),
+        rounds=rounds,
+        info=info,
+    )
+
+
 def _room(active: int, floor: int) -> int:
     """Edges a round may keep: at most half the active tokens, never below the floor."""
     return min(active - floor, active // 2)
@@ -332,12 +362,7 @@ class CraftCompressor(
             owner, active_ids = self._apply_round(
                 plan, (store, pairing, square_norms, weight), coords, owner, active_ids, rounds
             )
-        info: dict[str, object] = {
-            "method": "craft",
-            "mode": "ratio" if budget.threshold is None else "threshold",
-            "floor": budget.floor,
-            "seconds": time.perf_counter() - started,
-        }
+        info: dict[str, object] = {}
         if pairing is not None:
             info["pairing_passes"] = pairing.full_rows / n
             info["pairing"] = type(pairing).__name__
@@ -345,14 +370,8 @@ class CraftCompressor(
             info["rows_fast"] = [fast for fast, _ in counts]
             info["rows_rechecked"] = [rechecked for _, rechecked in counts]
             info["fallbacks"] = pairing.fallbacks
-        return CompressionResult(
-            features=store.gather(active_ids).to(features.dtype),
-            coords=coords[active_ids],
-            kept_index=active_ids,
-            assignment=torch.searchsorted(active_ids, owner),
-            rounds=rounds,
-            info=info,
-        )
+        rows = store.gather(active_ids)
+        return _result(features, coords, (rows, active_ids, owner), rounds, budget, started, info)
 
     def _apply_round(
         self,
@@ -423,22 +442,9 @@ class CraftCompressor(
                 state.shrink()
             rounds += 1
         kept = state.kept().clone()
-        info: dict[str, object] = {
-            "method": "craft",
-            "mode": "ratio" if budget.threshold is None else "threshold",
-            "floor": budget.floor,
-            "seconds": time.perf_counter() - started,
-            "pairing": "compiled",
-            "fallbacks": fallbacks,
-        }
-        return CompressionResult(
-            features=state.rows[kept].to(features.dtype),
-            coords=coords[kept],
-            kept_index=kept,
-            assignment=torch.searchsorted(kept, state.owner[: features.shape[0]]),
-            rounds=rounds,
-            info=info,
-        )
+        final = (state.rows[kept], kept, state.owner[: features.shape[0]])
+        info: dict[str, object] = {"pairing": "compiled", "fallbacks": fallbacks}
+        return _result(features, coords, final, rounds, budget, started, info)
 
     def _fallback_round(
         self, state: PaddedState, budget: Budget, weight: torch.Tensor, round_index: int

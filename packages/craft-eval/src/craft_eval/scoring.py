@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from statistics import mean
+from statistics import mean, stdev
 from typing import TYPE_CHECKING, Any
 
 from craft_eval.tasks import Benchmark, Item, Prompt
@@ -156,10 +156,7 @@ def _first_token(ok: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _stdev(values: Sequence[float]) -> float:
     """Sample standard deviation (n - 1); 0 for fewer than 2 values."""
-    if len(values) < 2:
-        return 0.0
-    m = math.fsum(values) / len(values)
-    return math.sqrt(math.fsum((v - m) ** 2 for v in values) / (len(values) - 1))
+    return stdev(values) if len(values) > 1 else 0.0
 
 
 def paired(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:

@@ -25,7 +25,12 @@ import torch
 
 from craft_adapters import registry
 from craft_adapters.attention import Recorder, per_image_hook
-from craft_adapters.backbones._tiny import extra_token_ids, text_common, tiny_tokenizer
+from craft_adapters.backbones._tiny import (
+    chat_template,
+    extra_token_ids,
+    text_common,
+    tiny_tokenizer,
+)
 
 # The tokenizer's InternVL tokens (attribute -> token), as in the real tokenizer_config.json.
 TOKENS = {
@@ -34,20 +39,9 @@ TOKENS = {
     "context_image_token": "<IMG_CONTEXT>",
     "video_token": "<video>",
 }
-TEMPLATE = (  # the real checkpoints' template, system prompt left out
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for item in message['content'] %}"
-    "{% if item['type'] == 'video' %}<video>\n"
-    "{% elif item['type'] == 'image' %}<IMG_CONTEXT>\n"
-    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}"
-    "<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+TEMPLATE = chat_template("<video>\n", "<IMG_CONTEXT>\n")  # the real checkpoints', no system
 TINY_TILE = 112  # tiny tiles: 8 x 8 patches of 14 px -> 4 x 4 = 16 tokens per frame
+TINY_TOKENS = (TINY_TILE // 14 // 2) ** 2  # after the 0.5 pixel shuffle
 
 
 @registry.register_backbone
@@ -142,7 +136,7 @@ class InternVLAdapter(registry.BackboneAdapter):
             text_config=text,
             vision_config=vision,
             image_token_id=extra_token_ids(list(TOKENS.values()))["<IMG_CONTEXT>"],
-            image_seq_length=16,
+            image_seq_length=TINY_TOKENS,
             downsample_ratio=0.5,
             vision_feature_layer=-1,
             vision_feature_select_strategy="default",
@@ -158,6 +152,6 @@ class InternVLAdapter(registry.BackboneAdapter):
             image_processor=GotOcr2ImageProcessor(size=size, crop_to_patches=False),
             tokenizer=tiny_tokenizer(TEMPLATE, TOKENS),
             video_processor=InternVLVideoProcessor(size=size),
-            image_seq_length=16,
+            image_seq_length=TINY_TOKENS,
             chat_template=TEMPLATE,
         )
