@@ -69,7 +69,8 @@ def test_cuda_certified_equals_cuda_exact_and_cpu(pairing: str, dtype: torch.dty
         with torch.no_grad():
             results[selection] = compressor(x.cuda(), coords.cuda(), ratio=6.0)
     certified = results["certified"]
-    assert sum(certified.info["rows_rechecked"]) > 0
+    if pairing == "full":  # the incremental pairing decides these rows without a recheck
+        assert sum(certified.info["rows_rechecked"]) > 0
     for other in ("exact", "recheck"):
         assert torch.equal(certified.kept_index, results[other].kept_index)
         assert torch.equal(certified.assignment, results[other].assignment)

@@ -2,7 +2,7 @@
 
     compressor = CraftCompressor(CraftConfig(hidden_size=2560, compile=True))
     with torch.no_grad():
-        out = compressor(features, coords, ratio=8.0)   # the same tokens and rows as eager
+        out = compressor(features, coords, ratio=8.0)   # the same tokens as eager
 
 A round (pairing, selection, the gated merge, retiring the sources, the embedding update) is
 `padded_round`, traced whole by `torch.compile(fullgraph=True, dynamic=False)`. Its shapes
@@ -14,18 +14,24 @@ bucket it passes through; rounds in one bucket share it), and a second video of 
 in the same bucket compiles nothing. The round's one host sync reads its sizes (edges,
 targets, lone targets, rows in doubt): the stop test and the next bucket.
 
-Exactness is the eager loop's: the same certified pairing (`certify.buffered_partners`, the
-`full` strategy), the same selection with masks, the merge in float64 rounded once
-(`GatedMerge.fuse_all`). If more rows are in doubt than the recheck buffer holds (`spare`),
+Exactness on a CPU is the eager loop's, rows included: the same certified pairing
+(`certify.buffered_partners`, the `full` strategy), the same selection with masks, the merge
+in float64 rounded once (`GatedMerge.fuse_all`). If more rows are in doubt than the recheck buffer holds (`spare`),
 the graph merges nothing and the round is redone eagerly (`CraftCompressor._fallback_round`).
+On CUDA the tokens are the same but not every row bit: Triton's float64 (the gate, the
+softmax) differs from ATen's by up to ~1e-13 relative, so a once-rounded float32 value now
+and then lands one ulp away (measured on an H100: README, "On a GPU").
 
-Training stays eager: with autograd on, `CraftCompressor` runs the eager loop. On CUDA the
-graphs are compiled with `mode="reduce-overhead"` (CUDA graphs); on a CPU with
-`compiling.inductor_options()` (its cache keyed by the instruction path).
+Training stays eager: with autograd on, `CraftCompressor` runs the eager loop. On a CPU the
+round is compiled with `compiling.inductor_options()` (its cache keyed by the instruction
+path). On CUDA, `GraphedRounds` records each compiled round as a CUDA graph and replays it:
+one launch a round. (`mode="reduce-overhead"` would not: it skips CUDA graphs for a function
+that writes its inputs, and the round updates its tables in place.)
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -116,25 +122,174 @@ _COMPILED: dict[tuple[str, tuple], Callable[..., torch.Tensor]] = {}
 
 
 def compiled_round(device: torch.device) -> Callable[..., torch.Tensor]:
-    """`padded_round` compiled for `device`'s kind (one wrapper per kind and option set)."""
-    inductor = inductor_options()
+    """`padded_round` compiled for `device`'s kind (one wrapper per kind and option set).
+    On CUDA, `GraphedRounds` records what it launches as CUDA graphs."""
+    inductor = inductor_options() if device.type == "cpu" else {}
     key = (device.type, tuple(sorted(inductor.items())))
     if key not in _COMPILED:
-        if device.type == "cuda":
-            _COMPILED[key] = torch.compile(
-                padded_round, fullgraph=True, dynamic=False, mode="reduce-overhead"
-            )
-        else:
-            _COMPILED[key] = torch.compile(
-                padded_round, fullgraph=True, dynamic=False, options=inductor
-            )
+        _COMPILED[key] = torch.compile(
+            padded_round, fullgraph=True, dynamic=False, options=inductor or None
+        )
     return _COMPILED[key]
+
+
+Scalars = tuple[int, int, "float | None", torch.Tensor]
+"""A round's `(n, room, threshold, phi)`: host ints, the threshold (None: fixed ratio) and
+the `[d_phi]` float64 round embedding (`padded_round`'s scalars before they are tensors)."""
+
+
+class CompiledRounds:
+    """Runs the compiled round on the tables of each video (CPU, or CUDA without graphs)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.round = compiled_round(device)
+        self.replays = 0  # rounds replayed from a CUDA graph (none here)
+
+    def start(
+        self, features: torch.Tensor, coords: torch.Tensor, weight: torch.Tensor, block: int
+    ) -> PaddedState:
+        """A video's padded state (`features [N, D]`, `coords [N, 3]`)."""
+        return PaddedState(features, coords, weight, block)
+
+    def run(
+        self,
+        merge: GatedMerge,
+        state: PaddedState,
+        scalars: Scalars,
+        weight: torch.Tensor,
+        block_and_delta: tuple[int, float],
+    ) -> list[int]:
+        """One round on `state`, in place; its sizes (`padded_round`'s return) read back:
+        the round's one host sync."""
+        device = state.rows.device
+        n, room, threshold, phi = scalars
+        values = (
+            torch.tensor(n, device=device),
+            torch.tensor(room, device=device),
+            None
+            if threshold is None
+            else torch.tensor(threshold, dtype=torch.float64, device=device),
+            phi,
+        )
+        return self.round(
+            merge, state.tables(), state.active, values, weight, *block_and_delta
+        ).tolist()
+
+
+class GraphedRounds(CompiledRounds):
+    """The compiled round replayed as CUDA graphs: one launch a round instead of its kernels.
+
+    A graph replays fixed addresses, so what a round reads lives here and stays put: one set
+    of tables per table size (reused by every video of that bucket), one active buffer per
+    (table size, active bucket), and the scalars and projection as tensors that each round
+    copies into. The first round at a (table size, active bucket, budget mode) runs the
+    compiled round as is, then records it (recording runs nothing); later rounds, of this
+    video or the next, replay it. Graphs share one memory pool: rounds run one at a time.
+    Held per compressor and device (`runner_for`); the tables of the largest video seen stay
+    allocated until the compressor is deleted.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device)
+        self.device = device
+        self.pool = torch.cuda.graph_pool_handle()
+        self.tables: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}
+        self.actives: dict[tuple[int, int], torch.Tensor] = {}
+        self.inputs: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+
+    def start(
+        self, features: torch.Tensor, coords: torch.Tensor, weight: torch.Tensor, block: int
+    ) -> PaddedState:
+        key = (bucket(features.shape[0]) + 1, features.shape[1], weight.shape[1])
+        if key not in self.tables:
+            self.tables[key] = empty_tables(*key, self.device)
+        return PaddedState(features, coords, weight, block, self.tables[key])
+
+    def run(
+        self,
+        merge: GatedMerge,
+        state: PaddedState,
+        scalars: Scalars,
+        weight: torch.Tensor,
+        block_and_delta: tuple[int, float],
+    ) -> list[int]:
+        n, room, threshold, phi = scalars
+        slots = (state.rows.shape[0], state.active.numel())
+        active = self.actives.setdefault(slots, torch.empty_like(state.active))
+        if state.active.data_ptr() != active.data_ptr():
+            active.copy_(state.active)
+            state.active = active
+        static = self._inputs(weight, phi)
+        static[0].fill_(n)
+        static[1].fill_(room)
+        static[2].fill_(0.0 if threshold is None else threshold)
+        static[3].copy_(phi)
+        static[4].copy_(weight)
+        values = (static[0], static[1], None if threshold is None else static[2], static[3])
+        args = (merge, state.tables(), active, values, static[4], *block_and_delta)
+        params = tuple(t.data_ptr() for t in (*merge.parameters(), *merge.buffers()))
+        key = (*slots, threshold is None, params)
+        if key in self.graphs:
+            graph, sizes = self.graphs[key]
+            graph.replay()
+            self.replays += 1
+            return sizes.tolist()
+        done = self.round(*args).tolist()  # compiles on first sight; this round's work
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            sizes = self.round(*args)  # recorded, not run
+        self.graphs[key] = (graph, sizes)
+        return done
+
+    def _inputs(self, weight: torch.Tensor, phi: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """`(n, room, threshold, phi, weight)` as static tensors, one set per shape."""
+        key = (*weight.shape, phi.numel())
+        if key not in self.inputs:
+            self.inputs[key] = (
+                torch.zeros((), dtype=torch.long, device=self.device),
+                torch.zeros((), dtype=torch.long, device=self.device),
+                torch.zeros((), dtype=torch.float64, device=self.device),
+                torch.empty_like(phi),
+                torch.empty_like(weight),
+            )
+        return self.inputs[key]
+
+
+_GRAPHED: weakref.WeakKeyDictionary[object, dict[torch.device, GraphedRounds]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def runner_for(owner: object, device: torch.device) -> CompiledRounds:
+    """The round runner of `owner` (a compressor) on `device`: `GraphedRounds` on CUDA, kept
+    per owner and device (its graphs and tables outlive a call); else a `CompiledRounds`."""
+    if device.type != "cuda":
+        return CompiledRounds(device)
+    per_device = _GRAPHED.setdefault(owner, {})
+    if device not in per_device:
+        per_device[device] = GraphedRounds(device)
+    return per_device[device]
 
 
 def raise_recompile_limit() -> None:
     """At least `RECOMPILE_LIMIT` graphs per function (see its docstring)."""
     config = torch._dynamo.config
     config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+
+
+def empty_tables(
+    size: int, width: int, key_dim: int, device: torch.device
+) -> tuple[torch.Tensor, ...]:
+    """Uninitialised `padded_round` tables of `size` rows: `(rows [S, D] float32, coords
+    [S, 3] long, embed [S, d] float64, norms [S] float64, owner [S] long)`."""
+    return (
+        torch.empty(size, width, device=device),
+        torch.empty(size, 3, dtype=torch.long, device=device),
+        torch.empty(size, key_dim, dtype=torch.float64, device=device),
+        torch.empty(size, dtype=torch.float64, device=device),
+        torch.empty(size, dtype=torch.long, device=device),
+    )
 
 
 class PaddedState:
@@ -150,22 +305,28 @@ class PaddedState:
     """
 
     def __init__(
-        self, features: torch.Tensor, coords: torch.Tensor, weight: torch.Tensor, block: int
+        self,
+        features: torch.Tensor,
+        coords: torch.Tensor,
+        weight: torch.Tensor,
+        block: int,
+        tables: tuple[torch.Tensor, ...] | None = None,
     ) -> None:
         n, device = features.shape[0], features.device
         size = bucket(n) + 1
         embed, norms = row_keys(features, weight, block)
-        self.rows = torch.zeros(size, features.shape[1], device=device)
+        if tables is None:
+            tables = empty_tables(size, features.shape[1], embed.shape[1], device)
+        self.rows, self.coords, self.embed, self.norms, self.owner = tables
+        for table in (self.rows, self.coords, self.embed, self.norms):
+            table.zero_()  # reused tables (CUDA graphs) hold the last video's rows
         self.rows[:n] = features.detach()
-        self.coords = torch.zeros(size, 3, dtype=torch.long, device=device)
         self.coords[:n] = coords
-        self.embed = torch.zeros(size, embed.shape[1], dtype=torch.float64, device=device)
         self.embed[:n] = embed
-        self.norms = torch.zeros(size, dtype=torch.float64, device=device)
         self.norms[:n] = norms
         # Padded too (the padding owned by the dummy): a table's shape is the bucket's, so
         # videos of every length in one bucket share the graphs.
-        self.owner = torch.full((size,), size - 1, device=device)
+        self.owner.fill_(size - 1)
         self.owner[:n] = torch.arange(n, device=device)
         self.n = n
         self.set_active(self.owner[:n])

@@ -37,7 +37,7 @@ from craft_core.checks import (
     check_index_tensor,
     check_int,
 )
-from craft_core.compiled import SPARE, PaddedState, compiled_round, raise_recompile_limit
+from craft_core.compiled import SPARE, PaddedState, raise_recompile_limit, runner_for
 from craft_core.config import CraftConfig
 from craft_core.contract import budget_of
 from craft_core.dense import DENSE_MAX_TOKENS, DensePairing
@@ -412,25 +412,15 @@ class CraftCompressor(
         started = time.perf_counter()
         config, device = self.config, features.device
         weight = grid_projection(self.projection)
-        state = PaddedState(features, coords, weight, config.sim_block)
-        round_fn, delta = compiled_round(device), similarity_bound(config.sim_dim)
+        runner = runner_for(self, device)
+        state = runner.start(features, coords, weight, config.sim_block)
+        block_and_delta = (config.sim_block, similarity_bound(config.sim_dim))
         raise_recompile_limit()
-        threshold = None
-        if budget.threshold is not None:
-            threshold = torch.tensor(budget.threshold, dtype=torch.float64, device=device)
-        rounds, fallbacks = 0, 0
+        rounds, fallbacks, replays = 0, 0, runner.replays
         while (room := _room(state.n, budget.floor)) > 0:
             phi = round_embedding(rounds + 1, config.round_embed_dim, device)
-            scalars = (torch.tensor(state.n, device=device), torch.tensor(room, device=device))
-            sizes = round_fn(
-                self.merge,
-                state.tables(),
-                state.active,
-                (*scalars, threshold, phi),
-                weight,
-                config.sim_block,
-                delta,
-            ).tolist()  # the round's one host sync
+            scalars = (state.n, room, budget.threshold, phi)
+            sizes = runner.run(self.merge, state, scalars, weight, block_and_delta)
             if sizes[3] > SPARE:  # the graph merged nothing: this round, eagerly
                 fallbacks += 1
                 if not self._fallback_round(state, budget, weight, rounds + 1):
@@ -444,6 +434,8 @@ class CraftCompressor(
         kept = state.kept().clone()
         final = (state.rows[kept], kept, state.owner[: features.shape[0]])
         info: dict[str, object] = {"pairing": "compiled", "fallbacks": fallbacks}
+        if device.type == "cuda":
+            info["graph_replays"] = runner.replays - replays  # rounds that were one launch
         return _result(features, coords, final, rounds, budget, started, info)
 
     def _fallback_round(
@@ -459,7 +451,7 @@ class CraftCompressor(
         if not num_edges:
             return False
         plan = lay_out(edges, num_edges, num_targets, num_lone)
-        state.owner, active_ids = self._apply_round(
+        owner, active_ids = self._apply_round(
             plan,
             (state, pairing, state.norms, weight),
             state.coords,
@@ -467,6 +459,7 @@ class CraftCompressor(
             active_ids,
             round_index,
         )
+        state.owner.copy_(owner)  # in place: a CUDA graph reads the table at its address
         state.set_active(active_ids)
         return True
 

@@ -82,9 +82,11 @@ class CraftConfig(BaseModel):
         description="Run the compression loop compiled (torch.compile): one graph a round, "
         "padded to power-of-two size buckets, so a video compiles at most about log2(N) "
         "graphs and a second video of a length in the same bucket none (the first pays "
-        "seconds of compile per graph). The same tokens and rows as eager; without autograd "
-        "only (training stays eager). Needs pairing 'auto' or 'full' and selection "
-        "'certified': the loop pairs with the fixed-shape 'full' strategy.",
+        "seconds of compile per graph). On CUDA each round replays as a CUDA graph (one "
+        "launch). The same tokens as eager; the same rows bit for bit on a CPU, within "
+        "float32 rounding on CUDA. Without autograd only (training stays eager). Faster "
+        "on a GPU, slower than eager on a CPU. Needs pairing 'auto' or 'full' and "
+        "selection 'certified': the loop pairs with the fixed-shape 'full' strategy.",
     )
     rank: StrictInt = Field(
         default=128,
