@@ -8,9 +8,11 @@ call (graphs compiled in this process), then warm times of compiled CRAFT, eager
 DivPrune and the irreducible work (`bench_compressor.irreducible`), measured interleaved in
 one run, the minimum of `--repeats` (shared cores: the quietest sample). Goals on a CPU:
 compiled CRAFT <= 1.5x DivPrune at N = 2,048, compiled whole / irreducible <= 1.5 at
-N = 8,192, D = 1,024. Then, for one size, the compile seconds of a fresh process with an
-empty Inductor cache (cold) and with the cache that run left (disk), and the fused kernels +
-extern calls of each compiled round graph (on CUDA each is a launch). N = 144 is printed,
+N = 8,192, D = 1,024. The float64 gate MLP alone on a video's merged edges is timed beside
+DivPrune (`gate_floor`: the cost of the same-rows promise). Then, for one size, the compile
+seconds of a fresh process with an empty Inductor cache (cold) and with the cache that run
+left (disk), and the fused kernels + extern calls of each compiled round graph (on CUDA each
+is a launch). N = 144 is printed,
 labelled: no longer a goal (a few ms beside a model's prefill).
 """
 
@@ -94,6 +96,47 @@ def kernel_counts(codes: list[str]) -> str:
     return ", ".join(counts) or "none (all buckets already compiled)"
 
 
+def gate_floor(n: int, dim: int, repeats: int, device: torch.device) -> None:
+    """The float64 gate MLP alone on the `N - N/8` edges a video merges at ratio 8, against
+    DivPrune and against the same MLP in float32: what the same-rows promise (the merge in
+    float64, rounded once) costs every compression, compiled or eager, before any pairing."""
+    import torch.nn.functional as F
+
+    from craft_core.merge import round_embedding
+    from craft_eval.baselines.divprune import divprune
+
+    frames, grid = frames_for(n)
+    features, coords = video_like(frames, grid, grid, dim)
+    features, coords = features.to(device), coords.to(device)
+    merge = pair(dim, device)[0].merge
+    kept = n // 8
+    group = torch.arange(n - kept, device=device) % kept
+    phi = round_embedding(1, merge.config.round_embed_dim, device)
+    targets, sources = features[:kept], features[kept:]
+
+    def float32_gate() -> None:
+        weight = merge.w_down.weight
+        hidden = F.linear(targets, weight[:, :dim])[group]
+        hidden = hidden + F.linear(sources, weight[:, dim:], merge.w_down.bias)
+        hidden = F.layer_norm(F.gelu(hidden), (hidden.shape[-1],))
+        torch.sigmoid(merge.w_up(hidden))
+
+    with torch.no_grad():
+        gate, prune = timed_pair(
+            lambda: merge.gate(targets, sources, group, phi),
+            lambda: divprune(features, coords, ratio=8.0),
+            repeats,
+            device,
+        )
+        _, single = timed_pair(lambda: None, float32_gate, repeats, device)
+    best = [1e3 * min(t) for t in (gate, prune, single)]
+    print(
+        f"float64 gate MLP alone on the {n - kept:,} edges of N = {n:,}, D = {dim:,}: "
+        f"{best[0]:.1f} ms = {best[0] / best[1]:.2f}x DivPrune ({best[1]:.1f} ms); "
+        f"in float32 {best[2]:.1f} ms"
+    )
+
+
 CHILD = """
 import sys, time, torch
 sys.path.insert(0, {here!r})
@@ -152,6 +195,7 @@ def main() -> None:
         for n in sizes:
             time_size(n, dim, repeats, device)
     print("goals: c/DivPr <= 1.5 at N = 2,048; c/irred <= 1.5 at N = 8,192, D = 1,024")
+    gate_floor(2048 if 2048 in sizes else sizes[0], dims[0], repeats, device)
     disk_cache_seconds(sizes[0], dims[0])
 
 

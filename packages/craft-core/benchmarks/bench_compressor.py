@@ -120,7 +120,10 @@ def irreducible(compressor: CraftCompressor, features: torch.Tensor, kept: int) 
     merged = n - kept
     pairs = torch.cat([features[:merged], features[kept : kept + merged]], dim=1)
     merge = compressor.merge
-    merge.gate_from_hidden(merge.w_down(pairs), 1)
+    merge.gate_from_hidden(
+        merge.w_down(pairs),
+        merge_module.round_embedding(1, merge.config.round_embed_dim, features.device),
+    )
 
 
 def run_case(

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from craft_core import CompressionResult, CraftCompressor, CraftConfig
+from craft_core.merge import round_embedding
 from craft_core.selection import similarity_embedding
 
 DIM = 32
@@ -98,7 +99,8 @@ def test_target_reduce_keeps_original_rows(compressor: CraftCompressor) -> None:
 
 def test_fresh_gate_is_exactly_one_half(compressor: CraftCompressor) -> None:
     x, _ = tokens(10)
-    gate = compressor.merge.gate(x[:2], x[2:7], torch.tensor([0, 0, 1, 1, 1]), 3)
+    phi = round_embedding(3, compressor.config.round_embed_dim, x.device)
+    gate = compressor.merge.gate(x[:2], x[2:7], torch.tensor([0, 0, 1, 1, 1]), phi)
     assert torch.equal(gate, torch.full_like(gate, 0.5))
 
 

@@ -84,6 +84,48 @@ def test_scorer_gives_the_figures_of_craft_worlds_measurement(world: Any, name: 
         assert all(v == 0.0 for v in got)
 
 
+@pytest.mark.parametrize("name", ["none", "divprune", "craft-trained"])
+def test_generation_keeps_the_first_token_logprobs_of_a_plain_forward(
+    world: Any, name: str
+) -> None:
+    # The scorer reads the first answer token's log-probabilities from the generation (no
+    # second prefill); they are the bits a separate forward gives, compressed or not.
+    from craft_eval.tasks import get_benchmark
+
+    bench = get_benchmark("mvbench")
+    backend = world["runs"][name].backend
+    for item in bench.load(world["data"], subset=TASKS)[:2]:
+        prompt = bench.prompt(item)
+        kept = backend.generate(item, prompt).first_logprobs
+        assert kept.dtype == torch.float32 and kept.shape[0] > 100
+        assert torch.equal(kept, backend.first_token_logprobs(item, prompt))
+
+
+def test_scorer_prefills_nothing_more_when_the_generation_kept_its_logprobs(world: Any) -> None:
+    from craft_eval.runner import Generation
+    from craft_eval.scoring import FirstTokenScorer
+    from craft_eval.tasks import get_benchmark
+
+    class Counting:
+        calls = 0
+
+        def first_token_logprobs(self, item: Any, prompt: Any) -> torch.Tensor:
+            Counting.calls += 1
+            return world["runs"]["divprune"].backend.first_token_logprobs(item, prompt)
+
+    bench = get_benchmark("mvbench")
+    item = bench.load(world["data"], subset=TASKS)[0]
+    prompt = bench.prompt(item)
+    reference, other = Counting(), Counting()
+    scorer = FirstTokenScorer(reference, world["processor"].tokenizer)
+    logprobs = world["runs"]["uniform"].backend.generate(item, prompt).first_logprobs
+    kept = scorer(item, prompt, other, Generation(reply="A", first_logprobs=logprobs))
+    assert Counting.calls == 1  # the reference's answer only
+    assert kept["first_token_kl"] > 0
+    without = scorer(item, prompt, other, Generation(reply="A"))
+    assert Counting.calls == 2 and without["first_token_kl"] == 0.0  # it prefilled itself
+
+
 def _obvious_first_token(model: Any, processor: Any, data: Path, method: str | None) -> list:
     """Per item of IDS: the option-letter log-probabilities and the full [V] ones, each
     clip read, prompted and run by hand (the bare model, or wrapped with `method` at 8)."""

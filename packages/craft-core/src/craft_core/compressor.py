@@ -198,10 +198,22 @@ def _plan_round(
     edges = pairing.round_edges(active_ids, square_norms, budget.floor, budget.threshold)
     sizes = edges.sizes.tolist()  # the round's one host sync
     if not pairing.settle(active_ids, sizes[3] if len(sizes) > 3 else 0):
-        partner, sim = pairing.fallback(active_ids)
-        edges = ranked_edges(active_ids, partner, sim, square_norms, budget.floor, budget.threshold)
-        sizes = edges.sizes.tolist()
+        return _exact_plan(pairing, active_ids, square_norms, budget)
     num_edges, num_targets, num_lone = sizes[:3]
+    return lay_out(edges, num_edges, num_targets, num_lone) if num_edges else None
+
+
+def _exact_plan(
+    pairing: FullPairing | PairingState | DensePairing,
+    active_ids: torch.Tensor,
+    square_norms: torch.Tensor,
+    budget: Budget,
+) -> RoundPlan | None:
+    """A round planned from exact partners found with host syncs: the fallback of a round
+    whose rows in doubt overflowed the recheck buffer (eager and compiled loops alike)."""
+    partner, sim = pairing.fallback(active_ids)
+    edges = ranked_edges(active_ids, partner, sim, square_norms, budget.floor, budget.threshold)
+    num_edges, num_targets, num_lone = edges.sizes.tolist()[:3]
     return lay_out(edges, num_edges, num_targets, num_lone) if num_edges else None
 
 
@@ -445,12 +457,9 @@ class CraftCompressor(
         rechecks with host syncs) on the same state; False if the budget allows no edge."""
         active_ids = state.kept()
         pairing = FullPairing(state.embed, self.config.sim_block)
-        partner, sim = pairing.fallback(active_ids)
-        edges = ranked_edges(active_ids, partner, sim, state.norms, budget.floor, budget.threshold)
-        num_edges, num_targets, num_lone = edges.sizes.tolist()[:3]
-        if not num_edges:
+        plan = _exact_plan(pairing, active_ids, state.norms, budget)
+        if plan is None:
             return False
-        plan = lay_out(edges, num_edges, num_targets, num_lone)
         owner, active_ids = self._apply_round(
             plan,
             (state, pairing, state.norms, weight),

@@ -199,28 +199,23 @@ class GatedMerge(nn.Module):
         x_targets: torch.Tensor,
         x_sources: torch.Tensor,
         group: torch.Tensor,
-        round_index: int,
-        phi: torch.Tensor | None = None,
+        phi: torch.Tensor,
     ) -> torch.Tensor:
-        """G `[E, D]` float64 in (0, 1): the per-channel gate of each (target, source) edge
-        (`phi`, if given, is `round_embedding(round_index)` already made)."""
+        """G `[E, D]` float64 in (0, 1): the per-channel gate of each (target, source) edge.
+        `phi` is the round's `round_embedding(m)` (`[d_phi]` float64)."""
         width = self.config.hidden_size
         weight = _exact(self.w_down.weight)
         # W_down [x_t ; x_i] = W_t x_t + W_s x_i: the target half once per target, not per edge.
         hidden = F.linear(_exact(x_targets), weight[:, :width])[group]
         hidden = hidden + F.linear(_exact(x_sources), weight[:, width:], _exact(self.w_down.bias))
-        return self.gate_from_hidden(hidden, round_index, phi)
+        return self.gate_from_hidden(hidden, phi)
 
-    def gate_from_hidden(
-        self, hidden: torch.Tensor, round_index: int, phi: torch.Tensor | None = None
-    ) -> torch.Tensor:
+    def gate_from_hidden(self, hidden: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
         """GELU, affine-free LN, round modulation, W_up, sigmoid: `[E, d_h] -> [E, D]`, in
-        float64 (the input is upcast exactly). `phi` (`[d_phi]` float64), if given, is the
-        round's embedding: a tensor, so a compiled graph is not specialised to the round."""
+        float64 (the input is upcast exactly). `phi` (`[d_phi]` float64) is the round's
+        embedding, a tensor: a compiled graph is not specialised to the round."""
         hidden = F.gelu(_exact(hidden))
         hidden = F.layer_norm(hidden, (hidden.shape[-1],), eps=self.config.layer_norm_eps)
-        if phi is None:
-            phi = round_embedding(round_index, self.config.round_embed_dim, hidden.device)
         modulation = F.linear(_exact(phi), _exact(self.w_mod.weight), _exact(self.w_mod.bias))
         gamma, beta = modulation.chunk(2)
         up = F.linear(hidden * (1 + gamma) + beta, _exact(self.w_up.weight), _exact(self.w_up.bias))
@@ -257,7 +252,8 @@ class GatedMerge(nn.Module):
         lone, group = layout.lone, layout.group
         gate = None
         if reduce == "gate":
-            gate = self.gate(x_targets, x_sources, group, round_index)
+            phi = round_embedding(round_index, self.config.round_embed_dim, x_targets.device)
+            gate = self.gate(x_targets, x_sources, group, phi)
         # x_t - sum_i w_i G_i (x_t - x_i): a lone source has w = 1, so x_t + G (x_i - x_t);
         # with G = 1 that is x_i itself. Separate mul and add, not lerp (whose FMA use differs
         # between CPU instruction paths).
@@ -310,7 +306,7 @@ class GatedMerge(nn.Module):
             x_targets, x_sources, group, coords_targets, coords_sources, similarity
         ).unsqueeze(1)
         if reduce == "gate":
-            coeff = self.gate(x_targets, x_sources, group, 1, phi) * coeff
+            coeff = self.gate(x_targets, x_sources, group, phi) * coeff
         base = _exact(x_targets)
         step = coeff * (_exact(x_sources) - base[group])
         fused = base.index_add(0, group, step)

@@ -229,9 +229,13 @@ class HFBackend:
         self.probe.arm()
         with torch.inference_mode():
             out = self.model.generate(
-                **inputs, max_new_tokens=prompt.max_new_tokens, do_sample=False
+                **inputs,
+                max_new_tokens=prompt.max_new_tokens,
+                do_sample=False,
+                output_logits=True,  # the first step's: scorers need no second prefill
+                return_dict_in_generate=True,
             )
-        new = out[:, inputs["input_ids"].shape[1] :]
+        new = out.sequences[:, inputs["input_ids"].shape[1] :]
         reply = self.processor.batch_decode(new, skip_special_tokens=True)[0]
         report = getattr(self.model, "last_compression", None)
         (log,) = row_logs(report, self.compressor, [self._count_video_tokens(inputs)])
@@ -256,6 +260,7 @@ class HFBackend:
             compress_ms=None if self.compressor is None else log.compression_ms,
             prefill_ms=self.probe.prefill_ms,
             extra=extra,
+            first_logprobs=_log_softmax(out.logits[0][0]),
         )
 
     @torch.inference_mode()
@@ -266,8 +271,9 @@ class HFBackend:
         frames, fps, _ = read_frames(
             item.video, fps=self.fps, max_frames=self.max_frames, segment=item.segment
         )
-        logits = self.model(**self._inputs(frames, fps, prompt)).logits[0, -1]
-        return torch.log_softmax(logits.float(), dim=-1).cpu()
+        # logits_to_keep=1, as generate's prefill: the same lm_head product, the same bits.
+        logits = self.model(**self._inputs(frames, fps, prompt), logits_to_keep=1).logits
+        return _log_softmax(logits[0, -1])
 
     def profile(
         self, item: Item, prompt: Prompt, *, warmup: int = 1, repeats: int = 3
@@ -334,3 +340,8 @@ class HFBackend:
             title=f"{self.method} on {item.id}",
         )
         self._saved_maps += 1
+
+
+def _log_softmax(logits: torch.Tensor) -> torch.Tensor:
+    """`[V]` logits of one position -> float32 log-probabilities on the CPU."""
+    return torch.log_softmax(logits.float(), dim=-1).cpu()

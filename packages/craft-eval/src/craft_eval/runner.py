@@ -62,6 +62,9 @@ class Generation:
     compress_ms: float | None = None
     prefill_ms: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    first_logprobs: Any = None
+    """`[V]` float32 CPU log-probabilities of the first answer token, where the backend
+    kept them from its generation (scorers read them; never written to the records)."""
 
 
 class Backend(Protocol):

@@ -187,6 +187,10 @@ def kl_to(reference: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     return (reference.exp() * (reference - other)).sum(-1)
 
 
+def _answer_key(item: Item, prompt: Prompt) -> tuple[str, str]:
+    return (item.id, prompt.text + prompt.assistant_prefix)
+
+
 class FirstTokenScorer:
     """A scorer of the runner (`run_benchmark(..., scorers=[...])`): per answered item,
     `first_token_kl` (KL(uncompressed || this backend) of the first answer token, nats) and
@@ -207,8 +211,9 @@ class FirstTokenScorer:
         self._answers: dict[tuple[str, str], torch.Tensor] = {}
 
     def reference_logprobs(self, item: Item, prompt: Prompt) -> torch.Tensor:
-        """The uncompressed model's first-token log-probabilities `[V]` (cached)."""
-        key = (item.id, prompt.text + prompt.assistant_prefix)
+        """The uncompressed model's first-token log-probabilities `[V]` (cached; from its own
+        generation when the reference run came first)."""
+        key = _answer_key(item, prompt)
         if key not in self._answers:
             self._answers[key] = self.reference.first_token_logprobs(item, prompt)
         return self._answers[key]
@@ -216,8 +221,12 @@ class FirstTokenScorer:
     def __call__(
         self, item: Item, prompt: Prompt, backend: Any, generation: Generation
     ) -> dict[str, Any]:
+        if backend is self.reference and generation.first_logprobs is not None:
+            self._answers.setdefault(_answer_key(item, prompt), generation.first_logprobs)
         ref = self.reference_logprobs(item, prompt)
-        mine = ref if backend is self.reference else backend.first_token_logprobs(item, prompt)
+        mine = ref if backend is self.reference else generation.first_logprobs
+        if mine is None:  # a backend that keeps no logits from its generation: one more prefill
+            mine = backend.first_token_logprobs(item, prompt)
         letters = [self.tokenizer.convert_tokens_to_ids(c) for c in item.letters]
         best = item.letters[int(mine[letters].argmax())]
         out: dict[str, Any] = {"first_token_kl": float(kl_to(ref, mine))}
