@@ -158,3 +158,19 @@ def test_efficiency_command(tmp_path, capsys: pytest.CaptureFixture[str]) -> Non
     assert "| uniform | 4x |" in out and "LLaVA-OV-7B (cpu, float32), 2 frames" in out
     rows = json.loads((tmp_path / "e.json").read_text())["rows"]
     assert [r["ratio"] for r in rows] == [None, 2.0, 4.0]
+
+
+def test_efficiency_method_args_reach_the_compressor(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from craft_eval.cli import main
+
+    argv = ["efficiency", "--arch", "qwen2.5-vl-7b", "--frames", "2", "--ratios", "4"]
+    argv += ["--methods", "craft", "--repeats", "1", "--warmup", "0", "--device", "cpu"]
+    argv += ["--override", small("qwen2.5-vl-7b"), "--json", str(tmp_path / "e.json")]
+    assert main([*argv, "--method-arg", "reduce=target", "--method-arg", "compile=false"]) == 0
+    assert "reduce=target, compile=False" in capsys.readouterr().out
+    result = json.loads((tmp_path / "e.json").read_text())
+    assert result["method_options"] == {"reduce": "target", "compile": False}
+    # reduce=target keeps each target's own row: the same kept count, a different module
+    assert result["rows"][1]["video_tokens"] == result["video_tokens_full"] // 4

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from craft_eval.cli.common import UsageError, check_device, check_output, parse_budget
+from craft_eval.cli.common import UsageError, check_device, check_output, kv, parse_budget
 from craft_eval.runner import _BUDGET_OPTIONS
 
 
@@ -32,6 +32,14 @@ def add_parser(sub: Any) -> None:
     eff.add_argument(
         "--override", help='text-config overrides, e.g. "num_hidden_layers=4,hidden_size=64"'
     )
+    eff.add_argument(
+        "--method-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of every method measured, e.g. compile=true (CRAFT's compiled loop: "
+        "CUDA graphs on a GPU)",
+    )
     eff.add_argument("--json", help="also write the result as JSON here")
 
 
@@ -45,6 +53,7 @@ def command(args: argparse.Namespace) -> int:
         parse_overrides,
     )
     from craft_eval.methods import get_method_info
+    from craft_eval.methods.build import CLI, build_compressor
 
     checks = [
         ("--frames", args.frames >= 1, args.frames),
@@ -59,11 +68,17 @@ def command(args: argparse.Namespace) -> int:
         parse_budget("efficiency", ratio, names=("--ratios", *_BUDGET_OPTIONS[1:]))
     check_device(args.device)
     check_output(args.json, "--json", is_file=True)
+    options = kv(args.method_arg)
     try:
         overrides = parse_overrides(args.override)
-        load_arch(args.arch, overrides)
+        hidden = int(load_arch(args.arch, overrides)["text_config"]["hidden_size"])
         for method in args.methods:
             get_method_info(method)
+            # Built once here: an option a method does not take, or a bad value, is named
+            # before the language model is built.
+            build_compressor(
+                method, options, hidden_size=hidden, allow_untrained=True, spelling=CLI
+            )
     except (KeyError, ValueError, TypeError) as error:
         raise UsageError(str(error.args[0] if error.args else error)) from None
     try:
@@ -78,6 +93,7 @@ def command(args: argparse.Namespace) -> int:
             warmup=args.warmup,
             repeats=args.repeats,
             overrides=overrides,
+            method_options=options,
         )
     except MemoryError as error:
         raise UsageError(str(error)) from None
