@@ -203,7 +203,8 @@ class GraphedRounds(CompiledRounds):
     ) -> PaddedState:
         key = (bucket(features.shape[0]) + 1, features.shape[1], weight.shape[1])
         if key not in self.tables:
-            self.tables[key] = empty_tables(*key, self.device)
+            with torch.inference_mode(False):  # see `_inputs`
+                self.tables[key] = empty_tables(*key, self.device)
         return PaddedState(features, coords, weight, block, self.tables[key])
 
     def run(
@@ -216,7 +217,10 @@ class GraphedRounds(CompiledRounds):
     ) -> list[int]:
         n, room, threshold, phi = scalars
         slots = (state.rows.shape[0], state.active.numel())
-        active = self.actives.setdefault(slots, torch.empty_like(state.active))
+        if slots not in self.actives:
+            with torch.inference_mode(False):  # see `_inputs`
+                self.actives[slots] = torch.empty_like(state.active)
+        active = self.actives[slots]
         if state.active.data_ptr() != active.data_ptr():
             active.copy_(state.active)
             state.active = active
@@ -243,17 +247,24 @@ class GraphedRounds(CompiledRounds):
         return done
 
     def _inputs(self, weight: torch.Tensor, phi: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """`(n, room, threshold, phi, weight)` as static tensors, one set per shape."""
+        """`(n, room, threshold, phi, weight)` as static tensors, one set per shape.
+
+        Every static tensor is made outside inference mode: one made under a caller's
+        `torch.inference_mode()` could not be written by a later call without it."""
         key = (*weight.shape, phi.numel())
         if key not in self.inputs:
-            self.inputs[key] = (
-                torch.zeros((), dtype=torch.long, device=self.device),
-                torch.zeros((), dtype=torch.long, device=self.device),
-                torch.zeros((), dtype=torch.float64, device=self.device),
-                torch.empty_like(phi),
-                torch.empty_like(weight),
-            )
+            with torch.inference_mode(False):
+                self.inputs[key] = self._new_inputs(weight, phi)
         return self.inputs[key]
+
+    def _new_inputs(self, weight: torch.Tensor, phi: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            torch.zeros((), dtype=torch.long, device=self.device),
+            torch.zeros((), dtype=torch.long, device=self.device),
+            torch.zeros((), dtype=torch.float64, device=self.device),
+            torch.empty_like(phi),
+            torch.empty_like(weight),
+        )
 
 
 _GRAPHED: weakref.WeakKeyDictionary[object, dict[torch.device, GraphedRounds]] = (
