@@ -160,7 +160,7 @@ def test_efficiency_command(tmp_path, capsys: pytest.CaptureFixture[str]) -> Non
     assert [r["ratio"] for r in rows] == [None, 2.0, 4.0]
 
 
-def test_efficiency_method_args_reach_the_compressor(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+def test_efficiency_method_args_are_printed_and_recorded(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
     import json
 
     from craft_eval.cli import main
@@ -172,5 +172,5 @@ def test_efficiency_method_args_reach_the_compressor(tmp_path, capsys) -> None: 
     assert "reduce=target, compile=False" in capsys.readouterr().out
     result = json.loads((tmp_path / "e.json").read_text())
     assert result["method_options"] == {"reduce": "target", "compile": False}
-    # reduce=target keeps each target's own row: the same kept count, a different module
+    # That they reach the factory: the hostile cases (sim_dim=600, compile=yes are refused).
     assert result["rows"][1]["video_tokens"] == result["video_tokens_full"] // 4

@@ -16,8 +16,9 @@ targets, lone targets, rows in doubt): the stop test and the next bucket.
 
 Exactness on a CPU is the eager loop's, rows included: the same certified pairing
 (`certify.buffered_partners`, the `full` strategy), the same selection with masks, the merge
-in float64 rounded once (`GatedMerge.fuse_all`). If more rows are in doubt than the recheck buffer holds (`spare`),
-the graph merges nothing and the round is redone eagerly (`CraftCompressor._fallback_round`).
+in float64 rounded once (`GatedMerge.fuse_all`). If more rows are in doubt than the recheck
+buffer holds (`spare`), the graph merges nothing and the round is redone eagerly
+(`CraftCompressor._fallback_round`).
 On CUDA the tokens are the same but not every row bit: Triton's float64 (the gate, the
 softmax) differs from ATen's by up to ~1e-13 relative, so a once-rounded float32 value now
 and then lands one ulp away (measured on an H100: README, "On a GPU").
@@ -110,12 +111,22 @@ def padded_round(
     rows.index_put_((row_ids,), new_rows)
     embed.index_put_((row_ids,), new_embed)
     norms.index_put_((row_ids,), new_norms)
-    # Retire: sources hand their tokens to their targets and leave the active slots.
+    retire(owner, active, sources, targets)
+    return torch.cat([edges.sizes, in_doubt.view(1)])
+
+
+def retire(
+    owner: torch.Tensor, active: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor
+) -> None:
+    """Sources hand their tokens to their targets and leave the active slots, in place.
+
+    `owner [S]`, `active [B]` (ascending, padded with the dummy id `S - 1`), `sources` and
+    `targets` `[E]` (unused edge slots hold the dummy on both sides)."""
+    dummy = owner.shape[0] - 1
     redirect = torch.arange(dummy + 1, device=active.device).index_put_((sources,), targets)
     owner.copy_(redirect[owner])
     leaving = redirect[active] != active
     active.copy_(torch.sort(active.masked_fill(leaving, dummy)).values)
-    return torch.cat([edges.sizes, in_doubt.view(1)])
 
 
 _COMPILED: dict[tuple[str, tuple], Callable[..., torch.Tensor]] = {}
@@ -161,6 +172,13 @@ class CompiledRounds:
     ) -> list[int]:
         """One round on `state`, in place; its sizes (`padded_round`'s return) read back:
         the round's one host sync."""
+        active, values, weight = self._round_inputs(state, scalars, weight)
+        return self._launch((merge, state.tables(), active, values, weight, *block_and_delta))
+
+    def _round_inputs(
+        self, state: PaddedState, scalars: Scalars, weight: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple, torch.Tensor]:
+        """`padded_round`'s `(active, scalars as tensors, weight)` for this round."""
         device = state.rows.device
         n, room, threshold, phi = scalars
         values = (
@@ -171,9 +189,11 @@ class CompiledRounds:
             else torch.tensor(threshold, dtype=torch.float64, device=device),
             phi,
         )
-        return self.round(
-            merge, state.tables(), state.active, values, weight, *block_and_delta
-        ).tolist()
+        return state.active, values, weight
+
+    def _launch(self, args: tuple) -> list[int]:
+        """`padded_round(*args)` run; its sizes read back."""
+        return self.round(*args).tolist()
 
 
 class GraphedRounds(CompiledRounds):
@@ -207,14 +227,11 @@ class GraphedRounds(CompiledRounds):
                 self.tables[key] = empty_tables(*key, self.device)
         return PaddedState(features, coords, weight, block, self.tables[key])
 
-    def run(
-        self,
-        merge: GatedMerge,
-        state: PaddedState,
-        scalars: Scalars,
-        weight: torch.Tensor,
-        block_and_delta: tuple[int, float],
-    ) -> list[int]:
+    def _round_inputs(
+        self, state: PaddedState, scalars: Scalars, weight: torch.Tensor
+    ) -> tuple[torch.Tensor, tuple, torch.Tensor]:
+        """The static active buffer (the state moves onto it) and the static scalars and
+        projection, this round's values copied in."""
         n, room, threshold, phi = scalars
         slots = (state.rows.shape[0], state.active.numel())
         if slots not in self.actives:
@@ -231,9 +248,14 @@ class GraphedRounds(CompiledRounds):
         static[3].copy_(phi)
         static[4].copy_(weight)
         values = (static[0], static[1], None if threshold is None else static[2], static[3])
-        args = (merge, state.tables(), active, values, static[4], *block_and_delta)
+        return active, values, static[4]
+
+    def _launch(self, args: tuple) -> list[int]:
+        """Replay the graph of this (table size, active bucket, budget mode, weights), or run
+        the round as is and record it for next time (recording runs nothing)."""
+        merge, tables, active, values = args[:4]
         params = tuple(t.data_ptr() for t in (*merge.parameters(), *merge.buffers()))
-        key = (*slots, threshold is None, params)
+        key = (tables[0].shape[0], active.numel(), values[2] is None, params)
         if key in self.graphs:
             graph, sizes = self.graphs[key]
             graph.replay()

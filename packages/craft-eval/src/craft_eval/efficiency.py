@@ -333,8 +333,8 @@ def measure_efficiency(
     arch = load_arch(arch_name, overrides)
     check_fits(arch, device, dtype)
     bench = _Bench(arch, build_text_model(arch, device, dtype), num_frames, text_tokens,
-                   device, dtype, warmup, repeats, torch.Generator().manual_seed(seed))  # fmt: skip
-    bench.method_options = dict(method_options or {})
+                   device, dtype, warmup, repeats, torch.Generator().manual_seed(seed),
+                   dict(method_options or {}))  # fmt: skip
     jobs: list[tuple[str, float | None]] = [("none", None)]
     jobs += [(m, float(r)) for m in methods for r in ratios]
     rows = [
@@ -373,11 +373,12 @@ class _Bench:
         warmup: int,
         repeats: int,
         generator: torch.Generator,
+        method_options: dict[str, Any],
     ) -> None:
         self.arch, self.model, self.text_tokens = arch, model, text_tokens
         self.device, self.dtype, self.warmup, self.repeats = device, dtype, warmup, repeats
         self.generator = generator
-        self.method_options: dict[str, Any] = {}
+        self.method_options = method_options  # every method's factory options
         self.hidden = int(arch["text_config"]["hidden_size"])
         self.n_video = video_tokens(arch, num_frames)
         t, hh, ww = video_grid(arch, num_frames)

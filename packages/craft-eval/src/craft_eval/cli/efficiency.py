@@ -52,7 +52,6 @@ def command(args: argparse.Namespace) -> int:
         measure_efficiency,
         parse_overrides,
     )
-    from craft_eval.methods import get_method_info
     from craft_eval.methods.build import CLI, build_compressor
 
     checks = [
@@ -73,8 +72,7 @@ def command(args: argparse.Namespace) -> int:
         overrides = parse_overrides(args.override)
         hidden = int(load_arch(args.arch, overrides)["text_config"]["hidden_size"])
         for method in args.methods:
-            get_method_info(method)
-            # Built once here: an option a method does not take, or a bad value, is named
+            # Built once here (an unknown method is named too): an option a method does not take, or a bad value, is named
             # before the language model is built.
             build_compressor(
                 method, options, hidden_size=hidden, allow_untrained=True, spelling=CLI
