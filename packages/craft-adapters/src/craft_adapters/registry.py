@@ -136,8 +136,14 @@ class BackboneAdapter:
     uses_mrope: ClassVar[bool] = True
     """True: positions are `[3, B, L]` M-RoPE rows; False: `[B, L]` 1D positions."""
 
-    def __init__(self, model: Any) -> None:
+    original_rule_differs: ClassVar[bool] = False
+    """True where the installed transformers' positions differ from the backbone's original
+    code (the rule its checkpoints were trained with, and vLLM's): then `full_positions`
+    follows `position_rule`, and a wrap with `positions="original"` never passes through."""
+
+    def __init__(self, model: Any, position_rule: str = "transformers") -> None:
         self.model = model
+        self.position_rule = check_position_rule(position_rule)
 
     fixed_rows_per_video: ClassVar[int] = 0
     """Rows of each video's features that are never compressed (LLaVA-OV's newline)."""
@@ -267,6 +273,21 @@ _REGISTRY: dict[str, type[BackboneAdapter]] = {}
 _loaded = False
 
 
+POSITION_RULES = ("transformers", "original")
+"""`wrap(positions=...)`: "transformers" (the installed transformers' `get_rope_index`: a wrap
+with no compressor equals the unwrapped model) or "original" (the backbone's own code, as its
+checkpoints were trained and as vLLM serves them). They differ only for Qwen2.5-VL on
+transformers 5.x (`original_rule_differs`), where the text after a video starts at
+`start + max(h, w)` instead of `max(video positions) + 1`."""
+
+
+def check_position_rule(rule: Any) -> str:
+    """`rule` if it is one of `POSITION_RULES`, else a ValueError naming `positions`."""
+    if not isinstance(rule, str) or rule not in POSITION_RULES:
+        raise ValueError(f"positions must be one of {', '.join(POSITION_RULES)}; got {rule!r}")
+    return rule
+
+
 def register_backbone(cls: type[BackboneAdapter]) -> type[BackboneAdapter]:
     """Class decorator: register `cls` for each of its `model_types`."""
     if not (isinstance(cls, type) and issubclass(cls, BackboneAdapter)):
@@ -305,11 +326,13 @@ def adapter_class(model_type: str) -> type[BackboneAdapter]:
     return _REGISTRY[model_type]
 
 
-def get_adapter(model: Any) -> BackboneAdapter:
-    """The adapter for `model` (chosen by `model.config.model_type`).
+def get_adapter(model: Any, position_rule: str = "transformers") -> BackboneAdapter:
+    """The adapter for `model` (chosen by `model.config.model_type`), following
+    `position_rule` (`POSITION_RULES`).
 
     Raises:
-        ValueError: the model type is not supported, naming it and the supported ones.
+        ValueError: the model type is not supported, naming it and the supported ones; an
+            unknown position rule.
     """
     _load_builtins()
     config = getattr(model, "config", None)
@@ -319,7 +342,7 @@ def get_adapter(model: Any) -> BackboneAdapter:
             f"unsupported model_type {model_type!r} ({type(model).__name__}); craft-adapters "
             f"supports {sorted(_REGISTRY)}"
         )
-    return _REGISTRY[model_type](model)
+    return _REGISTRY[model_type](model, position_rule)
 
 
 def adapter_classes() -> list[type[BackboneAdapter]]:

@@ -101,6 +101,7 @@ class CraftModel(torch.nn.Module):
         threshold: float | None = None,
         min_tokens: int | None = None,
         budget: TokenBudget | None = None,
+        positions: str = "transformers",
     ) -> None:
         super().__init__()
         if compressor is not None and not callable(compressor):
@@ -108,7 +109,7 @@ class CraftModel(torch.nn.Module):
                 f"compressor must be a callable (features, coords, **budget) -> "
                 f"CompressionResult, or None; got {type(compressor).__name__}"
             )
-        self.adapter: BackboneAdapter = get_adapter(model)
+        self.adapter: BackboneAdapter = get_adapter(model, positions)
         self.model = model
         self.compressor = compressor
         if compressor is not None:
@@ -167,9 +168,12 @@ class CraftModel(torch.nn.Module):
         return inputs.get(self.adapter.video_pixels_key) is not None
 
     def _passthrough(self, inputs: dict[str, Any]) -> bool:
-        """True when the HF model runs unchanged (no compressor or no video)."""
+        """True when the HF model runs unchanged (no compressor or no video, and the
+        installed transformers' positions are the ones asked for)."""
         if not self._has_video(inputs):
             return True
+        if self.adapter.original_rule_differs and self.adapter.position_rule == "original":
+            return False
         return self.compressor is None and not isinstance(
             inputs.get(self.adapter.video_pixels_key), (list, tuple)
         )
@@ -422,6 +426,7 @@ def wrap(
     threshold: float | None = None,
     min_tokens: int | None = None,
     budget: TokenBudget | None = None,
+    positions: str = "transformers",
 ) -> CraftModel:
     """Put `compressor` between the vision projector and the language model of `model`.
 
@@ -437,14 +442,27 @@ def wrap(
         threshold: similarity-threshold budget in (-1, 1].
         min_tokens: floor of the threshold mode (default `max(1, N // 128)`).
         budget: the same as one `craft_core.TokenBudget` (instead of the three fields).
+        positions: the position rule (`craft_adapters.registry.POSITION_RULES`):
+            "transformers" (default: the installed transformers' `get_rope_index`, so a wrap
+            without a compressor equals the unwrapped model) or "original" (the backbone's
+            own code: what its checkpoints were trained with and what vLLM and craft-vllm
+            serve). They differ only for Qwen2.5-VL on transformers 5.x (the text after a
+            video; README, "Position-id policy").
 
     Raises:
-        ValueError: unsupported model_type, compressor width != LLM width, bad budget.
+        ValueError: unsupported model_type, compressor width != LLM width, bad budget, an
+            unknown position rule.
         TypeError: a compressor that is not callable, a budget that is not a TokenBudget, a
             budget field of the wrong type (`ratio=True`).
     """
     if compressor is not None and ratio is None and threshold is None and budget is None:
         raise ValueError("give a budget with the compressor: ratio=... or threshold=...")
     return CraftModel(
-        model, compressor, ratio=ratio, threshold=threshold, min_tokens=min_tokens, budget=budget
+        model,
+        compressor,
+        ratio=ratio,
+        threshold=threshold,
+        min_tokens=min_tokens,
+        budget=budget,
+        positions=positions,
     )
