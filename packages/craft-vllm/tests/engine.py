@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import tiny
@@ -16,6 +16,39 @@ ARCH = tiny.ARCH
 FPS = 2.0
 QUESTION = "What happens?"
 NEW_TOKENS = 12
+LOGPROBS = 20  # vLLM's top log-probs at the first step, compared with transformers' (logprob_gap)
+
+
+class CraftCall(NamedTuple):
+    """One call of a CRAFT module: its input rows and the rows it kept."""
+
+    features: torch.Tensor  # [N, D] float32 copy of the input rows
+    kept: torch.Tensor  # [K] kept_index
+
+
+class Served(NamedTuple):
+    """One request served by vLLM."""
+
+    tokens: list[int]  # greedy new tokens
+    length: int  # prompt tokens after compression
+    first: dict[int, float]  # the first step's top-LOGPROBS log-probs, by token id
+
+
+class Reference(NamedTuple):
+    """The same request through craft-adapters' `generate()`."""
+
+    tokens: list[int]
+    length: int
+    margins: list[float]  # top-2 log-prob margin of each step (how far from a tie)
+    first: torch.Tensor  # [vocab] the first step's log-probs (float32)
+    plan: CraftCall | None = None  # what the CRAFT module was given and kept (None: no module)
+
+
+def _recorder(calls: list[CraftCall]) -> Callable[..., None]:
+    def hook(_module: Any, args: tuple[Any, ...], out: Any) -> None:
+        calls.append(CraftCall(args[0].detach().float().cpu(), out.kept_index.cpu().clone()))
+
+    return hook
 
 
 def overrides(
@@ -107,16 +140,30 @@ def video_item(frames: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
     return frames, meta
 
 
-def vllm_generate(
-    llm: Any, videos: list[np.ndarray], kind: Any = tiny
-) -> list[tuple[list[int], int]]:
-    """Greedy new tokens and prompt length of each video, all requests in one batch."""
+def served(outputs: list[Any]) -> list[Served]:
+    """vLLM's `RequestOutput`s of greedy requests made with `sampling()`."""
+    return [
+        Served(
+            list(o.outputs[0].token_ids),
+            len(o.prompt_token_ids),
+            {int(t): float(lp.logprob) for t, lp in o.outputs[0].logprobs[0].items()},
+        )
+        for o in outputs
+    ]
+
+
+def sampling() -> Any:
+    """Greedy, NEW_TOKENS tokens, the top LOGPROBS log-probs of each step."""
     from vllm import SamplingParams
 
+    return SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, logprobs=LOGPROBS)
+
+
+def vllm_generate(llm: Any, videos: list[np.ndarray], kind: Any = tiny) -> list[Served]:
+    """Each video served, all requests in one batch."""
     text = prompt(kind=kind)
     requests = [{"prompt": text, "multi_modal_data": {"video": video_item(v)}} for v in videos]
-    outs = llm.generate(requests, SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0))
-    return [(list(o.outputs[0].token_ids), len(o.prompt_token_ids)) for o in outs]
+    return served(llm.generate(requests, sampling()))
 
 
 def adapters_generate(
@@ -127,19 +174,24 @@ def adapters_generate(
     kind: Any = tiny,
     dtype: torch.dtype = torch.float32,
     threshold: float | None = None,
-) -> list[tuple[list[int], int, list[float]]]:
-    """craft-adapters' `generate()` on the same folder and videos, one video at a time.
-
-    -> per video: greedy new tokens, prompt length after compression, and the top-2 log-prob
-    margin at each step (how far the reference is from a tie).
+    positions: str | None = "original",
+) -> list[Reference]:
+    """craft-adapters' `generate()` on the same folder and videos, one video at a time, with
+    the positions vLLM uses (`positions="original"`: for Qwen2.5-VL on transformers 5.x the
+    library's default rule starts the text after a video elsewhere; craft-adapters' README).
+    `positions=None`: the library's default rule (a control).
     """
     from transformers import AutoModelForImageTextToText
 
     import craft_adapters
 
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype).eval()
-    wrapped = craft_adapters.wrap(model, compressor, ratio=ratio, threshold=threshold)
+    rule = {} if positions is None else {"positions": positions}
+    wrapped = craft_adapters.wrap(model, compressor, ratio=ratio, threshold=threshold, **rule)
     processor = kind.processor()
+    calls: list[CraftCall] = []
+    if isinstance(compressor, torch.nn.Module):
+        handle = compressor.register_forward_hook(_recorder(calls))
     out = []
     for frames in videos:
         inputs = craft_adapters.build_inputs(processor, frames, FPS, QUESTION)
@@ -151,7 +203,8 @@ def adapters_generate(
             return_dict_in_generate=True,
         )
         new = gen.sequences[0, inputs["input_ids"].shape[1] :].tolist()
-        top = [torch.topk(torch.log_softmax(s[0].float(), -1), 2).values for s in gen.scores]
+        logprobs = [torch.log_softmax(s[0].float(), -1) for s in gen.scores]
+        top = [torch.topk(lp, 2).values for lp in logprobs]
         margins = [float(v[0] - v[1]) for v in top]
         eos = kind.IDS["<|im_end|>"]
         if eos in new:  # vLLM stops at EOS and returns it; HF pads after it
@@ -160,25 +213,77 @@ def adapters_generate(
         length = inputs["input_ids"].shape[1]
         if report is not None:
             length = report.sequence_length_after
-        out.append((new, int(length), margins[: len(new)]))
+        plan = calls[-1] if calls else None
+        out.append(Reference(new, int(length), margins[: len(new)], logprobs[0], plan))
+    if isinstance(compressor, torch.nn.Module):
+        handle.remove()
     return out
 
 
-TIE = 0.005
-"""Top-2 log-prob margin under which the reference is treated as tied. vLLM's CPU kernels
-and transformers' differ by up to ~0.003 nats here (measured on the uncompressed model), so
-a greedy step closer than that may go either way on another machine."""
+def logprob_gap(served: Served, reference: Reference) -> float:
+    """Largest |vLLM - transformers| first-step log-prob over vLLM's top LOGPROBS tokens.
+
+    Unlike greedy tokens (a tiny random model gives the same ones for many wrong inputs), this
+    sees any change in the rows, positions or weights that reach the first logits."""
+    return max(abs(lp - float(reference.first[t])) for t, lp in served.first.items())
 
 
-def compared(margins: list[float]) -> int:
+GAP = {"float32": 1e-3, "bfloat16": 0.15}
+"""Largest first-step log-prob gap allowed between vLLM and transformers on the same input,
+by the dtype both run in (measured on these tiny models: craft-vllm's README)."""
+
+CONTROL_GAP = {"float32": 1e-2, "bfloat16": 0.75}
+"""Smallest gap a control (a wrong module, payload or position rule) must show: far above
+`GAP`, so the verdict does not depend on how a CPU rounds."""
+
+
+def tie(dtype: str = "float32") -> float:
+    """Top-2 log-prob margin under which a greedy step is treated as tied: twice `GAP` (each
+    of the two log-probs may be off by `GAP` on another machine's kernels)."""
+    return 2 * GAP[dtype]
+
+
+def compared(margins: list[float], dtype: str = "float32") -> int:
     """Steps `agree` compares: those before the reference's first near-tie."""
-    return next((i for i, m in enumerate(margins) if m < TIE), len(margins))
+    return next((i for i, m in enumerate(margins) if m < tie(dtype)), len(margins))
 
 
-def agree(served: list[int], reference: list[int], margins: list[float]) -> bool:
+def agree(
+    served: list[int], reference: list[int], margins: list[float], dtype: str = "float32"
+) -> bool:
     """Greedy tokens equal up to (not including) the reference's first near-tie step."""
-    stop = compared(margins)
+    stop = compared(margins, dtype)
     return served[:stop] == reference[:stop] and (stop < len(reference) or served == reference)
+
+
+def compare(
+    served: list[Served], reference: list[Reference], dtype: str = "float32"
+) -> list[float]:
+    """Assert vLLM served each request as craft-adapters runs it: the same prompt length,
+    first-step log-probs within `GAP[dtype]`, and greedy tokens equal up to the reference's
+    first near-tie (in float32 the requests together must compare at least half a request's
+    steps; in bfloat16 most steps are within `tie("bfloat16")` of a tie, measured, so there
+    the log-probs are the check).
+
+    -> the log-prob gap of each request (printed: `pytest -s` shows the margins)."""
+    gaps = [logprob_gap(s, r) for s, r in zip(served, reference)]
+    steps = [compared(r.margins, dtype) for r in reference]
+    print(f"log-prob gaps ({dtype}): {[f'{g:.2e}' for g in gaps]}, steps compared {steps}")
+    assert [s.length for s in served] == [r.length for r in reference]
+    assert max(gaps) <= GAP[dtype], gaps
+    if dtype == "float32":  # bfloat16 steps are mostly within 2 GAP of a tie: log-probs decide
+        assert sum(steps) >= NEW_TOKENS // 2, [r.margins for r in reference]
+    same = [agree(s.tokens, r.tokens, r.margins, dtype) for s, r in zip(served, reference)]
+    assert same == [True] * len(reference)
+    return gaps
+
+
+def control_gaps(served: list[Served], reference: list[Reference], dtype: str = "float32") -> None:
+    """Assert a control is far from the reference: its smallest gap over the requests is at
+    least `CONTROL_GAP[dtype]` (set well above `GAP[dtype]`)."""
+    gaps = [logprob_gap(s, r) for s, r in zip(served, reference)]
+    print(f"control gaps ({dtype}): {[f'{g:.2e}' for g in gaps]}")
+    assert min(gaps) >= CONTROL_GAP[dtype], gaps
 
 
 def text_tokens(question: str = QUESTION) -> int:
@@ -194,6 +299,71 @@ def video_span(kept: int, question: str = QUESTION) -> tuple[int, int]:
     before = len(tokenizer(head)["input_ids"])
     upto = prompt(question).split(question)[0]
     return before, len(tokenizer(upto)["input_ids"]) - 1 + kept
+
+
+def _record_video_rows(model: Any) -> None:
+    """Runs inside vLLM's worker: from now on keep a copy of each video's rows as
+    `_process_video_input` hands them on (for a payload: the rows the engine embeds)."""
+    process = model._process_video_input
+    model.craft_recorded = []
+
+    def record(video_input: Any) -> Any:
+        rows = process(video_input)
+        model.craft_recorded.extend(r.detach().cpu().clone() for r in rows)
+        return rows
+
+    model._process_video_input = record
+
+
+def _take_recorded_rows(model: Any) -> list[torch.Tensor]:
+    rows, model.craft_recorded = model.craft_recorded, []
+    return rows  # type: ignore[no-any-return]
+
+
+def record_video_rows(llm: Any) -> None:
+    """`_record_video_rows` in the engine's one CPU worker."""
+    llm.apply_model(_record_video_rows)
+
+
+def recorded_rows(llm: Any) -> list[torch.Tensor]:
+    """The video rows the worker embedded since the last call, in the order it ran them."""
+    return llm.apply_model(_take_recorded_rows)[0]  # type: ignore[no-any-return]
+
+
+def _record_craft_calls(model: Any) -> None:
+    """Runs inside vLLM's worker: record each call of the served CRAFT module."""
+    model.craft_calls = []
+    model.craft.register_forward_hook(_recorder(model.craft_calls))
+
+
+def _take_craft_calls(model: Any) -> list[CraftCall]:
+    calls, model.craft_calls = model.craft_calls, []
+    return calls  # type: ignore[no-any-return]
+
+
+def record_craft_calls(llm: Any) -> None:
+    """`_record_craft_calls` in the engine's one CPU worker."""
+    llm.apply_model(_record_craft_calls)
+
+
+def craft_calls(llm: Any) -> list[CraftCall]:
+    """The CRAFT module's calls in the worker since the last call, in the order it ran them."""
+    return llm.apply_model(_take_craft_calls)[0]  # type: ignore[no-any-return]
+
+
+def same_plans(served: list[CraftCall], reference: list[Reference]) -> list[bool]:
+    """Per video: did vLLM's CRAFT keep the rows craft-adapters' kept? Where it did not, the
+    two vision towers' bfloat16 rows must differ (asserted): the merge plan followed its input,
+    which two engines' bfloat16 kernels round differently (up to one bfloat16 step measured),
+    not a difference in how CRAFT is called."""
+    same = []
+    for call, ref in zip(served, reference):
+        assert ref.plan is not None
+        equal = call.kept.shape == ref.plan.kept.shape and torch.equal(call.kept, ref.plan.kept)
+        if not equal:
+            assert not torch.equal(call.features, ref.plan.features)
+        same.append(equal)
+    return same
 
 
 def _craft_path(model: Any) -> str:

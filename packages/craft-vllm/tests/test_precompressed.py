@@ -7,10 +7,16 @@ must equal craft-adapters' threshold-mode `generate()` on the same videos; each 
 payload fails its own request with the field named, and the engine keeps serving. Qwen2.5-VL
 (float32) and Qwen3.5 (bfloat16 both sides; the payload carries the frame timestamps and the
 K rows are laid out in per-frame runs from the coords).
-Control: the payload a FRESH (unloaded) CRAFT module makes, served, disagrees with the
-reference (the rows served are the ones that decide the tokens). Controls that only move
-rows (reversed rows, rows at the first K positions) were tried: this tiny model's greedy
-tokens do not change with them, so they could not fail; positions are checked by the prompt
+Equality is judged on the first step's log-probs (within `engine.GAP`) besides the greedy
+tokens. Control, Qwen2.5-VL (float32): the payload a FRESH (unloaded) CRAFT module makes,
+served, is far from the reference in those log-probs (`engine.CONTROL_GAP`: 0.16-0.42
+measured, against 2e-6 for the right payload). Qwen3.5 (bfloat16): there the fresh payload's
+log-probs are as close to the reference as the right one's (0.03-0.05 both, measured: at
+threshold 0.98 a merge joins near-identical tokens, so any fusion gives nearly the same
+rows), and its greedy tokens agreed or not depending on how the CPU rounds bfloat16 (CI red
+on AVX2 machines). So the Qwen3.5 control is on the ROWS: those the engine embeds are the
+payload's bit for bit (read from vLLM's worker), and the fresh payload's rows are not
+(craft-core's exact rows are the same on every CPU). Positions are checked by the prompt
 lengths here and against a slow rule in test_options.py.
 """
 
@@ -57,13 +63,10 @@ def _compress(model_dir, compressor, videos: list, folder, kind=tiny, threshold=
     return out
 
 
-def _generate(llm, payloads: list, kind=tiny) -> list:
-    from vllm import SamplingParams
-
+def _generate(llm, payloads: list, kind=tiny) -> list[engine.Served]:
     text = engine.prompt(kind=kind)
     requests = [{"prompt": text, "multi_modal_data": {"video": p}} for p in payloads]
-    outs = llm.generate(requests, SamplingParams(max_tokens=engine.NEW_TOKENS, temperature=0))
-    return [(list(o.outputs[0].token_ids), len(o.prompt_token_ids)) for o in outs]
+    return engine.served(llm.generate(requests, engine.sampling()))
 
 
 def _malformed(payload: dict) -> list[tuple[dict, str]]:
@@ -104,11 +107,9 @@ def test_threshold_mode_served_from_compressed_videos(workdir, videos, tmp_path)
     reference = engine.adapters_generate(
         workdir / "model", loaded, None, videos, threshold=THRESHOLD
     )
-    assert sum(engine.compared(r[2]) for r in reference) >= engine.NEW_TOKENS // 2
-    assert [engine.agree(s[0], r[0], r[2]) for s, r in zip(served, reference)] == [True] * 3
-    assert [n for _, n in served] == [r[1] for r in reference]
-    assert [n for _, n in served] == [engine.text_tokens() + k for k in kept]
-    assert not all(engine.agree(c[0], r[0], r[2]) for c, r in zip(control, reference))
+    engine.compare(served, reference)
+    assert [s.length for s in served] == [engine.text_tokens() + k for k in kept]
+    engine.control_gaps(control, reference)
 
 
 def _timestamps(frames: int) -> list[float]:
@@ -143,22 +144,28 @@ def test_qwen3_5_threshold_mode_served_from_compressed_videos(workdir, tmp_path)
         for payload, field in bad:
             with pytest.raises(Exception, match=field.replace("[", r"\[")):
                 _generate(llm, [payload], kind)
-        return [_generate(llm, payloads(vs), kind) for vs in (compressed, fresh, uneven)]
+        engine.record_video_rows(llm)
+        out = []
+        for vs in (compressed, fresh, uneven):
+            out.append((_generate(llm, payloads(vs), kind), engine.recorded_rows(llm)))
+        return out
 
     overrides = engine.overrides(workdir / "craft", 4, kind)
-    served, control, low = engine.run(
+    (served, rows), (_, fresh_rows), (low, _) = engine.run(
         model, overrides, work, dtype=kind.DTYPE, enable_mm_embeds=True
     )
     reference, reference_low = (
         engine.adapters_generate(model, loaded, None, videos, kind, torch.bfloat16, threshold=t)
         for t in (THRESHOLD, LOW)
     )
-    assert [engine.agree(s[0], r[0], r[2]) for s, r in zip(low, reference_low)] == [True] * 3
-    assert [n for _, n in low] == [r[1] for r in reference_low]
-    assert sum(engine.compared(r[2]) for r in reference) >= engine.NEW_TOKENS // 2
-    assert [engine.agree(s[0], r[0], r[2]) for s, r in zip(served, reference)] == [True] * 3
-    assert [n for _, n in served] == [r[1] for r in reference]
-    for (_, length), n, video, k in zip(served, frames, videos, kept):
+    engine.compare(low, reference_low, kind.DTYPE)
+    engine.compare(served, reference, kind.DTYPE)
+    for (_, length, _), n, video, k in zip(served, frames, videos, kept):
         inputs = craft_adapters.build_inputs(kind.processor(), video, engine.FPS, engine.QUESTION)
         assert length == inputs["input_ids"].shape[1] - kind.video_tokens(n) + k
-    assert not all(engine.agree(c[0], r[0], r[2]) for c, r in zip(control, reference))
+    # the engine embedded each payload's rows bit for bit; the control's rows are others
+    bf16 = [[v.features.to(torch.bfloat16) for v in vs] for vs in (compressed, fresh)]
+    assert [r.shape[0] for r in rows] == kept
+    assert all(torch.equal(r, v) for r, v in zip(rows, bf16[0]))
+    assert all(torch.equal(r, v) for r, v in zip(fresh_rows, bf16[1]))
+    assert not any(torch.equal(r, v) for r, v in zip(fresh_rows, bf16[0]))

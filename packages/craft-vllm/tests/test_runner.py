@@ -43,7 +43,7 @@ def test_prefix_cache_hit_equals_library(workdir) -> None:
     engine.QUESTION, saved = second, engine.QUESTION
     try:
         loaded = CraftCompressor.from_pretrained(workdir / "craft")
-        [(reference, _, margins)] = engine.adapters_generate(
+        [(reference, _, margins, _)] = engine.adapters_generate(
             workdir / "model", loaded, ratio, [video]
         )
     finally:

@@ -146,7 +146,9 @@ def save_random(
 
     `loud(model)`: the weights that project the video rows into the language model, scaled by
     8: at a random init the rows are too small for the greedy tokens to depend on them, and
-    then no test could tell two compressions apart.
+    then no test could tell two compressions apart. The output head is scaled by 8 too, so
+    that greedy steps are not near-ties (a position rule off by a few steps changed no token
+    of the unscaled model).
     """
     from transformers import AutoModelForImageTextToText
 
@@ -155,7 +157,7 @@ def save_random(
         torch.manual_seed(seed)
         model = AutoModelForImageTextToText.from_config(config, dtype=dtype)
         with torch.no_grad():
-            for weight in loud(model):
+            for weight in [*loud(model), model.get_output_embeddings().weight]:
                 weight.mul_(8.0)
     model.save_pretrained(folder)
     processor.save_pretrained(folder)

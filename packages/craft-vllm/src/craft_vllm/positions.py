@@ -6,8 +6,11 @@ one column whose value, added to the item's start, is the position of the first 
 after it. The runner (`recompute_mrope_positions`) then writes the real positions. CRAFT
 keeps each output row's ORIGINAL `(t, h, w)`, so these columns are the full grid's rows at
 `kept_index`, and the text after the video continues exactly where it does uncompressed
-(`max over the FULL grid + 1`), which is what transformers' `get_rope_index` gives and what
-craft-adapters feeds `generate()`.
+(`max over the FULL grid + 1`): Qwen's original rule, which vLLM's own
+`get_mrope_input_positions` follows and the checkpoints were trained with. transformers 5.x's
+`get_rope_index` starts that text at `start + max(h, w)` instead (Qwen2.5-VL); craft-adapters
+follows Qwen's rule with `wrap(..., positions="original")`, which is what the equality tests
+compare against.
 """
 
 from __future__ import annotations
