@@ -1,8 +1,10 @@
 """Python warnings raised while `craft-train` runs reach the user in the CLI's own one-line
-form (`craft-train: warning: ...`), not as `file.py:N: UserWarning` plus a source line."""
+form (`craft-train: warning: ...`), not as `file.py:N: UserWarning` plus a source line; so
+do the CLI's own warnings, once each."""
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 from typing import Any
@@ -39,3 +41,25 @@ def test_warnings_are_one_line(
         "craft-train: warning: FutureWarning: a future default changes",
     ]
     assert shown is not cli._show_warning  # Python's own format is back after main
+
+
+def test_rows_left_out_are_one_prefixed_warning_line(
+    tiny: TinySetup,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A real (one-step) run: the rows left out are told once, in the CLI's own form."""
+    extra = tmp_path / "extra.jsonl"
+    rows = [{"video": str(tiny.root / "clip0.mp4"), "caption": "mostly red"}, {"caption": "x"}]
+    extra.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = tiny.config(tmp_path / "out", optim={"max_steps": 1})
+    data["data"]["manifests"].append(str(extra))
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    assert cli.main(["stage1", "--config", str(tmp_path / "c.yaml")]) == 0
+    said = [x for x in capsys.readouterr().err.splitlines() if "cannot be used" in x]
+    assert said == [
+        f"craft-train: warning: 1 data rows cannot be used and are left out (first: {extra}:2: "
+        "no video (field 'video' missing or empty)); `craft-train ... --check` lists them"
+    ]
+    assert not [r for r in caplog.records if "cannot be used" in r.getMessage()]  # not twice
