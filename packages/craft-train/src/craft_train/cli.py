@@ -197,8 +197,10 @@ def _main(args: argparse.Namespace) -> int:
             return 0
         check_paths(cfg)
         from craft_train.distributed import load_deepspeed_config, resolve_deepspeed
+        from craft_train.report import check_reporters
         from craft_train.trainer import load_examples
 
+        check_reporters(cfg)  # installed, logged in: before any model loads
         if cfg.train.deepspeed is not None:
             resolve_deepspeed(load_deepspeed_config(cfg.train.deepspeed), cfg)
         load = None

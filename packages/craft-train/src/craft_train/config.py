@@ -9,7 +9,6 @@ config touches no model, video or GPU: the CLI validates everything first, then 
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -780,11 +779,6 @@ def check_paths(cfg: TrainingConfig) -> None:
     ds = cfg.train.deepspeed
     if ds is not None and ds != "zero2" and not Path(ds).is_file():
         raise ConfigError(f"train.deepspeed: {ds} is neither 'zero2' nor an existing file")
-    for name in cfg.train.report_to:  # the optional extras (craft_train.report)
-        if name != "none" and importlib.util.find_spec(name) is None:
-            raise ConfigError(
-                f"train.report_to: {name} is not installed; pip install 'craft-train[{name}]'"
-            )
     resume = cfg.train.resume
     if resume not in ("auto", "never") and not Path(resume).is_dir():
         raise ConfigError(f"train.resume: checkpoint folder {resume} does not exist")

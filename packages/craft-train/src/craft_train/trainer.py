@@ -61,7 +61,7 @@ from craft_train.data import (
 from craft_train.distributed import make_accelerator
 from craft_train.hub_export import export_hub_folder
 from craft_train.model import CRAFT_DIR, LORA_DIR, ModelBundle, build_model
-from craft_train.report import open_reporter
+from craft_train.report import check_reporters, open_reporter
 
 __all__ = [
     "CheckpointNotSaved",
@@ -406,6 +406,7 @@ def train(
         A `TrainResult`; the merge module is in `output_dir/craft` (LoRA in `output_dir/lora`).
     """
     check_paths(cfg)
+    check_reporters(cfg)  # installed, logged in: before any model loads
     if examples is None:
         examples = load_examples(cfg)  # manifest errors surface before any model loads
     accelerator = make_accelerator(cfg)
