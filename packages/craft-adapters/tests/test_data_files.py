@@ -260,6 +260,12 @@ def test_an_array_whose_rows_cannot_be_told_apart_after_a_bad_one_says_so(tmp_pa
     examples, (problem,) = read_data_file(bad, "caption")
     assert len(examples) == 1 and problem.where == f"{bad}:1"
     assert "the rest of the file is left out" in problem.reason
+    bad.write_text('[\n{"video": "a", "caption": "x"}\n]\n{"video": "b", "caption": "y"}\n')
+    examples, (problem,) = read_data_file(bad, "caption")  # two arrays' worth: one read
+    assert (
+        len(examples) == 1
+        and str(problem) == f"{bad}:3: text after the JSON array's ']' is not read"
+    )
 
 
 @pytest.mark.parametrize(

@@ -192,6 +192,9 @@ def _array_rows(text: str, pos: int) -> list[FileRow]:
         if pos >= len(text):
             return [*rows, FileRow(line, None, "the JSON array is not closed by ']' (cut short?)")]
         if text[pos] == "]":
+            if text[pos + 1 :].strip():  # never read without a word
+                line += text.count("\n", counted, pos)
+                return [*rows, FileRow(line, None, "text after the JSON array's ']' is not read")]
             return rows
         if indent is None:  # the first element's column (rfind once: a file may be one line)
             indent = pos - (text.rfind("\n", 0, pos) + 1)

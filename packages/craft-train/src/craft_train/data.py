@@ -292,15 +292,7 @@ def load_data(cfg: TrainingConfig) -> DataLoad:
         load.examples += examples
         load.problems += problems
     for entry in mixture.datasets:
-        strategy = entry.sampling_strategy
-        entry_seed = entry.seed if entry.seed is not None else seed
-
-        def select(rows: list[FileRow], strategy: str = strategy, s: int = entry_seed,
-                   name: str = entry.json_path) -> list[FileRow]:  # fmt: skip
-            kept, note = sample_rows(rows, strategy, s, row_content)
-            load.notes += [f"{name}: {note}"] if note else []
-            return kept
-
+        select = _sampler(entry, entry.seed if entry.seed is not None else seed, load.notes)
         path = mixture.dataset_path(entry)
         examples, problems = read_file(path, entry.format, cfg, entry, select)
         load.problems += problems
@@ -316,6 +308,19 @@ def load_data(cfg: TrainingConfig) -> DataLoad:
         shares = {str(k): v for k, v in mixture.duration_mix.items()}
         load.examples = mix_durations(load.examples, bucket, shares, seed)
     return load
+
+
+def _sampler(
+    entry: DataFile, seed: int, notes: list[str]
+) -> Callable[[list[FileRow]], list[FileRow]]:
+    """The rows of `entry`'s file its `sampling_strategy` keeps; a note lands in `notes`."""
+
+    def select(rows: list[FileRow]) -> list[FileRow]:
+        kept, note = sample_rows(rows, entry.sampling_strategy, seed, row_content)
+        notes.extend([f"{entry.json_path}: {note}"] if note else [])
+        return kept
+
+    return select
 
 
 def mix_durations(
