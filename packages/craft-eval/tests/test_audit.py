@@ -112,3 +112,39 @@ def test_bad_input_exits_2_naming_it(
     args = [a.format(**fill) for a in extra]
     assert main(["audit", *args, "-b", "videomme", "--data-root", str(setup["bench"])]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_every_row_is_audited_a_two_video_row_too(
+    setup: dict, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """craft-train cannot use a two-video row, but a trainer taking two videos per row
+    would: the audit flags it, and the clean copy leaves it out."""
+    train = setup["llava"].parent
+    two = {**_conv(["clips/own.mp4", f"clips/{Path(setup['mme'][0]).name}"]), "id": "two"}
+    rows = [two, _conv("clips/own.mp4")]
+    path = train / "two.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "clean"
+    argv = _audit(str(path), "--data-root", str(setup["bench"]), "--write-clean", str(out))
+    assert main(argv) == 1
+    text = capsys.readouterr().out
+    assert (
+        f"overlap: {path}:1: {train / 'clips' / Path(setup['mme'][0]).name} is in videomme" in text
+    )
+    assert (out / "two.jsonl").read_text() == json.dumps(rows[1]) + "\n"
+
+
+def test_a_row_that_is_not_json_is_listed_and_left_out_of_the_clean_copy(
+    setup: dict, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    factory = setup["factory"]
+    good = factory.read_text()
+    factory.write_text(good + good[:25] + "\n" + good)
+    out = tmp_path / "clean"
+    argv = _audit(str(factory), "--data-root", str(setup["bench"]), "--write-clean", str(out))
+    assert main(argv) == 0  # nothing overlaps
+    text = capsys.readouterr().out
+    assert "| videomme | lf | 3 | 0 | 0 |" in text
+    assert f"not checked (not JSON; no trainer reads it): {factory}:2: not valid JSON (" in text
+    assert "without the 0 overlapping rows and the 1 not read" in text
+    assert (out / "lf.jsonl").read_text() == good + good

@@ -24,15 +24,28 @@ def _examples(n: int) -> list[Example]:
 
 def test_sampling_strategies() -> None:
     rows = _examples(10)
-    assert sample_rows(rows, "all", 0, "f") == (rows, None)
-    assert sample_rows(rows, "first:3", 0, "f")[0] == rows[:3]
-    assert sample_rows(rows, "end:25%", 0, "f")[0] == rows[7:]  # ceil(2.5) = 3
-    picked, note = sample_rows(rows, "random:4", 0, "f")
+    content = repr
+    assert sample_rows(rows, "all", 0, content) == (rows, None)
+    assert sample_rows(rows, "first:3", 0, content)[0] == rows[:3]
+    assert sample_rows(rows, "end:25%", 0, content)[0] == rows[7:]  # ceil(2.5) = 3
+    picked, note = sample_rows(rows, "random:4", 0, content)
     assert len(set(picked)) == 4 and picked == sorted(picked, key=rows.index) and note is None
-    assert picked == sample_rows(rows, "random:4", 0, "f")[0]
-    assert {tuple(sample_rows(rows, "random:4", s, "f")[0]) for s in range(6)} != {tuple(picked)}
-    everything, note = sample_rows(rows, "random:50", 0, "f")
+    assert picked == sample_rows(rows, "random:4", 0, content)[0]
+    assert {tuple(sample_rows(rows, "random:4", s, content)[0]) for s in range(6)} != {
+        tuple(picked)
+    }
+    everything, note = sample_rows(rows, "random:50", 0, content)
     assert everything == rows and note is not None and "asks 50 rows, the file has 10" in note
+
+
+def test_random_picks_depend_on_each_rows_content_only() -> None:
+    """Leaving out a row that was not picked (the audit's clean copy) keeps every pick; the
+    picks follow the rows, wherever they lie in the file."""
+    rows = _examples(40)
+    picked, _ = sample_rows(rows, "random:10", 3, repr)
+    other = next(r for r in rows if r not in picked)
+    assert sample_rows([r for r in rows if r is not other], "random:10", 3, repr)[0] == picked
+    assert sorted(sample_rows(rows[::-1], "random:10", 3, repr)[0], key=rows.index) == picked
 
 
 def test_bad_sampling_strategy_is_a_config_error(tmp_path: Path) -> None:
@@ -165,3 +178,115 @@ def test_duration_mix_refuses_files_without_a_duration(tmp_path: Path) -> None:
     data["data"]["manifests"] = [str(tmp_path / "llava.json")]
     with pytest.raises(ConfigError, match=r"data\.manifests have no duration"):
         load_data(load_config(data=data, stage=1))
+
+
+def _lf_rows(n: int) -> list[dict]:
+    return [{"messages": [{"role": "user", "content": f"<video>q{i}"},
+                          {"role": "assistant", "content": f"a{i}"}], "videos": [f"l{i}.mp4"]}
+            for i in range(n)]  # fmt: skip
+
+
+def _check(tmp_path: Path, datasets: list, capsys: pytest.CaptureFixture[str]) -> tuple:
+    """`--check` of a config with these datasets -> (exit code, stdout, stderr); the videos
+    `l0.mp4` ... `l4.mp4` exist (not read)."""
+    for i in range(5):
+        (tmp_path / f"l{i}.mp4").write_bytes(b"")
+    data = _config(tmp_path, datasets, default_cap=None)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(data))
+    code = cli.main(["stage1", "--check", "--config", str(tmp_path / "c.yaml")])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_sampling_counts_file_rows_as_llava_onevision_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = _lf_rows(5)
+    rows[0]["videos"] = rows[2]["videos"] = rows[3]["videos"] = []  # 3 of 5 rows unusable
+    _jsonl(tmp_path / "lf.jsonl", rows)
+    code, out, _ = _check(tmp_path, [{"json_path": "lf.jsonl", "sampling_strategy": "first:2"},
+                                     {"json_path": "lf.jsonl", "sampling_strategy": "end:9",
+                                      "source": "end"}], capsys)  # fmt: skip
+    assert code == 0
+    # first:2 is file rows 1-2: row 1 cannot be used (listed), row 2 is the one example
+    assert "  lf: 1\n" in out and "  end: 2\n" in out
+    assert "note: lf.jsonl: sampling_strategy end:9 asks 9 rows, the file has 5; all taken" in out
+    assert out.count("lf.jsonl:1: no video") == 2 and "lf.jsonl:3: no video" in out
+
+
+@pytest.mark.parametrize("strategy", ["first:0", "end:0", "random:0", "first:00"])
+def test_a_strategy_taking_no_row_is_refused_by_name(strategy: str, tmp_path: Path) -> None:
+    data = _config(tmp_path, [{"json_path": "a.json", "sampling_strategy": strategy}])
+    with pytest.raises(
+        ConfigError, match=rf"datasets\.0\.sampling_strategy.*'{strategy}' takes no row"
+    ):
+        load_config(data=data, stage=1)
+
+
+def test_random_sampling_follows_the_rows_not_the_file_path_or_layout(tmp_path: Path) -> None:
+    rows = _lf_rows(20)
+    _jsonl(tmp_path / "lf.jsonl", rows)
+    _json_array(tmp_path / "clean_copy.json", rows)  # the same rows, another path and layout
+
+    def picked(path: str, **entry: object) -> list[str]:
+        data = _config(tmp_path, [{"json_path": path, "sampling_strategy": "random:25%", **entry}],
+                       default_cap=None)  # fmt: skip
+        return [e.target for e in load_data(load_config(data=data, stage=1)).examples]
+
+    assert len(picked("lf.jsonl")) == 5 and picked("lf.jsonl") == picked("clean_copy.json")
+    by_seed = {tuple(picked("lf.jsonl", seed=s)) for s in range(4)}
+    assert len(by_seed) > 1  # an explicit seed picks other rows
+
+
+def test_a_corrupt_jsonl_line_is_one_row_left_out_and_listed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _jsonl(tmp_path / "lf.jsonl", _lf_rows(3))
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], lines[1][:30], lines[2]]) + "\n")
+    code, out, _ = _check(tmp_path, [{"json_path": "lf.jsonl"}], capsys)
+    assert code == 0 and "2 examples after the mixture" in out
+    assert f"  {path}:2: not valid JSON (" in out
+
+
+def test_check_lists_every_row_when_none_is_usable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = _lf_rows(3)
+    for row in rows:
+        row["videos"] = []
+    path = _jsonl(tmp_path / "lf.jsonl", rows)
+    code, out, err = _check(tmp_path, [{"json_path": "lf.jsonl"}], capsys)
+    assert code == 2
+    assert [f"  {path}:{i}: no video (field 'videos' missing or empty)" for i in (1, 2, 3)] == [
+        line for line in out.splitlines() if line.startswith("  ")
+    ]
+    assert err == ("craft-train: data: no usable example in the data files (all 3 rows listed "
+                   "above cannot be used)\n")  # fmt: skip
+
+
+def test_an_empty_data_file_says_it_is_empty(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "lf.jsonl").write_text("")
+    code, _, err = _check(tmp_path, [{"json_path": "lf.jsonl"}], capsys)
+    assert (
+        code == 2 and err == f"craft-train: {tmp_path / 'lf.jsonl'}: the file is empty (no rows)\n"
+    )
+
+
+def test_llamafactory_files_train_with_their_dataset_info_mapping(tmp_path: Path) -> None:
+    """A LLaMA-Factory data entry as dataset_info.json gives it (columns, tags), in a mixture."""
+    rows = [{"chat": [{"who": "asker", "said": "<video>What?"}, {"who": "bot", "said": "This."}],
+             "vids": ["v.mp4"], "sys": "Short answers."}]  # fmt: skip
+    _json_array(tmp_path / "lf.json", rows)
+    entry = {"json_path": "lf.json", "format": "sharegpt",
+             "columns": {"messages": "chat", "videos": "vids", "system": "sys"},
+             "tags": {"role_tag": "who", "content_tag": "said", "user_tag": "asker",
+                      "assistant_tag": "bot"}}  # fmt: skip
+    (ex,) = load_data(load_config(data=_config(tmp_path, [entry]), stage=1)).examples
+    assert (ex.prompt, ex.target, ex.system) == ("What?", "This.", "Short answers.")
+    with pytest.raises(ConfigError, match=r"datasets\.0\.columns.*unknown \['chats'\]"):
+        load_config(data=_config(tmp_path, [{**entry, "columns": {"chats": "c"}}]), stage=1)
+    with pytest.raises(ConfigError, match=r"datasets\.0.*need format: sharegpt"):
+        load_config(data=_config(tmp_path, [{**entry, "format": "llava"}]), stage=1)

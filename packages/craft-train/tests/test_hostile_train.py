@@ -148,7 +148,7 @@ def test_unexpected_error_is_one_line_unless_debug(
 ) -> None:
     (tmp_path / "ok.yaml").write_text(yaml.safe_dump(tiny.config(tmp_path / "out")))
 
-    def full_disk(cfg: Any) -> Any:
+    def full_disk(cfg: Any, **kwargs: Any) -> Any:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("craft_train.trainer.train", full_disk)

@@ -4,14 +4,15 @@
     craft-eval audit mixture.yaml -b videomme longvideobench mvbench egoschema mlvu tempcompass \\
         --data-root /data/bench --write-clean clean/
 
-A training row overlaps a benchmark when its video has the same name as one of the
-benchmark's videos (file name without suffix, or a frame folder's name: the video id) or the
+Every row is checked, whether craft-train can use it or not: a row overlaps a benchmark when
+any video it names (a two-video row too) has the same name as one of the benchmark's videos (file name without suffix, or a frame folder's name: the video id) or the
 same content (SHA-256 of the file; only files whose byte size matches a benchmark video's
 are hashed). Training files are read with `craft_adapters.data_files` (the readers
 craft-train trains with; craft-eval may not import craft-train), the benchmarks with their
 loaders here (`craft_eval.tasks`). Prints a table per benchmark and training source; exit 1
-when anything overlaps. `--write-clean DIR` writes every training file without its
-overlapping rows (other rows verbatim) and `DIR/mixture.yaml` listing the clean files, each
+when anything overlaps. A row that is not JSON cannot be checked: it is listed. `--write-clean
+DIR` writes every training file without its overlapping rows and those not JSON (other rows
+verbatim) and `DIR/mixture.yaml` listing the clean files, each
 with the folder its relative video paths start in.
 """
 
@@ -26,10 +27,19 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from craft_adapters.data_files import FormatError, dataset_path, iter_rows, read_data_file
+from craft_adapters.data_files import (
+    FormatError,
+    Problem,
+    Row,
+    dataset_path,
+    read_file_rows,
+    read_rows,
+)
 from craft_eval.tasks import get_benchmark
 
 __all__ = ["AuditError", "Overlap", "TrainFile", "audit", "training_files", "write_clean"]
+
+NOT_JSON = "not valid JSON"  # how craft_adapters.data_files names a row it cannot parse
 
 
 class AuditError(ValueError):
@@ -112,9 +122,13 @@ def _benchmark_videos(roots: dict[str, str], subset: str | None) -> dict[str, se
 def audit(
     files: list[TrainFile], roots: dict[str, str], *, subset: str | None = None,
     hash_content: bool = True, progress: bool = True,
-) -> tuple[list[Overlap], Counter[str]]:  # fmt: skip
-    """The overlapping rows of `files` against the benchmarks `{name: data root}`, and the
-    rows per training source."""
+) -> tuple[list[Overlap], Counter[str], list[Problem]]:  # fmt: skip
+    """The overlapping rows of `files` against the benchmarks `{name: data root}`, the rows
+    per training source, and the rows that are not JSON (not checked; no trainer reads them).
+
+    Every row is checked, usable for training or not: a row naming two videos overlaps when
+    either is a benchmark's (a trainer taking several videos per row would train on it).
+    """
     bench = _benchmark_videos(roots, subset)
     names = {b: {_name(v) for v in videos} for b, videos in bench.items()}
     sizes: dict[int, list[tuple[str, str]]] = {}  # byte size -> [(benchmark, video)]
@@ -125,26 +139,33 @@ def audit(
     hashes: dict[str, str] = {}  # path -> sha256, computed once, only where sizes match
     overlaps: list[Overlap] = []
     rows: Counter[str] = Counter()
+    unread: list[Problem] = []
     for file in files:
-        examples, _ = _read(file)
-        for e in tqdm(examples, desc=f"audit {file.path.name}", disable=not progress):
-            rows[e.source] += 1
-            overlaps += _row_overlaps(e, names, sizes, hashes)
-    return overlaps, rows
+        for row in tqdm(_read(file), desc=f"audit {file.path.name}", disable=not progress):
+            rows[row.source] += 1
+            if row.problem is not None and row.problem.startswith(NOT_JSON):
+                unread.append(Problem(row.where, row.problem))
+            overlaps += _row_overlaps(row, names, sizes, hashes)
+    return overlaps, rows, unread
 
 
 def _row_overlaps(
-    e: Any, names: dict[str, set[str]], sizes: dict[int, list[tuple[str, str]]],
+    row: Row, names: dict[str, set[str]], sizes: dict[int, list[tuple[str, str]]],
     hashes: dict[str, str],
 ) -> list[Overlap]:  # fmt: skip
-    found = {b: "name" for b, known in names.items() if _name(e.video) in known}
-    video = Path(e.video)
-    if video.is_file() and video.stat().st_size in sizes:
-        mine = hashes.setdefault(e.video, _sha256(e.video))
-        for b, other in sizes[video.stat().st_size]:
-            if b not in found and hashes.setdefault(other, _sha256(other)) == mine:
-                found[b] = "content"
-    return [Overlap(e.origin, e.source, b, e.video, by) for b, by in found.items()]
+    """One overlap per benchmark that has any of the row's videos (by name, else content)."""
+    found: dict[str, tuple[str, str]] = {}  # benchmark -> (video, by)
+    for video in row.videos:
+        for b, known in names.items():
+            if b not in found and _name(video) in known:
+                found[b] = (video, "name")
+        path = Path(video)
+        if path.is_file() and path.stat().st_size in sizes:
+            mine = hashes.setdefault(video, _sha256(video))
+            for b, other in sizes[path.stat().st_size]:
+                if b not in found and hashes.setdefault(other, _sha256(other)) == mine:
+                    found[b] = (video, "content")
+    return [Overlap(row.where, row.source, b, v, by) for b, (v, by) in found.items()]
 
 
 def _name(video: str) -> str:
@@ -153,11 +174,12 @@ def _name(video: str) -> str:
     return path.name if path.is_dir() else path.stem
 
 
-def _read(file: TrainFile) -> tuple[list[Any], list[Any]]:
+def _read(file: TrainFile) -> list[Row]:
+    entry = file.entry
     try:
-        return read_data_file(
-            file.path, str(file.entry.get("format", "auto")), source=file.entry.get("source"),
-            video_root=str(file.video_root),
+        return read_file_rows(
+            file.path, str(entry.get("format", "auto")), source=entry.get("source"),
+            video_root=str(file.video_root), columns=entry.get("columns"), tags=entry.get("tags"),
         )  # fmt: skip
     except (FormatError, OSError, UnicodeDecodeError) as error:
         raise AuditError(str(error)) from None
@@ -177,11 +199,10 @@ def table(overlaps: list[Overlap], rows: Counter[str], benchmarks: list[str]) ->
     return "\n".join(lines)
 
 
-def write_clean(
-    files: list[TrainFile], overlaps: list[Overlap], out: Path, mixture: dict[str, Any]
-) -> Path:
-    """Each file without its overlapping rows into `out` (other rows as they were) and
-    `out/mixture.yaml` naming them. -> the mixture's path.
+def write_clean(files: list[TrainFile], drop: set[str], out: Path, mixture: dict[str, Any]) -> Path:
+    """Each file without the rows whose `file:line` is in `drop` (the overlapping rows and
+    those not read) into `out`, other rows as they were, and `out/mixture.yaml` naming them.
+    -> the mixture's path.
 
     Raises:
         AuditError: two training files of the same name, or one that `out` would overwrite.
@@ -196,7 +217,6 @@ def write_clean(
         if (out / f.path.name).resolve() == f.path.resolve():
             raise AuditError(f"--write-clean {out}: would overwrite the training file {f.path}")
     out.mkdir(parents=True, exist_ok=True)
-    drop = {o.where for o in overlaps}
     entries = []
     for f in files:
         _write_without(f.path, out / f.path.name, drop)
@@ -211,7 +231,7 @@ def _write_without(src: Path, dst: Path, drop: set[str]) -> None:
     array as one row per line."""
     text = src.read_text(encoding="utf-8")
     if text.lstrip().startswith("["):
-        kept = [row for line, row in iter_rows(src) if f"{src}:{line}" not in drop]
+        kept = [r.value for r in read_rows(src) if f"{src}:{r.line}" not in drop]
         dst.write_text("[\n" + ",\n".join(json.dumps(r, ensure_ascii=False) for r in kept) + "\n]\n",
                        encoding="utf-8")  # fmt: skip
         return

@@ -155,6 +155,34 @@ def _print_check(cfg: Any, examples: list, load: Any, missing: list) -> None:
         _report_rows(load, missing, examples)
 
 
+def _warn(text: str) -> None:
+    """One warning line, as Python warnings are shown (`_show_warning`)."""
+    print(f"craft-train: warning: {text}", file=sys.stderr)
+
+
+def _load_data(cfg: TrainingConfig, check: bool) -> Any:
+    """The data files read (`craft_train.data.load_data`); a run warns once about the rows
+    left out. None when no row can be used and `--check` has listed them all."""
+    from craft_train.data import NoUsableData, load_data
+
+    try:
+        load = load_data(cfg)
+    except NoUsableData as err:
+        if not check:
+            raise
+        _report_rows(err.load, [], [])
+        print(f"craft-train: data: no usable example in the data files (all "
+              f"{len(err.load.problems)} rows listed above cannot be used)", file=sys.stderr)  # fmt: skip
+        return None
+    if not check:
+        for note in load.notes:
+            _warn(note)
+        if load.problems:
+            _warn(f"{len(load.problems)} data rows cannot be used and are left out (first: "
+                  f"{load.problems[0]}); `craft-train ... --check` lists them")  # fmt: skip
+    return load
+
+
 def _main(args: argparse.Namespace) -> int:
     if args.command == "configs":
         for name in shipped_configs():
@@ -169,25 +197,24 @@ def _main(args: argparse.Namespace) -> int:
             return 0
         check_paths(cfg)
         from craft_train.distributed import load_deepspeed_config, resolve_deepspeed
+        from craft_train.report import check_reporters
         from craft_train.trainer import load_examples
 
+        check_reporters(cfg)  # installed, logged in: before any model loads
         if cfg.train.deepspeed is not None:
             resolve_deepspeed(load_deepspeed_config(cfg.train.deepspeed), cfg)
         load = None
-        if args.check and cfg.stage != "distill":
-            from craft_train.data import load_data
-
-            load = load_data(cfg)
-            examples = load.examples
-        else:
+        if cfg.stage == "distill":
             examples = load_examples(cfg)
+        else:
+            load = _load_data(cfg, args.check)
+            if load is None:
+                return 2
+            examples = load.examples
         missing = _missing_videos(examples)
         if missing:
-            print(
-                f"craft-train: warning: {len(missing)} of {len(examples)} examples name a "
-                f"missing video (first: {missing[0]}); training skips them",
-                file=sys.stderr,
-            )
+            _warn(f"{len(missing)} of {len(examples)} examples name a missing video (first: "
+                  f"{missing[0]}); training skips them")  # fmt: skip
         if args.check:
             _print_check(cfg, examples, load, missing)
             return 0
@@ -200,7 +227,7 @@ def _main(args: argparse.Namespace) -> int:
     from craft_train.trainer import CheckpointNotSaved, TrainingDiverged, train
 
     try:
-        result = train(cfg)
+        result = train(cfg, examples=examples)
     except ConfigError as err:  # found only once the run starts (a resume that does not fit)
         print(f"craft-train: {err}", file=sys.stderr)
         return 2

@@ -9,7 +9,6 @@ config touches no model, video or GPU: the CLI validates everything first, then 
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -22,6 +21,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -193,8 +193,23 @@ class DataFile(_Strict):
     )
     sampling_strategy: str = Field(
         default="all",
-        description="all | first:N | first:P% | end:N | end:P% | random:N | random:P% "
-        "(random: a seeded subset, kept in file order).",
+        description="all | first:N | first:P% | end:N | end:P% | random:N | random:P%, over "
+        "the file's rows as LLaVA-OneVision counts them (random: a subset seeded by `seed` "
+        "and the rows' content, kept in file order; a picked row that cannot be used is left "
+        "out and listed, not replaced).",
+    )
+    seed: int | None = Field(
+        default=None, ge=0, description="Seed of `random:` (default: the mixture's seed)."
+    )
+    columns: dict[str, str] | None = Field(
+        default=None,
+        description="format sharegpt: LLaMA-Factory dataset_info.json `columns` (messages, "
+        "system, videos, images, tools); the others keep LLaMA-Factory's defaults.",
+    )
+    tags: dict[str, str] | None = Field(
+        default=None,
+        description="format sharegpt: LLaMA-Factory dataset_info.json `tags` (role_tag, "
+        "content_tag, user_tag, assistant_tag, system_tag, observation_tag, function_tag).",
     )
     source: str | None = Field(
         default=None,
@@ -220,7 +235,26 @@ class DataFile(_Strict):
             raise ValueError(f"{value!r} is not all, first:N, end:N or random:N (N a count or P%)")
         if value.endswith("%") and not 0 < float(value.split(":")[1][:-1]) <= 100:
             raise ValueError(f"{value!r}: a percentage lies in (0, 100]")
+        if value != "all" and not value.endswith("%") and int(value.split(":")[1]) == 0:
+            raise ValueError(f"{value!r} takes no row; leave the entry out to skip the file")
         return value
+
+    @field_validator("columns", "tags")
+    @classmethod
+    def _mapping(cls, value: dict[str, str] | None, info: ValidationInfo) -> dict[str, str] | None:
+        from craft_adapters.data_files import COLUMNS, TAGS
+
+        known = COLUMNS if info.field_name == "columns" else TAGS
+        unknown = sorted(set(value or ()) - set(known))
+        if unknown:
+            raise ValueError(f"unknown {unknown}; LLaMA-Factory's names: {', '.join(known)}")
+        return value
+
+    @model_validator(mode="after")
+    def _sharegpt_only(self) -> DataFile:
+        if (self.columns or self.tags) and self.format != "sharegpt":
+            raise ValueError("columns / tags (LLaMA-Factory's mapping) need format: sharegpt")
+        return self
 
 
 class MixtureConfig(_Strict):
@@ -745,11 +779,6 @@ def check_paths(cfg: TrainingConfig) -> None:
     ds = cfg.train.deepspeed
     if ds is not None and ds != "zero2" and not Path(ds).is_file():
         raise ConfigError(f"train.deepspeed: {ds} is neither 'zero2' nor an existing file")
-    for name in cfg.train.report_to:  # the optional extras (craft_train.report)
-        if name != "none" and importlib.util.find_spec(name) is None:
-            raise ConfigError(
-                f"train.report_to: {name} is not installed; pip install 'craft-train[{name}]'"
-            )
     resume = cfg.train.resume
     if resume not in ("auto", "never") and not Path(resume).is_dir():
         raise ConfigError(f"train.resume: checkpoint folder {resume} does not exist")

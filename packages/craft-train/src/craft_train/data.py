@@ -14,6 +14,7 @@ the same order.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -22,17 +23,27 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
-from craft_adapters.data_files import Example, FormatError, Problem, iter_rows, read_data_file
-from craft_train.config import ConfigError, MixtureConfig, TrainingConfig
+from craft_adapters.data_files import (
+    Example,
+    FileRow,
+    FormatError,
+    Problem,
+    detect_format,
+    read_data_file,
+    read_rows,
+    row_content,
+)
+from craft_train.config import ConfigError, DataFile, MixtureConfig, TrainingConfig
 
 __all__ = [
     "DataLoad",
     "DecodeError",
     "Example",
+    "NoUsableData",
     "VideoTextDataset",
     "build_mixture",
     "collate",
@@ -44,6 +55,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SEQUENCE_KEYS = ("input_ids", "attention_mask", "labels", "mm_token_type_ids", "token_type_ids")
 """Per-token `[1, L]` tensors that are padded (right) when examples are batched."""
@@ -86,7 +98,7 @@ def json_object(text: str, where: str) -> dict[str, Any]:
 def read_manifest(
     path: str | Path, stage: int, *, caption_prompt: str, video_root: str | None = None
 ) -> list[Example]:
-    """Read and check one JSONL manifest.
+    """Read and check one manifest (JSONL, or a JSON array).
 
     Args:
         path: the file.
@@ -99,12 +111,26 @@ def read_manifest(
             named).
     """
     path = Path(path)
+    try:
+        rows = read_rows(path)
+    except FormatError as err:
+        raise ConfigError(str(err)) from None
+    return manifest_examples(path, rows, stage, caption_prompt, video_root)
+
+
+def manifest_examples(
+    path: Path, rows: Sequence[FileRow], stage: int, caption_prompt: str, video_root: str | None
+) -> list[Example]:
+    """The examples of a manifest's `rows`, strictly: a bad row is an error naming it."""
     root = Path(video_root) if video_root is not None else path.parent
     needed = (
         ("video", "caption", "source") if stage == 1 else ("video", "question", "answer", "source")
     )
     examples = []
-    for where, row in json_rows(path):
+    for line, row, error in rows:
+        where = f"{path}:{line}"
+        if error is not None or not isinstance(row, dict):
+            raise ConfigError(f"{where}: {error or 'must be a JSON object'}")
         for field in needed:
             value = row.get(field)
             if not isinstance(value, str) or not value.strip():
@@ -169,74 +195,93 @@ class DataLoad:
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
+class NoUsableData(ConfigError):
+    """No row of the data files can be used; `load` holds every row that cannot (`--check`
+    lists them)."""
+
+    def __init__(self, load: DataLoad) -> None:
+        first = f", first: {load.problems[0]}" if load.problems else ""
+        super().__init__(f"data: no usable example in the data files ({len(load.problems)} "
+                         f"rows cannot be used{first}; run with --check to list them)")  # fmt: skip
+        self.load = load
+
+
 def read_file(
     path: str | Path,
     fmt: str,
     cfg: TrainingConfig,
-    *,
-    source: str | None = None,
-    video_root: str | None = None,
-    video_fps: float | None = None,
+    entry: DataFile | None = None,
+    select: Callable[[list[FileRow]], list[FileRow]] | None = None,
 ) -> tuple[list[Example], list[Problem]]:
-    """One data file of any format (`fmt` "auto": detected from its first row).
+    """One data file of any format (`fmt` "auto": detected), its rows chosen by `select`;
+    `entry`: the mixture entry it comes from (source, video root, frame rate, columns).
 
     Raises:
-        ConfigError: the file is not JSON / JSONL, its format cannot be told, or (a craft-train
-            manifest) a row lacks a field.
+        ConfigError: the file is empty, not JSON / JSONL, its format cannot be told, or (a
+            craft-train manifest) a row is bad.
     """
     path = Path(path)
-    root = video_root or cfg.data.video_root
+    root = (entry.video_root if entry is not None else None) or cfg.data.video_root
+    source = entry.source if entry is not None else None
+    fps = entry.video_fps if entry is not None else None
     try:
-        if fmt == "auto":
-            from craft_adapters.data_files import detect_format
-
-            first: Any = next(iter_rows(path), (0, {}))[1]
-            fmt = detect_format(path, first)
+        rows = read_rows(path)
+        fmt = detect_format(path, rows) if fmt == "auto" else fmt
         if fmt != "craft":
-            return read_data_file(path, fmt, source=source, video_root=root, video_fps=video_fps,
-                                  caption_prompt=cfg.data.caption_prompt)  # fmt: skip
+            return read_data_file(
+                path, fmt, source=source, video_root=root, video_fps=fps, select=select, rows=rows,
+                caption_prompt=cfg.data.caption_prompt,
+                columns=entry.columns if entry is not None else None,
+                tags=entry.tags if entry is not None else None,
+            )  # fmt: skip
     except FormatError as err:
         raise ConfigError(str(err)) from None
     stage = 2 if cfg.stage == 2 else 1
-    rows = read_manifest(path, stage, caption_prompt=cfg.data.caption_prompt, video_root=root)
-    if source is not None or video_fps is not None:
-        rows = [
-            dataclasses.replace(e, source=source or e.source, video_fps=video_fps) for e in rows
-        ]
-    return rows, []
+    chosen = select(rows) if select is not None else rows
+    examples = manifest_examples(path, chosen, stage, cfg.data.caption_prompt, root)
+    if source is not None or fps is not None:
+        examples = [dataclasses.replace(e, source=source or e.source, video_fps=fps)
+                    for e in examples]  # fmt: skip
+    return examples, []
 
 
 def sample_rows(
-    examples: Sequence[Example], strategy: str, seed: int, key: str
-) -> tuple[list[Example], str | None]:
-    """LLaVA-OneVision's `sampling_strategy` on one file's examples -> (kept, note).
+    rows: Sequence[T], strategy: str, seed: int, content: Callable[[T], str]
+) -> tuple[list[T], str | None]:
+    """LLaVA-OneVision's `sampling_strategy` over one file's rows -> (kept, note).
 
-    `first:N` / `end:N`: the first / last N; `random:N`: a seeded subset (`key`: the file) in
-    file order; `P%` takes ceil(P% of the rows). A count larger than the file takes every
-    row and returns a note saying so.
+    `first:N` / `end:N`: the first / last N rows; `random:N`: the N rows whose
+    `content(row)` hashes lowest with `seed` (a seeded subset that depends on the rows, not
+    on where the file lies or how it is laid out), in file order; `P%` takes
+    ceil(P% of the rows). A count larger than the file takes every row and returns a note.
     """
     if strategy == "all":
-        return list(examples), None
+        return list(rows), None
     kind, amount = strategy.split(":")
-    n = len(examples)
+    n = len(rows)
     count = math.ceil(float(amount[:-1]) * n / 100) if amount.endswith("%") else int(amount)
     note = None
     if count > n:
-        note = f"{key}: sampling_strategy {strategy} asks {count} rows, the file has {n}; all taken"
+        note = f"sampling_strategy {strategy} asks {count} rows, the file has {n}; all taken"
         count = n
     if kind == "first":
-        return list(examples[:count]), note
+        return list(rows[:count]), note
     if kind == "end":
-        return list(examples[n - count :]), note
-    rng = random.Random(f"craft-sampling/{seed}/{key}")
-    return [examples[i] for i in sorted(rng.sample(range(n), count))], note
+        return list(rows[n - count :]), note
+    keys = [hashlib.sha256(f"craft-sampling/{seed}/{content(r)}".encode()).digest() for r in rows]
+    picked = sorted(range(n), key=lambda i: (keys[i], i))[:count]
+    return [rows[i] for i in sorted(picked)], note
 
 
 def load_data(cfg: TrainingConfig) -> DataLoad:
     """Read `data.manifests` and the mixture's `datasets`, sample, cap, mix durations.
 
     Cheap: no video is opened. Rows that cannot be used are returned in `problems`, not
-    trained on.
+    trained on; a sampling strategy picks file rows, and a picked row that cannot be used is
+    left out (listed), not replaced by another.
+
+    Raises:
+        NoUsableData: not one row can be used (it holds them all).
     """
     mixture = cfg.mixture()
     seed = mixture.seed if mixture.seed is not None else cfg.optim.seed
@@ -247,18 +292,14 @@ def load_data(cfg: TrainingConfig) -> DataLoad:
         load.examples += examples
         load.problems += problems
     for entry in mixture.datasets:
+        select = _sampler(entry, entry.seed if entry.seed is not None else seed, load.notes)
         path = mixture.dataset_path(entry)
-        examples, problems = read_file(path, entry.format, cfg, source=entry.source,
-                                       video_root=entry.video_root, video_fps=entry.video_fps)  # fmt: skip
-        # keyed by json_path as written: the same subset wherever $CRAFT_DATA points
-        examples, note = sample_rows(examples, entry.sampling_strategy, seed, entry.json_path)
-        load.notes += [note] if note else []
+        examples, problems = read_file(path, entry.format, cfg, entry, select)
         load.problems += problems
         load.examples += examples
         bucket.update((id(e), str(entry.duration)) for e in examples)
     if not load.examples:
-        raise ConfigError(f"data: no usable example in the data files ({len(load.problems)} "
-                          "rows that cannot be used; run with --check to list them)")  # fmt: skip
+        raise NoUsableData(load)
     load.examples = build_mixture(load.examples, mixture, seed)
     if mixture.duration_mix is not None:
         if cfg.data.manifests:
@@ -267,6 +308,19 @@ def load_data(cfg: TrainingConfig) -> DataLoad:
         shares = {str(k): v for k, v in mixture.duration_mix.items()}
         load.examples = mix_durations(load.examples, bucket, shares, seed)
     return load
+
+
+def _sampler(
+    entry: DataFile, seed: int, notes: list[str]
+) -> Callable[[list[FileRow]], list[FileRow]]:
+    """The rows of `entry`'s file its `sampling_strategy` keeps; a note lands in `notes`."""
+
+    def select(rows: list[FileRow]) -> list[FileRow]:
+        kept, note = sample_rows(rows, entry.sampling_strategy, seed, row_content)
+        notes.extend([f"{entry.json_path}: {note}"] if note else [])
+        return kept
+
+    return select
 
 
 def mix_durations(

@@ -8,18 +8,71 @@ grad_norm, tokens_kept_per_video, kept_fraction, step_seconds, skipped_videos, e
 TensorBoard writes to `output_dir/tensorboard`; a resumed run purges the events past its
 checkpoint, so every step appears once. W&B runs in `output_dir/wandb` under the id kept in
 `output_dir/wandb_run_id`, so a resumed run continues the same W&B run; `WANDB_MODE=offline`
-works as usual. Neither package is required: `config.check_paths` names a missing extra.
+works as usual. Neither package is required. `check_reporters` (run with
+`config.check_paths` by the CLI and `train`, before any model loads) refuses a backend that
+is not installed, and W&B online without a login (no `WANDB_API_KEY`, no entry for its host
+in the netrc file).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import netrc
+import os
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
-from craft_train.config import TrainingConfig
+from craft_train.config import ConfigError, TrainingConfig
 
-__all__ = ["Reporter", "open_reporter", "scalars"]
+__all__ = ["Reporter", "check_reporters", "open_reporter", "scalars"]
+
+WANDB_OFFLINE = ("offline", "dryrun", "disabled")
+
+
+def check_reporters(cfg: TrainingConfig) -> None:
+    """Every backend of `train.report_to` can start: installed, and W&B logged in unless
+    `WANDB_MODE` is offline / disabled.
+
+    Raises:
+        ConfigError: naming the backend and what to do.
+    """
+    for name in cfg.train.report_to:
+        if name != "none" and importlib.util.find_spec(name) is None:
+            raise ConfigError(
+                f"train.report_to: {name} is not installed; pip install 'craft-train[{name}]'"
+            )
+    if "wandb" in cfg.train.report_to and not _wandb_can_log():
+        raise ConfigError(
+            "train.report_to: wandb is not logged in (no WANDB_API_KEY, no netrc entry for "
+            f"{_wandb_host()}); run `wandb login`, or set WANDB_MODE=offline to log to "
+            "output_dir/wandb and `wandb sync` it later"
+        )
+
+
+def _wandb_host() -> str:
+    return urlsplit(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").netloc
+
+
+def _wandb_can_log() -> bool:
+    """Offline, or credentials where W&B looks for them (its environment variables, then
+    the netrc file: `$NETRC`, else `~/.netrc` / `~/_netrc`). Only whether they are there is
+    looked at, not what they hold."""
+    if os.environ.get("WANDB_MODE", "online").lower() in WANDB_OFFLINE:
+        return True
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return True
+    candidates = [os.environ["NETRC"]] if os.environ.get("NETRC") else ["~/.netrc", "~/_netrc"]
+    for name in candidates:
+        path = Path(name).expanduser()
+        if path.is_file():
+            try:
+                return netrc.netrc(str(path)).authenticators(_wandb_host()) is not None
+            except (netrc.NetrcParseError, OSError):
+                return False
+    return False
+
 
 WANDB_ID_FILE = "wandb_run_id"
 

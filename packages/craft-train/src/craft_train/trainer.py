@@ -61,7 +61,7 @@ from craft_train.data import (
 from craft_train.distributed import make_accelerator
 from craft_train.hub_export import export_hub_folder
 from craft_train.model import CRAFT_DIR, LORA_DIR, ModelBundle, build_model
-from craft_train.report import open_reporter
+from craft_train.report import check_reporters, open_reporter
 
 __all__ = [
     "CheckpointNotSaved",
@@ -389,6 +389,7 @@ def train(
     on_step: Callable[[StepInfo], None] | None = None,
     encoder_factory: Callable[[TrainingConfig, Any], Callable[[Example], dict[str, Any]]]
     | None = None,
+    examples: list[Example] | None = None,
 ) -> TrainResult:
     """Run one stage of training to the end (or continue it from its newest checkpoint).
 
@@ -398,12 +399,16 @@ def train(
             as a kill would).
         encoder_factory: `(cfg, processor) -> encode(example)`; default: decode the video with
             craft-adapters and build the prompt with the processor's chat template.
+        examples: the data as `load_examples(cfg)` gives it, when the caller has read it
+            already (the CLI: it has warned about the rows left out); default: read here.
 
     Returns:
         A `TrainResult`; the merge module is in `output_dir/craft` (LoRA in `output_dir/lora`).
     """
     check_paths(cfg)
-    examples = load_examples(cfg)  # manifest errors surface before any model loads
+    check_reporters(cfg)  # installed, logged in: before any model loads
+    if examples is None:
+        examples = load_examples(cfg)  # manifest errors surface before any model loads
     accelerator = make_accelerator(cfg)
     output_dir = Path(cfg.train.output_dir)
     resumed_from = _resume_folder(cfg)

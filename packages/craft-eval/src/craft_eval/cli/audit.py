@@ -31,15 +31,21 @@ def command(args: argparse.Namespace) -> int:
         raise UsageError(f"--benchmark: {error.args[0]}") from None
     try:
         files, mixture = training_files(args.train)
-        found, rows = audit(files, data_roots(args.data_root, benchmarks), subset=args.subset,
-                            hash_content=not args.no_hash, progress=not args.no_progress)  # fmt: skip
+        found, rows, unread = audit(files, data_roots(args.data_root, benchmarks),
+                                    subset=args.subset, hash_content=not args.no_hash,
+                                    progress=not args.no_progress)  # fmt: skip
         print(table(found, rows, benchmarks))
         for o in found:
             print(f"overlap: {o.where}: {o.video} is in {o.benchmark} (same {o.by})")
+        for problem in unread:
+            print(f"not checked (not JSON; no trainer reads it): {problem}")
         if args.write_clean:
-            path = write_clean(files, found, Path(args.write_clean), mixture)
-            rows_out = len({o.where for o in found})
-            print(f"clean files without the {rows_out} overlapping rows: {path}")
+            overlapping = {o.where for o in found}
+            drop = overlapping | {p.where for p in unread}
+            path = write_clean(files, drop, Path(args.write_clean), mixture)
+            print(f"clean files without the {len(overlapping)} overlapping rows"
+                  f"{f' and the {len(drop) - len(overlapping)} not read' if unread else ''}: "
+                  f"{path}")  # fmt: skip
     except AuditError as error:
         raise UsageError(str(error)) from None
     return 1 if found else 0
