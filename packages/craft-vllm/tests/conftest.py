@@ -37,12 +37,17 @@ def small_config(hidden_size: int = tiny.HIDDEN) -> CraftConfig:
 
 
 def trained_like(seed: int) -> CraftCompressor:
-    """A CRAFT module whose every weight is far from a fresh module's (a stand-in for training)."""
+    """A CRAFT module whose every weight is far from a fresh module's (a stand-in for training).
+
+    The offsets are sums of uniform draws, the same bits on every CPU (`torch.randn`'s
+    vectorised sampler gives other values on AVX2 and AVX-512 paths)."""
     torch.manual_seed(seed)
     module = CraftCompressor(small_config())
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param in module.merge.parameters():
-            param.add_(torch.randn_like(param) * 0.5)
+            uniform = torch.rand(4, *param.shape, generator=generator, dtype=torch.float64)
+            param.add_(((uniform - 0.5).sum(0) * 0.85).to(param.dtype))
     return module
 
 
