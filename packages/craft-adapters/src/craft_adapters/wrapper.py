@@ -132,9 +132,9 @@ class CraftModel(torch.nn.Module):
         *,
         budget: TokenBudget | None = None,
     ) -> None:
-        """Set the token budget: a `craft_core.TokenBudget`, or its fields (exactly one of
-        `ratio` (>= 1) or `threshold` (in (-1, 1]); `min_tokens` in threshold mode overrides
-        the floor `max(1, N // 128)`). With no compressor the budget may be left empty.
+        """Set the token budget: a `craft_core.TokenBudget`, or its fields (`ratio`,
+        `threshold`, `min_tokens`, checked by `TokenBudget`'s rules). With no compressor the
+        budget may be left empty.
         """
         if budget is None and self.compressor is None and ratio is None and threshold is None:
             self.token_budget = None
@@ -428,9 +428,8 @@ def wrap(
             tower's attention when it sets `needs_attention`); or a plain callable, called
             as `(features, coords, ratio=... | threshold=..., min_tokens=...)`; or None for
             no compression.
-        ratio: fixed-ratio budget (>= 1); exactly one of `ratio` / `threshold` with a compressor.
-        threshold: similarity-threshold budget in (-1, 1].
-        min_tokens: floor of the threshold mode (default `max(1, N // 128)`).
+        ratio, threshold, min_tokens: the budget as the user spells it, checked into one
+            `craft_core.TokenBudget` (its rules: the fixed-ratio or the threshold mode).
         budget: the same as one `craft_core.TokenBudget` (instead of the three fields).
 
     Raises:

@@ -405,6 +405,7 @@ class _Bench:
 
     def compress(self, method: str, ratio: float | None) -> tuple[float, int]:
         """(median compression ms, video tokens kept) of `method` at `ratio`."""
+        from craft_core import TokenBudget
         from craft_eval.methods.build import build_compressor
 
         timed = build_compressor(
@@ -413,9 +414,11 @@ class _Bench:
         assert timed is not None
         bare = timed.method  # time the method alone (time_call has its own clock)
 
+        budget = TokenBudget(ratio=ratio)  # a method takes the budget object (craft_core)
+
         def run() -> Any:
             with torch.inference_mode():
-                return bare(self.features, self.coords, ratio=ratio)
+                return bare(self.features, self.coords, budget)
 
         ms, result = time_call(run, self.device, warmup=self.warmup, repeats=self.repeats)
         return ms, int(result.num_kept) + self.extra_tokens
