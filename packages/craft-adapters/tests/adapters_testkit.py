@@ -18,8 +18,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from craft_adapters.tiny import TINY_FRAME_SIZE
 from craft_core.result import CompressionResult
 
-BACKBONES = ["qwen3_5", "qwen2_5_vl", "qwen3_vl", "llava_onevision"]
-
 
 class KeepEvery:
     """Test compressor of the method interface: keeps every `step`-th token (ratio 1: all)."""

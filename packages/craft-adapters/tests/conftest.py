@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from adapters_testkit import BACKBONES
 
 from craft_adapters.tiny import build_tiny_vlm
 
@@ -19,9 +18,3 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Any
             return value
 
     return _Lazy()
-
-
-@pytest.fixture(params=BACKBONES)
-def backbone(request: pytest.FixtureRequest, tiny_models: dict[str, Any]) -> tuple[str, Any, Any]:
-    model, processor = tiny_models[request.param]
-    return request.param, model, processor

@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from craft_core import TokenBudget
 from craft_eval import cli
 from craft_eval.fixtures import write_fixture, write_video
 from craft_eval.runner import (
@@ -358,6 +359,9 @@ class EchoBackend:
         return Generation(reply="A", tokens_before=10, tokens_after=5)
 
 
+TWO = TokenBudget(ratio=2.0)
+
+
 def _config(world: dict[str, Path], **kw: Any) -> RunConfig:
     return RunConfig("mvbench", str(world["mvbench"]), "m", **kw)
 
@@ -430,7 +434,7 @@ def test_a_second_run_into_the_same_folder_is_refused(
 def test_a_changed_option_never_returns_old_results(
     world: dict[str, Path], tmp_path: Path, change: dict[str, Any]
 ) -> None:
-    base = {"method": "random", "ratio": 2.0}
+    base = {"method": "random", "budget": TWO}
     run_benchmark(_config(world, **base), EchoBackend(), tmp_path, progress=False)
     with pytest.raises(ValueError, match="different run"):
         run_benchmark(_config(world, **base, **change), EchoBackend(), tmp_path, progress=False)
@@ -438,8 +442,10 @@ def test_a_changed_option_never_returns_old_results(
 
 @pytest.mark.parametrize("min_tokens", [None, 1, 4])
 def test_min_tokens_is_part_of_the_run_identity(world: dict[str, Path], min_tokens: Any) -> None:
-    config = _config(world, method="random", ratio=2.0, min_tokens=min_tokens)
-    other = _config(world, method="random", ratio=2.0, min_tokens=(min_tokens or 0) + 2)
+    budget = TokenBudget(threshold=0.5, min_tokens=min_tokens)
+    config = _config(world, method="random", budget=budget)
+    other_budget = TokenBudget(threshold=0.5, min_tokens=(min_tokens or 0) + 2)
+    other = _config(world, method="random", budget=other_budget)
     assert config.run_name() != other.run_name()
     assert config.identity() != other.identity()
 
@@ -539,7 +545,8 @@ _KILL_SCRIPT = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     from test_hostile import EchoBackend
     from craft_eval.runner import RunConfig, run_benchmark
-    config = RunConfig("mvbench", {data!r}, "m", method="random", ratio=2.0)
+    from craft_core import TokenBudget
+    config = RunConfig("mvbench", {data!r}, "m", method="random", budget=TokenBudget(ratio=2.0))
     summary = run_benchmark(config, EchoBackend(delay=float(sys.argv[1])), {out!r},
                             progress=False)
     print("ACC", summary["scores"]["accuracy"])
@@ -573,7 +580,7 @@ def test_sigkill_mid_run_then_resume_gives_the_uninterrupted_summary(
     )
     assert done.returncode == 0, done.stderr
     full = run_benchmark(
-        RunConfig("mvbench", str(world["mvbench"]), "m", method="random", ratio=2.0),
+        RunConfig("mvbench", str(world["mvbench"]), "m", method="random", budget=TWO),
         EchoBackend(),
         tmp_path / "full",
         progress=False,
@@ -731,9 +738,13 @@ BOOL_CONFIG_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("fps-true", {"fps": True}, "--fps"),
     ("frames-true", {"max_frames": True}, "--frames"),
     ("limit-true", {"limit": True}, "--limit"),
-    ("ratio-true", {"method": "uniform", "ratio": True}, "--ratio"),
-    ("threshold-false", {"method": "craft-prune", "threshold": False}, "--threshold"),
-    ("min-tokens-true", {"method": "uniform", "ratio": 4.0, "min_tokens": True}, "--min-tokens"),
+]
+# (id, parse_budget arguments, option the error must name): the budget is parsed once, by
+# the command line's parse_budget, before any RunConfig exists
+BOOL_BUDGET_CASES: list[tuple[str, tuple[Any, ...], str]] = [
+    ("ratio-true", ("uniform", True), "--ratio"),
+    ("threshold-false", ("craft-prune", None, False), "--threshold"),
+    ("min-tokens-true", ("uniform", None, 0.5, True), "--min-tokens"),
 ]
 
 
@@ -745,6 +756,28 @@ def test_run_config_refuses_a_bool_for_a_number(
 ) -> None:
     with pytest.raises(ValueError, match=option):
         RunConfig("mvbench", str(world["mvbench"]), "m", **fields).validate()
+
+
+@pytest.mark.parametrize(
+    ("args", "option"), [c[1:] for c in BOOL_BUDGET_CASES], ids=[c[0] for c in BOOL_BUDGET_CASES]
+)
+def test_parse_budget_refuses_a_bool_for_a_number(args: tuple[Any, ...], option: str) -> None:
+    from craft_eval.cli.common import UsageError, parse_budget
+
+    with pytest.raises(UsageError, match=option):
+        parse_budget(*args)
+
+
+def test_run_config_holds_the_budget_alone(world: dict[str, Path]) -> None:
+    """The budget is one TokenBudget (no copies of its fields); the one-of rule is
+    craft-core's, named with the command line's options; none with --method none."""
+    config = _config(world, method="uniform", budget=TWO)
+    assert config.token_budget() is TWO and config.run_name() == "mvbench/uniform-r2"
+    assert config.identity()["ratio"] == 2.0 and config.identity()["threshold"] is None
+    with pytest.raises(ValueError, match="exactly one budget: --ratio"):
+        _config(world, method="uniform").validate()
+    with pytest.raises(ValueError, match="--ratio given with --method none"):
+        _config(world, budget=TWO).validate()
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import craft_eval.methods as methods
+from craft_core import TokenBudget
 from craft_eval.methods import get_method, list_methods, register_method
 from craft_eval.methods.registry import unregister_method
 
@@ -176,7 +177,8 @@ def test_craft_checkpoint_by_hub_id_offline(tmp_path, monkeypatch) -> None:  # t
     got = build_compressor("craft", {"checkpoint": "org/tiny-craft@v1"})
     assert got is not None
     assert torch.equal(
-        got(feats, coords, ratio=5.0).features, module(feats, coords, ratio=5.0).features
+        got(feats, coords, TokenBudget(ratio=5.0)).features,  # built: the budget object
+        module(feats, coords, ratio=5.0).features,  # CRAFT's user call: the keywords
     )
     with pytest.raises(ValueError, match=r"org/tiny-craft@nope.*cannot be loaded"):
         build_compressor("craft", {"checkpoint": "org/tiny-craft@nope"})

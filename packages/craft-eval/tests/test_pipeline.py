@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from craft_core import TokenBudget
 from craft_eval.backend import HFBackend, build_model_inputs, read_frames
 from craft_eval.fixtures import write_fixture
 from craft_eval.runner import RunConfig, VideoDecodeError, run_benchmark
@@ -51,7 +52,7 @@ def _config(data: Path, method: str, ratio: float | None, max_frames: int) -> Ru
         data_root=str(data),
         model="tiny",
         method=method,
-        ratio=ratio,
+        budget=None if ratio is None else TokenBudget(ratio=ratio),
         subset=TASKS,
         max_frames=max_frames,
     )

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from evalhelpers import ScriptedBackend
 
+from craft_core import TokenBudget
 from craft_eval.cli import main
 from craft_eval.fixtures import synthetic_frames, write_fixture
 from craft_eval.report import (
@@ -34,8 +35,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     }
     for bench, root in roots.items():
         for method, ratio in [("none", None), ("uniform", 4.0), ("uniform", 8.0)]:
+            budget = None if ratio is None else TokenBudget(ratio=ratio)
             config = RunConfig(
-                benchmark=bench, data_root=str(root), model="m", method=method, ratio=ratio
+                benchmark=bench, data_root=str(root), model="m", method=method, budget=budget
             )
             run_benchmark(
                 config, ScriptedBackend(), base / "runs" / config.run_name(), progress=False

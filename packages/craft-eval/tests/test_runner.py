@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from evalhelpers import ScriptedBackend
 
+from craft_core import TokenBudget
 from craft_eval.fixtures import write_fixture
 from craft_eval.runner import RunConfig, merge_run, run_benchmark
 
@@ -28,7 +29,11 @@ def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _config(root: Path) -> RunConfig:
     return RunConfig(
-        benchmark="videomme", data_root=str(root), model="scripted", method="uniform", ratio=8.0
+        benchmark="videomme",
+        data_root=str(root),
+        model="scripted",
+        method="uniform",
+        budget=TokenBudget(ratio=8.0),
     )
 
 
@@ -80,7 +85,7 @@ def test_resume_after_stop_skips_finished_items(data_root: Path, tmp_path: Path)
 def test_resume_refuses_a_different_run(data_root: Path, tmp_path: Path) -> None:
     run_benchmark(_config(data_root), ScriptedBackend(), tmp_path, progress=False, stop_after=1)
     other = _config(data_root)
-    other.ratio = 4.0
+    other.budget = TokenBudget(ratio=4.0)
     with pytest.raises(ValueError, match="different run"):
         run_benchmark(other, ScriptedBackend(), tmp_path, progress=False)
 
@@ -90,7 +95,8 @@ import sys
 sys.path.insert(0, {tests!r})
 from evalhelpers import ScriptedBackend
 from craft_eval.runner import RunConfig, run_benchmark
-config = RunConfig(benchmark="videomme", data_root={root!r}, model="scripted", method="uniform", ratio=8.0)
+from craft_core import TokenBudget
+config = RunConfig(benchmark="videomme", data_root={root!r}, model="scripted", method="uniform", budget=TokenBudget(ratio=8.0))
 run_benchmark(config, ScriptedBackend(delay_s=0.5), {out!r}, progress=False)
 """
 

@@ -43,12 +43,10 @@ def test_prefix_cache_hit_equals_library(workdir) -> None:
     engine.QUESTION, saved = second, engine.QUESTION
     try:
         loaded = CraftCompressor.from_pretrained(workdir / "craft")
-        [(reference, _, margins, _)] = engine.adapters_generate(
-            workdir / "model", loaded, ratio, [video]
-        )
+        [reference] = engine.adapters_generate(workdir / "model", loaded, ratio, [video])
     finally:
         engine.QUESTION = saved
-    assert engine.agree(tokens, reference, margins)
+    assert engine.agree(tokens, reference.tokens, reference.margins)
 
 
 def test_cpu_runner_fix_is_version_guarded() -> None:

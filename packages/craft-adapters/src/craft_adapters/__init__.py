@@ -22,6 +22,7 @@ from craft_adapters.registry import (
     register_backbone,
     supported_model_types,
 )
+from craft_adapters.splice import group_mean
 from craft_adapters.video import SampledVideo, read_video, sample_indices
 from craft_adapters.wrapper import (
     CompressionReport,
@@ -45,6 +46,7 @@ __all__ = [
     "build_inputs",
     "build_session_inputs",
     "get_adapter",
+    "group_mean",
     "load_compressed_video",
     "read_video",
     "register_backbone",

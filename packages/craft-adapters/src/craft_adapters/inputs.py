@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from craft_adapters.registry import InputRules, adapter_classes, input_rules
+from craft_adapters.registry import InputRules, adapter_classes, input_rules, processor_adapter
 from craft_adapters.video import _check_rate
 from craft_core.checks import check_int
 
@@ -222,23 +222,19 @@ def _process(
         pieces = [
             processor(text=[t], videos=[v], return_tensors="pt") for t, v in zip(texts, videos)
         ]
-        text_out = processor.tokenizer(
-            [_expand_llava(processor, t, v) for t, v in zip(texts, videos)], **common
-        )
+        adapter = processor_adapter(processor)
+        assert adapter is not None  # one_call_per_length comes from an adapter's rules
+        expanded = [
+            adapter.expand_video_prompt(processor, t, int(v.shape[0]))
+            for t, v in zip(texts, videos)
+        ]
+        text_out = processor.tokenizer(expanded, **common)
         data = dict(text_out)
         data["pixel_values_videos"] = [p["pixel_values_videos"] for p in pieces]
         from transformers import BatchFeature
 
         return BatchFeature(data)
     return processor(text=texts, videos=videos, **common, **kwargs)
-
-
-def _expand_llava(processor: Any, text: str, video: np.ndarray) -> str:
-    # as LlavaOnevisionProcessor.replace_video_token counts them
-    side = int(math.sqrt(processor.num_image_tokens))
-    pooled = math.ceil(side / 2)
-    n = int(video.shape[0]) * pooled * pooled + 1
-    return text.replace(processor.video_token, processor.video_token * n, 1)
 
 
 def build_inputs(

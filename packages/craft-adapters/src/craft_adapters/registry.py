@@ -42,6 +42,7 @@ __all__ = [
     "get_adapter",
     "input_rules",
     "load_reference_arch",
+    "processor_adapter",
     "reference_archs",
     "register_backbone",
     "supported_model_types",
@@ -133,6 +134,10 @@ class BackboneAdapter:
     lmms_classes: ClassVar[LmmsClasses | None] = None
     """The lmms-eval classes the craft-eval plugin extends (None: no plugin model)."""
 
+    attention_output_gate: ClassVar[bool] = False
+    """The language model's attention gates its output (a query projection twice as wide):
+    counted by craft-eval's analytical prefill FLOPs."""
+
     uses_mrope: ClassVar[bool] = True
     """True: positions are `[3, B, L]` M-RoPE rows; False: `[B, L]` 1D positions."""
 
@@ -147,6 +152,24 @@ class BackboneAdapter:
 
     fixed_rows_per_video: ClassVar[int] = 0
     """Rows of each video's features that are never compressed (LLaVA-OV's newline)."""
+
+    saves_compressed_videos: ClassVar[bool] = False
+    """`CraftModel.compress_videos` works (the adapter defines `video_grids`)."""
+
+    def video_grids(
+        self, inputs: dict[str, Any]
+    ) -> list[tuple[tuple[int, int, int], dict[str, Any]]]:
+        """Per video of `inputs`: the `(T, H, W)` grid its compressible rows fill row-major,
+        and the metadata a saved `CompressedVideo` carries besides the backbone and budget
+        (Qwen2.5-VL: `second_per_grid`). Only where `saves_compressed_videos`."""
+        raise NotImplementedError(f"{type(self).__name__} does not save compressed videos")
+
+    @classmethod
+    def expand_video_prompt(cls, processor: Any, text: str, num_frames: int) -> str:
+        """`text` with its one video placeholder expanded to the rows a video of `num_frames`
+        frames gives, as the processor would: `build_inputs` tokenizes a batch itself when
+        `input_rules.one_call_per_length` (videos of different lengths)."""
+        raise NotImplementedError(f"{cls.__name__} does not expand its video placeholder")
 
     def attention_hooks(self, recorder: Any) -> list[Any]:
         """Hooks recording the vision tower's received attention (craft_adapters.attention);
@@ -182,6 +205,11 @@ class BackboneAdapter:
     @property
     def video_token_id(self) -> int:
         return int(self.config.video_token_id)
+
+    def video_mask(self, inputs: dict[str, Any]) -> torch.Tensor:
+        """`[B, L]` bool: the placeholders of the videos' rows (default: `video_token_id`;
+        a backbone whose videos share the image token narrows it)."""
+        return inputs["input_ids"] == self.video_token_id  # type: ignore[no-any-return]
 
     @property
     def pad_token_id(self) -> int:
@@ -351,16 +379,21 @@ def adapter_classes() -> list[type[BackboneAdapter]]:
     return list(dict.fromkeys(_REGISTRY[mt] for mt in sorted(_REGISTRY)))
 
 
-def input_rules(processor: Any) -> InputRules:
-    """The `InputRules` of the backbone `processor` belongs to (by its class, most derived
-    first); a processor no backbone names gets the plain rules (no metadata, no bounds)."""
-    claims = {
-        name: cls.input_rules for cls in adapter_classes() for name in cls.input_rules.processors
-    }
+def processor_adapter(processor: Any) -> type[BackboneAdapter] | None:
+    """The adapter class of the backbone `processor` belongs to (by the processor classes
+    its `input_rules` name, most derived first); None for a processor no backbone names."""
+    claims = {name: cls for cls in adapter_classes() for name in cls.input_rules.processors}
     for klass in type(processor).__mro__:
         if klass.__name__ in claims:
             return claims[klass.__name__]
-    return InputRules()
+    return None
+
+
+def input_rules(processor: Any) -> InputRules:
+    """The `InputRules` of the backbone `processor` belongs to; a processor no backbone
+    names gets the plain rules (no metadata, no bounds)."""
+    cls = processor_adapter(processor)
+    return cls.input_rules if cls is not None else InputRules()
 
 
 def reference_archs() -> dict[str, tuple[str, ...]]:

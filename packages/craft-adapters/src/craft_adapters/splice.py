@@ -28,7 +28,7 @@ from craft_adapters.report import CompressionReport, VideoCompression
 from craft_core import TokenBudget, TokenCompressor
 from craft_core.checks import check_index_tensor
 
-__all__ = ["PER_TOKEN_KEYS", "Prepared", "compress_video", "splice_sequence"]
+__all__ = ["PER_TOKEN_KEYS", "Prepared", "compress_video", "group_mean", "splice_sequence"]
 
 # Per-token [B, L] tensors that are sliced with the sequence.
 PER_TOKEN_KEYS = ("mm_token_type_ids", "token_type_ids")
@@ -66,6 +66,16 @@ def _call_compressor(
     if isinstance(compressor, TokenCompressor):
         return compressor(features, coords, budget=budget, importance=importance)
     return compressor(features, coords, **budget.kwargs())
+
+
+def group_mean(rows: torch.Tensor, assignment: torch.Tensor, num_groups: int) -> torch.Tensor:
+    """Mean of `rows` [n, D] over the groups given by `assignment` [n] -> [num_groups, D]: how
+    rows that travel with the video's (Qwen3-VL's deepstack rows, here and in craft-vllm)
+    follow a `CompressionResult.assignment`. A group of one row returns that row exactly."""
+    out = rows.new_zeros(num_groups, rows.shape[-1])
+    out = out.index_add(0, assignment, rows)
+    counts = torch.bincount(assignment, minlength=num_groups).clamp_min(1)
+    return out / counts.to(rows.dtype).unsqueeze(-1)
 
 
 class NonFiniteOutput(ValueError):

@@ -28,7 +28,6 @@ from typing import Any
 import torch
 
 from craft_adapters.attention import encode_videos_with_attention
-from craft_adapters.backbones._qwen import QwenAdapter
 from craft_adapters.compressed import CompressedVideo
 from craft_adapters.registry import BackboneAdapter, get_adapter
 from craft_adapters.report import CompressionReport, VideoCompression
@@ -134,9 +133,9 @@ class CraftModel(torch.nn.Module):
         *,
         budget: TokenBudget | None = None,
     ) -> None:
-        """Set the token budget: a `craft_core.TokenBudget`, or its fields (exactly one of
-        `ratio` (>= 1) or `threshold` (in (-1, 1]); `min_tokens` in threshold mode overrides
-        the floor `max(1, N // 128)`). With no compressor the budget may be left empty.
+        """Set the token budget: a `craft_core.TokenBudget`, or its fields (`ratio`,
+        `threshold`, `min_tokens`, checked by `TokenBudget`'s rules). With no compressor the
+        budget may be left empty.
         """
         if budget is None and self.compressor is None and ratio is None and threshold is None:
             self.token_budget = None
@@ -204,8 +203,7 @@ class CraftModel(torch.nn.Module):
             handle.remove()
 
     def _check_placeholders(self, inputs: dict[str, Any], features: list[torch.Tensor]) -> None:
-        ids = inputs["input_ids"]
-        n_text = int((ids == self.adapter.video_token_id).sum())
+        n_text = int(self.adapter.video_mask(inputs).sum())
         n_feat = sum(int(f.shape[0]) for f in features)
         if n_text != n_feat:
             raise ValueError(
@@ -327,31 +325,28 @@ class CraftModel(torch.nn.Module):
     @torch.no_grad()
     def compress_videos(self, **inputs: Any) -> list[CompressedVideo]:
         """Each video of a processor batch as CRAFT leaves it, to save or serve later
-        (`craft_adapters.save_compressed_video`; craft-vllm serves them). Qwen backbones.
+        (`craft_adapters.save_compressed_video`; craft-vllm serves them), on a backbone
+        whose adapter sets `saves_compressed_videos` (the Qwen backbones).
 
         -> one `CompressedVideo` per video: kept rows `[K, D]`, their original `(t, h, w)`
         in the merged grid, the grid, and metadata (backbone, budget, seconds per grid step).
         """
-        if self.compressor is None or not isinstance(self.adapter, QwenAdapter):
+        adapter = self.adapter
+        if self.compressor is None or not adapter.saves_compressed_videos:
             raise ValueError(
-                "compress_videos needs a compressor and a Qwen backbone (Qwen2.5-VL, "
-                f"Qwen3-VL, Qwen3.5); got {type(self.adapter).__name__}, compressor "
-                f"{type(self.compressor).__name__}"
+                "compress_videos needs a compressor and a backbone whose adapter saves "
+                f"compressed videos (saves_compressed_videos); got {type(adapter).__name__}, "
+                f"compressor {type(self.compressor).__name__}"
             )
-        prep = self._prepare(self._split(inputs)[0])
+        inputs = self._split(inputs)[0]
+        prep = self._prepare(inputs)
         self.last_compression = prep.report
-        merge = self.model.config.vision_config.spatial_merge_size
-        grids = inputs["video_grid_thw"].tolist()
-        seconds = inputs.get("second_per_grid_ts")
         out = []
-        for i, ((rows, feats), (t, h, w)) in enumerate(zip(prep.video_rows, grids)):
-            grid = (int(t), int(h) // merge, int(w) // merge)
+        for (rows, feats), (grid, extra) in zip(prep.video_rows, adapter.video_grids(inputs)):
             coords = torch.stack(torch.unravel_index(rows.cpu(), grid), dim=1)
-            meta: dict[str, Any] = {"model_type": self.model.config.model_type}
+            meta: dict[str, Any] = {"model_type": self.model.config.model_type, **extra}
             if self.token_budget is not None:
                 meta["budget"] = self.token_budget.describe()
-            if seconds is not None:
-                meta["second_per_grid"] = float(seconds[i])
             out.append(CompressedVideo(feats.detach().cpu(), coords, grid, meta))
         return out
 
@@ -438,9 +433,8 @@ def wrap(
             tower's attention when it sets `needs_attention`); or a plain callable, called
             as `(features, coords, ratio=... | threshold=..., min_tokens=...)`; or None for
             no compression.
-        ratio: fixed-ratio budget (>= 1); exactly one of `ratio` / `threshold` with a compressor.
-        threshold: similarity-threshold budget in (-1, 1].
-        min_tokens: floor of the threshold mode (default `max(1, N // 128)`).
+        ratio, threshold, min_tokens: the budget as the user spells it, checked into one
+            `craft_core.TokenBudget` (its rules: the fixed-ratio or the threshold mode).
         budget: the same as one `craft_core.TokenBudget` (instead of the three fields).
         positions: the position rule (`craft_adapters.registry.POSITION_RULES`):
             "transformers" (default: the installed transformers' `get_rope_index`, so a wrap

@@ -4,7 +4,6 @@ A token compressor takes ONE video's tokens and a checked budget and returns a
 `CompressionResult`:
 
     result = compressor(features, coords, budget)            # budget: a TokenBudget
-    result = compressor(features, coords, ratio=8.0)         # the user's spelling (same call)
 
 `features` are `[N, D]` floating, `coords` `[N, 3]` integer `(t, h, w)`; `importance=[N]`
 (the attention each token receives in the vision tower) is handed over by craft-adapters
@@ -12,10 +11,11 @@ when the compressor sets `needs_attention = True`. CRAFT (`CraftCompressor`) and
 craft-eval method implement it directly; craft-adapters asks `isinstance(c, TokenCompressor)`
 and `c.needs_attention`, never a signature.
 
-The packages pass the `TokenBudget` object among themselves, parsed once where the user
-spelled it (a command-line option, a config key, `wrap(ratio=...)`); the keywords
-(`ratio=`, `threshold=`, `min_tokens=`) are the user's spelling of the same budget and
-become one `TokenBudget` at the compressor's entry (`budget_of`).
+The packages pass the `TokenBudget` object among themselves, unopened, parsed once where the
+user spelled it (a command-line option, a config key, `wrap(ratio=...)`). The protocol takes
+nothing else. The user's keywords (`ratio=`, `threshold=`, `min_tokens=`) stay on the calls
+a person types: `CraftCompressor(...)(f, c, ratio=8)` and a craft-eval method looked up by
+name accept them too and turn them into one `TokenBudget` there (`budget_of`).
 """
 
 from __future__ import annotations
@@ -48,15 +48,11 @@ class TokenCompressor(Protocol):
         self,
         features: torch.Tensor,
         coords: torch.Tensor,
-        budget: TokenBudget | None = ...,
+        budget: TokenBudget,
         *,
         importance: torch.Tensor | None = ...,
-        ratio: float | None = ...,
-        threshold: float | None = ...,
-        min_tokens: int | None = ...,
     ) -> CompressionResult:
-        """Compress one video (`features [N, D]`, `coords [N, 3]`) to `budget`, or to the
-        budget spelled as `ratio=` / `threshold=` / `min_tokens=` (the user's call)."""
+        """Compress one video (`features [N, D]`, `coords [N, 3]`) to `budget`."""
         ...
 
 
@@ -67,8 +63,8 @@ def budget_of(
     threshold: Any = None,
     min_tokens: Any = None,
 ) -> TokenBudget:
-    """The one `TokenBudget` of a compressor call: `budget` as it is (not re-checked), or
-    the keywords checked into a new one.
+    """The one `TokenBudget` of a user's compressor call (`CraftCompressor`, a craft-eval
+    method): `budget` as it is (not re-checked), or the keywords checked into a new one.
 
     Raises:
         TypeError: `budget` that is not a `TokenBudget` (or as `TokenBudget` for the fields).

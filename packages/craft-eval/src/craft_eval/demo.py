@@ -238,7 +238,9 @@ def _finish(world: _World, rows: list[dict[str, Any]], n_items: int, out: Path) 
 
 
 def _print_table(rows: list[dict[str, Any]], model: Any, n_items: int) -> None:
-    text_config = model.config.get_text_config().to_dict()
+    from craft_eval.efficiency import flops_config
+
+    text_config = flops_config(model.config.get_text_config().to_dict(), model.config.model_type)
     base = next((x for x in rows if x["method"] == "none" and "scores" in x), None)
     _line(f"\n[4/4] results ({n_items} questions; efficiency on the first one)\n")
     header = (

@@ -49,7 +49,18 @@ def load_arch(name: str, overrides: dict[str, Any] | None = None) -> dict[str, A
             arch["text_config"].pop("layer_types", None)
         arch["_overrides"] = dict(overrides)
     _fit_mrope(arch["text_config"])
+    arch["text_config"] = flops_config(arch["text_config"], arch["model_type"])
     return arch
+
+
+def flops_config(text_config: dict[str, Any], model_type: str) -> dict[str, Any]:
+    """`text_config` with what the FLOPs count needs from the backbone's adapter besides the
+    config's own values: `attn_output_gate` (an attention whose output is gated has a query
+    projection twice as wide; `BackboneAdapter.attention_output_gate`)."""
+    from craft_adapters.registry import adapter_class
+
+    gate = adapter_class(model_type).attention_output_gate
+    return {"attn_output_gate": gate, **text_config}
 
 
 # Keys an override may add although the shipped text config leaves them to their defaults.
@@ -114,9 +125,8 @@ def layer_types(text_config: dict[str, Any]) -> list[str]:
     n = int(text_config["num_hidden_layers"])
     if text_config.get("layer_types"):
         return list(text_config["layer_types"])
-    interval = text_config.get("full_attention_interval")
-    if text_config.get("model_type") == "qwen3_5_text":
-        interval = interval or 4
+    interval = text_config.get("full_attention_interval")  # hybrid: linear attention between
+    if interval:
         return [
             "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)
         ]
@@ -149,7 +159,7 @@ def prefill_flops(text_config: dict[str, Any], seq_len: int) -> float:
     d, m, L = int(c["hidden_size"]), int(c["intermediate_size"]), float(seq_len)
     h, g = int(c["num_attention_heads"]), int(c["num_key_value_heads"])
     e = int(c.get("head_dim") or d // h)
-    gate = 1 if c.get("model_type") == "qwen3_5_text" else 0
+    gate = 1 if c.get("attn_output_gate") else 0
     total = 0.0
     for kind in layer_types(c):
         mlp = 6 * L * d * m
@@ -266,6 +276,7 @@ def build_text_model(arch: dict[str, Any], device: torch.device, dtype: torch.dt
     from transformers import AutoConfig, AutoModel
 
     text = dict(arch["text_config"])
+    text.pop("attn_output_gate", None)  # a FLOPs fact (flops_config), not a config field
     model_type = text.pop("model_type")
     config = AutoConfig.for_model(model_type, **text)
     with torch.device(device):
@@ -394,6 +405,7 @@ class _Bench:
 
     def compress(self, method: str, ratio: float | None) -> tuple[float, int]:
         """(median compression ms, video tokens kept) of `method` at `ratio`."""
+        from craft_core import TokenBudget
         from craft_eval.methods.build import build_compressor
 
         timed = build_compressor(
@@ -402,9 +414,11 @@ class _Bench:
         assert timed is not None
         bare = timed.method  # time the method alone (time_call has its own clock)
 
+        budget = TokenBudget(ratio=ratio)  # a method takes the budget object (craft_core)
+
         def run() -> Any:
             with torch.inference_mode():
-                return bare(self.features, self.coords, ratio=ratio)
+                return bare(self.features, self.coords, budget)
 
         ms, result = time_call(run, self.device, warmup=self.warmup, repeats=self.repeats)
         return ms, int(result.num_kept) + self.extra_tokens

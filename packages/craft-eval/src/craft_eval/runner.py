@@ -91,8 +91,6 @@ class RunConfig:
     data_root: str
     model: str
     method: str = "none"
-    ratio: float | None = None
-    threshold: float | None = None
     checkpoint: str | None = None
     protocol: str = "lmms-eval"
     fallback: str | None = None
@@ -101,27 +99,18 @@ class RunConfig:
     subset: str | None = None
     limit: int | None = None
     method_kwargs: dict[str, Any] = field(default_factory=dict)
-    min_tokens: int | None = None
-    budget: TokenBudget | None = field(default=None, repr=False, compare=False)
-    """The budget, parsed once where the user spelled it (the CLI's `--ratio` ...) and
-    handed to the backend as it is; `ratio` / `threshold` / `min_tokens` are its record in
-    the result files. None: `token_budget()` parses those fields."""
-
-    def __post_init__(self) -> None:
-        if self.budget is None:
-            return
-        record = (self.budget.ratio, self.budget.threshold, self.budget.min_tokens)
-        given = (self.ratio, self.threshold, self.min_tokens)
-        if given not in ((None, None, None), record):
-            raise ValueError("give budget=TokenBudget(...) or --ratio/--threshold, not both")
-        self.ratio, self.threshold, self.min_tokens = record
+    budget: TokenBudget | None = None
+    """The run's budget (None: the uncompressed model), parsed once where the user spelled
+    it (the CLI's `--ratio` ..., `parse_budget`) and handed to the backend as it is; its
+    fields are the run's record (`run_name`, `identity`)."""
 
     def run_name(self) -> str:
         budget = ""
-        if self.method != "none":
-            budget = f"-r{self.ratio:g}" if self.ratio is not None else f"-t{self.threshold:g}"
-            if self.min_tokens is not None:
-                budget += f"-m{self.min_tokens}"
+        if self.method != "none" and self.budget is not None:
+            b = self.budget
+            budget = f"-r{b.ratio:g}" if b.ratio is not None else f"-t{b.threshold:g}"
+            if b.min_tokens is not None:
+                budget += f"-m{b.min_tokens}"
         return f"{self.benchmark}/{self.method}{budget}"
 
     def validate(self) -> None:
@@ -130,9 +119,6 @@ class RunConfig:
             ("--limit", self.limit),
             ("--fps", self.fps),
             ("--frames", self.max_frames),
-            ("--ratio", self.ratio),
-            ("--threshold", self.threshold),
-            ("--min-tokens", self.min_tokens),
         ):
             if isinstance(value, bool):  # True would read as 1
                 raise ValueError(f"{option} must be a number, got {value!r}")
@@ -142,38 +128,32 @@ class RunConfig:
             raise ValueError(f"--fps must be a positive number, got {self.fps:g}")
         if self.max_frames < 1:
             raise ValueError(f"--frames must be at least 1, got {self.max_frames}")
+        if self.budget is not None and not isinstance(self.budget, TokenBudget):
+            raise TypeError(f"budget must be a TokenBudget, got {type(self.budget).__name__}")
         if self.method == "none":
             given = [
-                name
-                for name, value in (
-                    ("--ratio", self.ratio),
-                    ("--threshold", self.threshold),
-                    ("--min-tokens", self.min_tokens),
-                    ("--checkpoint", self.checkpoint),
-                )
-                if value is not None
+                option
+                for option, key in zip(_BUDGET_OPTIONS, ("ratio", "threshold", "min_tokens"))
+                if self.budget is not None and getattr(self.budget, key) is not None
             ]
+            given += ["--checkpoint"] if self.checkpoint is not None else []
             if given or self.method_kwargs:
                 what = ", ".join(given) or "--method-arg"
                 raise ValueError(f"{what} given with --method none (the uncompressed model)")
             return
-        if (self.ratio is None) == (self.threshold is None):
-            raise ValueError(f"--method {self.method} needs exactly one of --ratio, --threshold")
-        self.token_budget()
+        if self.budget is None:  # craft-core states the one-of rule: its error, our names
+            TokenBudget.parse(names=_BUDGET_OPTIONS)
 
     def token_budget(self) -> TokenBudget | None:
-        """The run's budget (None for the uncompressed model): `budget` as given, else the
-        fields checked by craft-core's rules, errors naming the command-line option."""
-        if self.method == "none":
-            return None
-        if self.budget is not None:
-            return self.budget
-        return TokenBudget.parse(self.ratio, self.threshold, self.min_tokens, names=_BUDGET_OPTIONS)
+        """The run's budget (None for the uncompressed model)."""
+        return None if self.method == "none" else self.budget
 
     def identity(self) -> dict[str, Any]:
         """The fields a resumed run must share with the interrupted one (JSON-normalised;
         the budget as its record fields)."""
         fields = {k: v for k, v in asdict(self).items() if k != "budget"}
+        for key in ("ratio", "threshold", "min_tokens"):  # the record of earlier versions
+            fields[key] = None if self.budget is None else getattr(self.budget, key)
         return json.loads(json.dumps(fields, default=str, sort_keys=True))  # type: ignore[no-any-return]
 
 

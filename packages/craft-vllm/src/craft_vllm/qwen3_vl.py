@@ -43,7 +43,7 @@ from vllm.multimodal.inputs import (
     PlaceholderRange,
 )
 
-from craft_adapters.backbones._qwen import group_mean
+from craft_adapters import group_mean
 from craft_adapters.backbones.qwen3_vl import timestamp_coords
 from craft_vllm.common import CraftModel, CraftProcessor
 

@@ -15,17 +15,6 @@ from craft_adapters.registry import BackboneAdapter, VideoLayout
 from craft_core.checks import check_has_data, check_index_tensor
 
 
-def group_mean(rows: torch.Tensor, assignment: torch.Tensor, num_groups: int) -> torch.Tensor:
-    """Mean of `rows` [n, D] over the groups given by `assignment` [n] -> [num_groups, D].
-
-    A group of one row returns that row exactly (x * 1 / 1).
-    """
-    out = rows.new_zeros(num_groups, rows.shape[-1])
-    out = out.index_add(0, assignment, rows)
-    counts = torch.bincount(assignment, minlength=num_groups).clamp_min(1)
-    return out / counts.to(rows.dtype).unsqueeze(-1)
-
-
 def _qwen_hook(recorder: Recorder) -> Any:
     def hook(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         hidden = args[0] if args else kwargs["hidden_states"]
@@ -116,6 +105,20 @@ class QwenAdapter(BackboneAdapter):
 
     uses_mrope = True
     rope_index_takes_second_per_grid = False
+    saves_compressed_videos = True
+
+    def video_grids(
+        self, inputs: dict[str, Any]
+    ) -> list[tuple[tuple[int, int, int], dict[str, Any]]]:
+        """Each video's grid of merged tokens from `video_grid_thw` (patches / merge), and
+        its seconds per grid step where the processor gives them (`second_per_grid_ts`)."""
+        merge = self._merge_size()
+        seconds = inputs.get("second_per_grid_ts")
+        out = []
+        for i, (t, h, w) in enumerate(inputs["video_grid_thw"].tolist()):
+            meta = {} if seconds is None else {"second_per_grid": float(seconds[i])}
+            out.append(((int(t), int(h) // merge, int(w) // merge), meta))
+        return out
 
     def encode_videos(self, inputs: dict[str, Any]) -> tuple[Any, list[torch.Tensor]]:
         grid = inputs.get("video_grid_thw")
@@ -168,8 +171,7 @@ class QwenAdapter(BackboneAdapter):
     def video_layout(
         self, inputs: dict[str, Any], positions: torch.Tensor, features: list[torch.Tensor]
     ) -> list[VideoLayout]:
-        input_ids = inputs["input_ids"]
-        flat = (input_ids == self.video_token_id).nonzero()  # [K, 2] (batch, seq), row-major
+        flat = self.video_mask(inputs).nonzero()  # [K, 2] (batch, seq), row-major
         layouts: list[VideoLayout] = []
         start = 0
         for feats in features:

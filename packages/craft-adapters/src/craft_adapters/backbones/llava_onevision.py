@@ -53,6 +53,15 @@ class LlavaOnevisionAdapter(BackboneAdapter):
     # video-only request, which transformers 5 rejects (IndexError in the image processor)
     lmms_classes = LmmsClasses("llava_hf", simple="simple.llava_hf:LlavaHf")
 
+    @classmethod
+    def expand_video_prompt(cls, processor: Any, text: str, num_frames: int) -> str:
+        """F x P x P + 1 placeholders, as `LlavaOnevisionProcessor.replace_video_token`
+        counts them."""
+        side = int(math.sqrt(processor.num_image_tokens))
+        pooled = math.ceil(side / 2)
+        n = num_frames * pooled * pooled + 1
+        return text.replace(processor.video_token, processor.video_token * n, 1)
+
     @property
     def pooled_side(self) -> int:
         vc = self.config.vision_config

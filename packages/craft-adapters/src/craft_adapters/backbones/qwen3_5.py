@@ -18,6 +18,7 @@ class Qwen35Adapter(QwenAdapter):
     (conv + recurrent) states cannot be cropped back to the video prefix."""
 
     model_types = ("qwen3_5",)
+    attention_output_gate = True  # its full-attention layers gate their output
     # lmms-eval 0.7.3's per-frame bounds: models/simple/qwen3_5.py (Qwen3_5.__init__)
     input_rules = InputRules(
         processors=("Qwen3_5Processor",),

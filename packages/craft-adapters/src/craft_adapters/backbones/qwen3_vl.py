@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from craft_adapters.backbones._qwen import QwenAdapter, group_mean, tiny_qwen_processor
+from craft_adapters.backbones._qwen import QwenAdapter, tiny_qwen_processor
 from craft_adapters.backbones._tiny import (
     QWEN3_TEMPLATE,
     mrope,
@@ -15,6 +15,7 @@ from craft_adapters.backbones._tiny import (
     text_common,
 )
 from craft_adapters.registry import InputRules, LmmsClasses, register_backbone
+from craft_adapters.splice import group_mean
 
 
 def timestamp_coords(pos: torch.Tensor) -> torch.Tensor:

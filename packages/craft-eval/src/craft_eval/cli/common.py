@@ -197,9 +197,14 @@ def parse_budget(
 ) -> TokenBudget | None:
     """The one budget parser of every command: `--ratio` / `--threshold` / `--min-tokens`
     of `--method` into a `TokenBudget`, checked once by craft-core's rules (errors name the
-    option). None for `--method none` or without `--ratio` / `--threshold`: `RunConfig.validate`
-    then names what is wrong."""
-    if method == "none" or (ratio is None) == (threshold is None):
+    option; craft-core states the one-of rule). None for `--method none`, which takes none
+    of them."""
+    if method == "none":
+        given = [n for n, v in zip(names, (ratio, threshold, min_tokens)) if v is not None]
+        if given:
+            raise UsageError(
+                f"{', '.join(given)} given with --method none (the uncompressed model)"
+            )
         return None
     try:
         return TokenBudget.parse(ratio, threshold, min_tokens, names=names)

@@ -44,10 +44,7 @@ def command(args: argparse.Namespace) -> int:
         method_kwargs["checkpoint"] = args.checkpoint
     loaded: dict[tuple[Any, ...], list[Any]] = {}
     budget = parse_budget(args.method, args.ratio, args.threshold, args.min_tokens)
-    given = {} if budget else {"ratio": args.ratio, "threshold": args.threshold}
-    if not budget:
-        given["min_tokens"] = args.min_tokens
-    configs = build_configs(args, tag, args.method, budget, method_kwargs, loaded, **given)
+    configs = build_configs(args, tag, args.method, budget, method_kwargs, loaded)
     check_method(args.method, method_kwargs, args.allow_untrained)
     model, processor, tag = common.load_model(args)
     summaries = evaluate(
@@ -63,10 +60,9 @@ def build_configs(
     budget: TokenBudget | None,
     method_kwargs: dict[str, Any],
     loaded: dict[tuple[Any, ...], list[Any]] | None = None,
-    **given: Any,
 ) -> list[RunConfig]:
     """One checked RunConfig per benchmark (arguments, annotations, videos, protocol), with
-    `budget` (`parse_budget`'s; `given`: the budget options it left to `RunConfig.validate`).
+    `budget` (`parse_budget`'s).
 
     The items each config reads are loaded (checked) once and kept in `loaded` under
     `items_key(config)`, so that the run does not read the annotations again."""
@@ -88,7 +84,6 @@ def build_configs(
             model=tag,
             method=method,
             budget=budget,
-            **given,
             checkpoint=method_kwargs.get("checkpoint"),
             method_kwargs={k: v for k, v in method_kwargs.items() if k != "checkpoint"},
             **_data_fields(args),

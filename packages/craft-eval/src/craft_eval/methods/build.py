@@ -227,12 +227,13 @@ class TimedCompressor:
         self,
         features: torch.Tensor,
         coords: torch.Tensor,
-        budget: TokenBudget | None = None,
-        **kwargs: Any,
+        budget: TokenBudget,
+        *,
+        importance: torch.Tensor | None = None,
     ) -> CompressionResult:
         _sync(features.device)
         start = time.perf_counter()
-        result = self.method(features, coords, budget, **kwargs)
+        result = self.method(features, coords, budget, importance=importance)
         _sync(features.device)
         ms = (time.perf_counter() - start) * 1000.0
         self.calls.append(
