@@ -110,7 +110,8 @@ def _name(spec: str) -> str:
 def _load(args: argparse.Namespace, budget: Any, device: Any) -> tuple[Any, Any, Settings]:
     """The wrapped backbone, its processor and the settings every payload records."""
     import torch
-    from transformers import AutoModelForImageTextToText, AutoProcessor
+    import transformers
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
     from craft_adapters.compressed import checkpoint_sha256
     from craft_adapters.wrapper import wrap
@@ -119,26 +120,34 @@ def _load(args: argparse.Namespace, budget: Any, device: Any) -> tuple[Any, Any,
     dtype = args.dtype
     if dtype == "auto":
         dtype = "bfloat16" if device.type == "cuda" else "float32"
+    transformers.utils.logging.disable_progress_bar()  # the CLI's stderr is its own lines
+    try:  # the config first: a bad --model or --craft is named before the weights load
+        config = AutoConfig.from_pretrained(_name(args.model))
+        hidden = int(config.get_text_config().hidden_size)
+    except Exception as error:  # OSError (not found, offline), ValueError (unknown config)
+        raise UsageError(f"--model {args.model}: cannot be loaded ({_line(error)})") from None
     try:
-        compressor = CraftCompressor.from_pretrained(_name(args.craft), device=device)
-    except Exception as error:  # FileNotFoundError, the Hub's errors, a bad config
+        compressor = CraftCompressor.from_pretrained(
+            _name(args.craft), hidden_size=hidden, device=device
+        )
+    except Exception as error:  # FileNotFoundError, the Hub's errors, another width
         raise UsageError(f"--craft {args.craft}: {_line(error)}") from None
     try:
         model = AutoModelForImageTextToText.from_pretrained(
             _name(args.model), dtype=getattr(torch, dtype)
         )
         processor = AutoProcessor.from_pretrained(_name(args.model))
-    except Exception as error:  # OSError (not found, offline), ValueError (unknown config)
+    except Exception as error:
         raise UsageError(f"--model {args.model}: cannot be loaded ({_line(error)})") from None
     try:
         craft = wrap(model.to(device).eval(), compressor.eval(), budget=budget)
     except ValueError as error:
-        raise UsageError(f"--model {args.model} / --craft {args.craft}: {_line(error)}") from None
+        raise UsageError(f"--model {args.model}: {_line(error)}") from None
     _preflight(craft, processor, args.model)
     settings = Settings(
         backbone=_name(args.model),
         model_type=str(model.config.model_type),
-        hidden_size=int(model.config.get_text_config().hidden_size),
+        hidden_size=hidden,
         craft_checkpoint=_name(args.craft),
         craft_sha256=checkpoint_sha256(compressor),
         budget=budget.describe(),

@@ -108,17 +108,17 @@ def list_videos(spec: str, fps: float, frames: int) -> list[Entry]:
     path = Path(spec)
     if path.is_dir():
         found = [p for p in path.rglob("*") if p.suffix.lower() in VIDEO_EXTENSIONS]
-        entries = [Entry(str(p.resolve()), fps, frames) for p in found if p.is_file()]
+        entries = [Entry(os.path.abspath(p), fps, frames) for p in found if p.is_file()]
         what = f"{spec}: no video file ({', '.join(sorted(VIDEO_EXTENSIONS))}) in the folder"
     elif path.suffix.lower() in (".jsonl", ".csv") and path.is_file():
         entries = list(_read_list(path, fps, frames))
         what = f"{spec}: the list names no video"
     elif any(c in spec for c in "*?["):
         matches = sorted(glob.glob(spec, recursive=True))
-        entries = [Entry(str(Path(p).resolve()), fps, frames) for p in matches]
+        entries = [Entry(os.path.abspath(p), fps, frames) for p in matches]
         what = f"{spec}: the glob matches no file"
     elif path.is_file():
-        entries = [Entry(str(path.resolve()), fps, frames)]
+        entries = [Entry(os.path.abspath(path), fps, frames)]
         what = ""
     else:
         raise ValueError(f"{spec}: no such folder, list (.jsonl / .csv), glob or video file")
@@ -165,7 +165,7 @@ def _list_entry(where: str, row: Any, base: Path, fps: float, frames: int) -> En
     if not (0 < rate < float("inf")) or cap < 1:
         raise ValueError(f"{where}: fps must be > 0 and finite, frames >= 1; got {rate}, {cap}")
     source = Path(row["path"]).expanduser()
-    return Entry(str((base / source).resolve()), rate, cap)
+    return Entry(os.path.abspath(base / source), rate, cap)
 
 
 def _number(where: str, name: str, value: Any, kind: type, default: Any) -> Any:
@@ -360,6 +360,7 @@ def process_entry(
     except OSError as error:
         return _row(entry, None, "unreadable", reason=f"{type(error).__name__}: {error}")
     target = out / entry.output
+    target.with_name(f".{target.name}.tmp").unlink(missing_ok=True)  # a killed run's
     previous = _verified(target, sha, meta)
     if previous is not None:
         spent = seconds.get((sha, entry.output))

@@ -107,16 +107,28 @@ def _describe(value: Any) -> str:
 
 
 def save_compressed_video(path: str | Path, video: CompressedVideo) -> Path:
-    """Write `video` to `path` (safetensors; parent folders must exist); return the path."""
-    from safetensors.torch import save_file
+    """Write `video` to `path` (safetensors; parent folders must exist); return the path.
+    The same video gives the same bytes (the header's keys in sorted order)."""
+    from safetensors.torch import save
 
     path = Path(path)
     header = {"format": FORMAT, "grid": json.dumps(list(video.grid))}
     header["metadata"] = json.dumps(video.metadata)  # refuses what JSON cannot hold
     tensors = {"features": video.features.detach().cpu().contiguous()}
     tensors["coords"] = video.coords.detach().cpu().contiguous()
-    save_file(tensors, str(path), metadata=header)
+    path.write_bytes(_sorted_header(save(tensors, metadata=header)))
     return path
+
+
+def _sorted_header(blob: bytes) -> bytes:
+    """A safetensors file with its JSON header re-written in sorted key order: safetensors
+    writes its metadata map in a per-process random order. Tensor offsets are relative to
+    the data section, which is unchanged; the header stays padded to 8 bytes."""
+    size = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8 : 8 + size])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + blob[8 + size :]
 
 
 def load_compressed_video(path: str | Path) -> CompressedVideo:
