@@ -317,8 +317,10 @@ def _verified(path: Path, sha: str, meta: dict[str, Any]) -> CompressedVideo | N
     return video if all(video.metadata.get(k) == v for k, v in want.items()) else None
 
 
-def _compress_one(craft: Any, processor: Any, entry: Entry, meta: dict[str, Any]) -> Any:
-    """The entry's `CompressedVideo` (its metadata extended by `meta`) and its sampled video."""
+def _compress_one(
+    craft: Any, processor: Any, entry: Entry, meta: dict[str, Any]
+) -> CompressedVideo:
+    """The entry's `CompressedVideo`, its metadata extended by `meta` and what was sampled."""
     from craft_adapters.inputs import build_inputs
     from craft_adapters.video import read_video
 
@@ -327,7 +329,7 @@ def _compress_one(craft: Any, processor: Any, entry: Entry, meta: dict[str, Any]
     (video,) = craft.compress_videos(**inputs)
     extra = {"fps": float(sampled.fps), "frames": int(sampled.frames.shape[0])}
     meta = {**video.metadata, **meta, **extra}
-    return CompressedVideo(video.features, video.coords, video.grid, meta), sampled
+    return CompressedVideo(video.features, video.coords, video.grid, meta)
 
 
 def _row(entry: Entry, sha: str | None, status: str, **fields: Any) -> dict[str, Any]:
@@ -368,7 +370,7 @@ def process_entry(
     from craft_adapters.video import VideoReadError
 
     try:
-        video, _ = _compress_one(craft, processor, entry, {**meta, "source_sha256": sha})
+        video = _compress_one(craft, processor, entry, {**meta, "source_sha256": sha})
     except (VideoReadError, OSError) as error:
         return _row(entry, sha, "unreadable", reason=_one_line(error))
     except (ValueError, TypeError, RuntimeError) as error:
@@ -403,7 +405,7 @@ def compress_share(
     seconds = _previous_seconds(out)
     shard = Shard(out, rank, world)
     rows: list[dict[str, Any]] = []
-    bar = _progress(len(share), rank, world, progress)
+    bar = _Progress(len(share), rank, world, progress)
     try:
         for entry in share:
             row = process_entry(craft, processor, entry, out, meta, seconds)
@@ -416,7 +418,7 @@ def compress_share(
     return rows, merge_index(out, entries, world)
 
 
-class _progress:
+class _Progress:
     """A tqdm bar on stderr (one per rank), or nothing when `enabled` is False."""
 
     def __init__(self, total: int, rank: int, world: int, enabled: bool) -> None:
