@@ -52,7 +52,17 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _argv(lib: dict[str, Path], out: Path, *extra: str, videos: Any = None) -> list[str]:
     videos = videos or lib["root"] / "videos"
     base = ["--videos", str(videos), "--model", str(lib["model"]), "--craft", str(lib["craft"])]
-    return [*base, "--output", str(out), "--threshold", "0.8", "--no-progress", *extra]
+    return [
+        *base,
+        "--output",
+        str(out),
+        "--threshold",
+        "0.8",
+        "--device",
+        "cpu",
+        "--no-progress",
+        *extra,
+    ]
 
 
 def _files(out: Path) -> dict[str, bytes]:

@@ -91,8 +91,15 @@ def _budget(args: argparse.Namespace) -> Any:
 def _device(arg: str | None, local_rank: int) -> Any:
     import torch
 
+    if arg is None and not torch.cuda.is_available():
+        return torch.device("cpu")
     if arg is None:
-        return torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+        if local_rank >= torch.cuda.device_count():
+            raise UsageError(
+                f"environment LOCAL_RANK={local_rank}, but this machine has "
+                f"{torch.cuda.device_count()} CUDA device(s); pass --device"
+            )
+        return torch.device(f"cuda:{local_rank}")
     try:
         device = torch.device(arg)
     except RuntimeError:
