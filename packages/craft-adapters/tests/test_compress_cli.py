@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -342,3 +343,40 @@ def test_the_console_script_prints_one_line(tmp_path: Path) -> None:
         done.stderr.strip()
         == "craft-compress: error: --ratio must be a finite number >= 1, got nan"
     )
+
+
+def _cache(cache: Path, repo_id: str, folder: Path) -> None:
+    """`folder` as a huggingface_hub cache holds a download of `repo_id` (refs/main)."""
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    commit = hashlib.sha1(repo_id.encode()).hexdigest()
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    shutil.copytree(folder, repo / "snapshots" / commit)
+
+
+def test_hub_ids_come_from_the_cache_offline(
+    library: dict[str, Path], reference: Path, tmp_path: Path
+) -> None:
+    cache = tmp_path / "hub"
+    _cache(cache, "org/tiny-vl", library["model"])
+    _cache(cache, "org/tiny-craft", library["craft"])
+    clip = library["root"] / "videos" / "clip1.mp4"
+    hub = ["--videos", str(clip), "--output", str(tmp_path / "out"), "--device", "cpu"]
+    hub += ["--threshold", "0.8", "--no-progress", "--craft", "org/tiny-craft"]
+    code = (
+        "import sys, json; from craft_adapters.compress_cli import main; "
+        "a = sys.argv[1:]; print(json.dumps([main([*a, '--model', 'org/not-cached']), "
+        "main([*a, '--model', 'org/tiny-vl'])]))"
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)}
+    done = subprocess.run(
+        [sys.executable, "-c", code, *hub], env=env, capture_output=True, text=True, check=False
+    )
+    assert json.loads(done.stdout.splitlines()[-1]) == [2, 0], done.stderr
+    assert "--model org/not-cached: cannot be loaded" in done.stderr
+    (row,) = _rows(tmp_path / "out")
+    got = load_compressed_video(tmp_path / "out" / row["output"])
+    want = load_compressed_video(reference / row["output"])  # same path and sampling: same name
+    assert torch.equal(got.features, want.features) and torch.equal(got.coords, want.coords)
+    assert got.metadata["backbone"] == "org/tiny-vl"
+    assert got.metadata["craft_sha256"] == want.metadata["craft_sha256"]
