@@ -192,6 +192,7 @@ def test_a_rerun_keeps_what_is_verified_and_redoes_the_rest(
     assert not list(out.glob(".*.tmp"))
     assert main(_argv(library, out, videos=videos)) == 0  # nothing to do now
     assert all(r["reused"] for r in _rows(out)) and _files(out) == again
+    assert [r["seconds"] for r in _rows(out)] == [r["seconds"] for r in rows]  # still carried
 
 
 def _worker(lib: dict[str, Path], out: Path, rank: int, world: int) -> subprocess.Popen:

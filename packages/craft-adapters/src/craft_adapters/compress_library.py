@@ -284,8 +284,8 @@ def merge_index(out: Path, entries: list[Entry], world: int) -> list[dict[str, A
 
 
 def _previous_seconds(out: Path) -> dict[tuple[str, str], float]:
-    """Seconds that earlier runs spent on each (source, payload), from their index and
-    shards (a line a killed run left unfinished is passed over)."""
+    """Seconds that earlier runs spent on each (source bytes, payload), from their index and
+    shards, carried from run to run (a line a killed run left unfinished is passed over)."""
     found: dict[tuple[str, str], float] = {}
     files = [out / INDEX, *sorted((out / SHARDS).glob("index.rank*"))]
     for path in files:
@@ -294,8 +294,8 @@ def _previous_seconds(out: Path) -> dict[tuple[str, str], float]:
         for text in path.read_text(encoding="utf-8").splitlines():
             try:
                 row = json.loads(text)
-                if row.get("status") == "done" and not row.get("reused"):
-                    found[(row["sha256"], row["output"])] = float(row["seconds"])
+                if row.get("status") == "done" and row.get("seconds") is not None:
+                    found[(row["sha256"], row["output"])] = float(row["seconds"])  # carried
             except (json.JSONDecodeError, AttributeError, KeyError, TypeError, ValueError):
                 continue
     return found
