@@ -381,3 +381,28 @@ def test_hub_ids_come_from_the_cache_offline(
     assert torch.equal(got.features, want.features) and torch.equal(got.coords, want.coords)
     assert got.metadata["backbone"] == "org/tiny-vl"
     assert got.metadata["craft_sha256"] == want.metadata["craft_sha256"]
+
+
+def test_sigterm_unwinds_with_nothing_half_written(
+    library: dict[str, Path], tmp_path: Path
+) -> None:
+    """torchrun stops the other workers with SIGTERM when one fails."""
+    clip = library["root"] / "videos" / "clip2.mp4"
+    rows = [{"path": str(clip), "fps": 2.0 + i / 8} for i in range(40)]  # 40 entries, 1 clip
+    (tmp_path / "many.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    code = "import sys; from craft_adapters.compress_cli import main; sys.exit(main(sys.argv[1:]))"
+    argv = _argv(library, out, videos=tmp_path / "many.jsonl")
+    run = subprocess.Popen([sys.executable, "-c", code, *argv], stderr=subprocess.PIPE, text=True)
+    part = out / "shards" / "index.rank0-of-1.jsonl.part"
+    deadline = time.monotonic() + 120
+    while not (part.is_file() and part.read_text().count("\n") >= 2):
+        assert time.monotonic() < deadline and run.poll() is None, run.stderr
+        time.sleep(0.01)
+    run.send_signal(signal.SIGTERM)
+    assert run.wait(timeout=60) == 128 + signal.SIGTERM, run.communicate()
+    made = list(out.glob(f"*{SUFFIX}"))
+    assert 2 <= len(made) < 40 and not list(out.glob(".*.tmp"))
+    for payload in made:
+        load_compressed_video(payload)
+    assert all(json.loads(line) for line in part.read_text().splitlines())
