@@ -10,10 +10,16 @@ itself: what a server needs to place the rows at their positions without running
 tower or the compressor again (craft-vllm serves it; that is how the threshold mode, whose
 token count depends on the content, is served). The file is safetensors (no pickle): tensors
 `features` and `coords`, and the grid and free-form metadata as JSON in the header.
+
+What the video was made with travels in the metadata, so a server can refuse a mismatch
+(`check_made_with`): `model_type` (since 0.4, `compress_videos`), and from `craft-compress`
+(0.6) `hidden_size`, `craft_sha256` (`checkpoint_sha256` of the CRAFT module), `backbone`,
+`source_sha256`. Files without them still load; `check_made_with` names what is missing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +29,13 @@ import torch
 
 from craft_core.checks import check_index_tensor
 
-__all__ = ["CompressedVideo", "load_compressed_video", "save_compressed_video"]
+__all__ = [
+    "CompressedVideo",
+    "check_made_with",
+    "checkpoint_sha256",
+    "load_compressed_video",
+    "save_compressed_video",
+]
 
 FORMAT = "craft-compressed-video/1"
 
@@ -95,16 +107,28 @@ def _describe(value: Any) -> str:
 
 
 def save_compressed_video(path: str | Path, video: CompressedVideo) -> Path:
-    """Write `video` to `path` (safetensors; parent folders must exist); return the path."""
-    from safetensors.torch import save_file
+    """Write `video` to `path` (safetensors; parent folders must exist); return the path.
+    The same video gives the same bytes (the header's keys in sorted order)."""
+    from safetensors.torch import save
 
     path = Path(path)
     header = {"format": FORMAT, "grid": json.dumps(list(video.grid))}
     header["metadata"] = json.dumps(video.metadata)  # refuses what JSON cannot hold
     tensors = {"features": video.features.detach().cpu().contiguous()}
     tensors["coords"] = video.coords.detach().cpu().contiguous()
-    save_file(tensors, str(path), metadata=header)
+    path.write_bytes(_sorted_header(save(tensors, metadata=header)))
     return path
+
+
+def _sorted_header(blob: bytes) -> bytes:
+    """A safetensors file with its JSON header re-written in sorted key order: safetensors
+    writes its metadata map in a per-process random order. Tensor offsets are relative to
+    the data section, which is unchanged; the header stays padded to 8 bytes."""
+    size = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8 : 8 + size])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + blob[8 + size :]
 
 
 def load_compressed_video(path: str | Path) -> CompressedVideo:
@@ -136,3 +160,36 @@ def load_compressed_video(path: str | Path) -> CompressedVideo:
         return CompressedVideo(tensors["features"], tensors["coords"], grid, metadata)
     except (KeyError, TypeError, ValueError) as error:
         raise ValueError(f"{path}: {error}") from None
+
+
+def checkpoint_sha256(compressor: torch.nn.Module) -> str:
+    """SHA-256 of a CRAFT module's weights: every state-dict entry (name, dtype, shape, bytes)
+    in name order, so the same checkpoint gives the same digest wherever it was loaded from
+    (folder, Hub cache, any device)."""
+    digest = hashlib.sha256()
+    for name, value in sorted(compressor.state_dict().items()):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{list(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def check_made_with(
+    video: CompressedVideo, source: str = "compressed video", **expected: Any
+) -> None:
+    """Refuse a video made with another backbone or CRAFT module than the server's, e.g.
+    `check_made_with(video, model_type="qwen2_5_vl", hidden_size=3584, craft_sha256=digest)`.
+
+    Raises:
+        ValueError: a key of `expected` that the metadata lacks (a file written before it was
+            recorded) or holds with another value; the message names `source` and the key.
+    """
+    for key, want in expected.items():
+        if key not in video.metadata:
+            raise ValueError(
+                f"{source}: its metadata has no {key} (written before it was recorded)"
+            )
+        if video.metadata[key] != want:
+            raise ValueError(
+                f"{source}: made with {key}={video.metadata[key]!r}, this server has {want!r}"
+            )
