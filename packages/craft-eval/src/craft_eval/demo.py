@@ -67,7 +67,9 @@ def _load(model_path: str | None, backbone: str | None, out: Path, dev: Any) -> 
         model, processor = craft_world.load_backbone()
     except FileNotFoundError as missing:  # a checkout whose world checkpoint is not built yet
         _line(f"craft-world's backbone is missing ({missing}); falling back to a tiny RANDOM model")
-        return _load(None, "qwen2_5_vl", out, dev)
+        from craft_world.backbone import world_config  # the world's architecture, at random
+
+        return _load(None, world_config().model_type, out, dev)
     try:
         trained: str | None = str(craft_world.craft_path())
     except FileNotFoundError:
