@@ -14,15 +14,23 @@ that the float32 pass could not certify (recomputed exactly), over all rounds; a
 inputs (a static clip, letterbox bars of identical tokens) are timed too. `--part merge`
 states the cost of the merge's float64 arithmetic (the same rows on every CPU path) against
 the same code in float32 (0.4's arithmetic, whose rows depend on the instruction set).
+`--part precision` prints both precisions (`exact`, `fast`) beside DivPrune at N = 2,048 and
+8,192, D = 1,024, ratio 8, with the float64 multiply-adds of a video (what `exact` costs on
+a GPU with slow float64); `--part load` times one thread against two with a busy second
+process on the same cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
 from craft_core import CraftCompressor, CraftConfig, target_token_count
 from craft_core import merge as merge_module
@@ -116,13 +124,14 @@ def irreducible(compressor: CraftCompressor, features: torch.Tensor, kept: int) 
     """One plain float32 pairing pass + one gate MLP evaluation on N - N_c pairs."""
     n = features.shape[0]
     # The same memory as the compressor's float32 blocks (2 x sim_block rows).
-    plain_pass(features, compressor.projection, 2 * compressor.config.sim_block)
+    plain_pass(features, compressor.projection, 2 * compressor.options.sim_block)
     merged = n - kept
     pairs = torch.cat([features[:merged], features[kept : kept + merged]], dim=1)
     merge = compressor.merge
     merge.gate_from_hidden(
         merge.w_down(pairs),
         merge_module.round_embedding(1, merge.config.round_embed_dim, features.device),
+        torch.float32,
     )
 
 
@@ -170,7 +179,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--part",
-        choices=["all", "ratio", "cost", "ops", "small", "compile", "merge"],
+        choices=["all", "ratio", "cost", "ops", "small", "compile", "merge", "precision", "load"],
         default="all",
         help="what to run",
     )
@@ -192,6 +201,10 @@ def main() -> None:
         return compile_round(device, repeats)
     if args.part == "merge":
         return merge_cost(device, repeats)
+    if args.part == "precision":
+        return precision_table(device, repeats)
+    if args.part == "load":
+        return under_load(repeats)
     params = sum(p.numel() for p in CraftCompressor(CraftConfig(hidden_size=2560)).parameters())
     print(f"learnable parameters at D = 2560: {params:,} ({params / 1e6:.2f}M)")
 
@@ -206,7 +219,7 @@ def main() -> None:
     if args.huge:
         cases.append(("ratio 8", sizes[2], {"ratio": 8.0}))
     print(
-        f"device {device}, float32, D = {dim}, sim_block = {compressor.config.sim_block}; "
+        f"device {device}, float32, D = {dim}, sim_block = {compressor.options.sim_block}; "
         "irreducible = 1 plain float32 pairing pass + 1 gate MLP pass on the merged pairs"
     )
     header = (
@@ -248,6 +261,8 @@ def main() -> None:
         small_n(device, repeats)
         compile_round(device, repeats)
         merge_cost(device, repeats)
+        precision_table(device, repeats)
+        under_load(repeats)
 
 
 def exactness_cost(device: torch.device, dim: int, repeats: int) -> None:
@@ -289,7 +304,7 @@ def count_ops(device: torch.device) -> None:
         features, coords = video_like(frames, 16, 16, 256)
         features, coords = features.to(device), coords.to(device)
         for pairing in ("full", "incremental"):
-            compressor = CraftCompressor(CraftConfig(hidden_size=256, pairing=pairing)).to(device)
+            compressor = CraftCompressor(CraftConfig(hidden_size=256), pairing=pairing).to(device)
             for name, budget in (
                 ("ratio 8", {"ratio": 8.0}),
                 ("threshold 0.9", {"threshold": 0.9}),
@@ -387,39 +402,167 @@ def compile_round(device: torch.device, repeats: int) -> None:
     )
 
 
-def _float32_merge(fn):  # type: ignore[no-untyped-def]
-    """`fn` with the merge's arithmetic in float32 (0.4's): `merge._exact` swapped for a
-    float32 cast, everything else the same code."""
-
-    def run():  # type: ignore[no-untyped-def]
-        exact = merge_module._exact
-        merge_module._exact = lambda x: x.to(torch.float32)
-        try:
-            return fn()
-        finally:
-            merge_module._exact = exact
-
-    return run
-
-
 def merge_cost(device: torch.device, repeats: int) -> None:
-    """Whole compression with the merge in float64 (0.5: the same rows on every CPU path)
-    against the same code in float32 (0.4), N = 8,192, ratio 8, interleaved in one run."""
+    """Whole compression with the merge in float64 (`exact`: the same rows on every CPU path)
+    against the same code in float32 (`fast`), N = 8,192, ratio 8, interleaved in one run."""
     for dim in (1024, 2560):
-        features, coords = video_like(32, 16, 16, dim)
-        features, coords = features.to(device), coords.to(device)
-        compressor = CraftCompressor(CraftConfig(hidden_size=dim)).to(device).eval()
+        _merge_row(dim, device, repeats)
 
-        def whole(compressor=compressor, features=features, coords=coords) -> None:  # type: ignore[no-untyped-def]
-            compressor(features, coords, ratio=8.0)
 
+def _merge_row(dim: int, device: torch.device, repeats: int) -> None:
+    """`merge_cost` at one width."""
+    features, coords = video_like(32, 16, 16, dim)
+    features, coords = features.to(device), coords.to(device)
+    exact, fast = precisions(dim, device)
+    with torch.no_grad():
+        wide, narrow = timed_pair(
+            lambda: exact(features, coords, ratio=8.0),
+            lambda: fast(features, coords, ratio=8.0),
+            repeats,
+            device,
+        )
+    ratio = statistics.median(a / b for a, b in zip(wide, narrow))
+    print(
+        f"merge arithmetic, N = {features.shape[0]:,}, D = {dim:,}, ratio 8: float64 "
+        f"{statistics.median(wide):.3f} s, float32 {statistics.median(narrow):.3f} s, "
+        f"float64 / float32 = {ratio:.2f}"
+    )
+
+
+def precisions(dim: int, device: torch.device) -> tuple[CraftCompressor, CraftCompressor]:
+    """`exact` and `fast` compressors with the same weights."""
+    exact = CraftCompressor(CraftConfig(hidden_size=dim)).to(device).eval()
+    fast = CraftCompressor(CraftConfig(hidden_size=dim), precision="fast").to(device).eval()
+    fast.load_state_dict(exact.state_dict())
+    return exact, fast
+
+
+class Float64Flops(TorchDispatchMode):
+    """Floating-point operations of the matrix products (torch's FLOP formulas) dispatched
+    inside the block, in `float64` and in all: the work a GPU with slow float64 pays."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.float64 = 0
+        self.total = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            flops = int(formula(*args, **kwargs, out_val=out))
+            self.total += flops
+            if any(isinstance(a, torch.Tensor) and a.dtype == torch.float64 for a in args):
+                self.float64 += flops
+        return out
+
+
+def precision_table(device: torch.device, repeats: int) -> None:
+    """Both precisions beside DivPrune, D = 1,024, ratio 8, interleaved in one run (median
+    of `repeats`); the float64 matrix-product FLOPs of one video in each precision."""
+    try:
+        import craft_eval.baselines  # noqa: F401  (DivPrune, installed by `nox -s bench`)
+    except ImportError:
+        print("precision: craft-eval is not installed here; DivPrune not timed")
+        return
+    print(
+        f"precision beside DivPrune, device {device}, {torch.get_num_threads()} threads, D = 1,024"
+    )
+    print(
+        f"{'N':>6}{'exact ms':>10}{'fast ms':>9}{'DivPrune':>10}{'exact/DP':>10}{'fast/DP':>9}"
+        f"{'fast/irr':>10}{'f64 GFLOP exact':>17}{'fast':>6}{'same tokens':>13}"
+    )
+    for frames in (8, 32):
+        _precision_row(frames, device, repeats if frames == 8 else max(1, repeats // 2))
+    print("goals: fast/DP <= 1.5 and exact/DP <= 2.0 at N = 2,048; fast/irr <= 1.5 at 8,192")
+
+
+def _precision_row(frames: int, device: torch.device, runs: int) -> None:
+    """One row of `precision_table`: N = 256 x `frames` tokens."""
+    from craft_eval.baselines.divprune import divprune
+
+    features, coords = video_like(frames, 16, 16, 1024)
+    features, coords = features.to(device), coords.to(device)
+    exact, fast = precisions(1024, device)
+    with torch.no_grad():
+        kept = exact(features, coords, ratio=8.0)
+        quick = fast(features, coords, ratio=8.0)
+        flops = []
+        for module in (exact, fast):
+            with Float64Flops() as count:
+                module(features, coords, ratio=8.0)
+            flops.append(count.float64 / 1e9)
+        wide, narrow = timed_pair(
+            lambda: exact(features, coords, ratio=8.0),
+            lambda: fast(features, coords, ratio=8.0),
+            runs,
+            device,
+        )
+        _, prune = timed_pair(
+            lambda: fast(features, coords, ratio=8.0),
+            lambda: divprune(features, coords, ratio=8.0),
+            runs,
+            device,
+        )
+        _, floor = timed_pair(
+            lambda: fast(features, coords, ratio=8.0),
+            lambda: irreducible(fast, features, kept.num_kept),
+            runs,
+            device,
+        )
+    ms = [1e3 * statistics.median(t) for t in (wide, narrow, prune, floor)]
+    same = torch.equal(kept.kept_index, quick.kept_index)
+    print(
+        f"{features.shape[0]:>6}{ms[0]:>10.1f}{ms[1]:>9.1f}{ms[2]:>10.1f}"
+        f"{ms[0] / ms[2]:>10.2f}{ms[1] / ms[2]:>9.2f}{ms[1] / ms[3]:>10.2f}"
+        f"{flops[0]:>17.2f}{flops[1]:>6.2f}{same!s:>13}"
+    )
+
+
+BUSY = """
+import torch
+torch.set_num_threads(2)
+a = torch.randn(512, 512)
+while True:
+    a = (a @ a).tanh_()
+"""
+
+
+def under_load(repeats: int) -> None:
+    """Eager CRAFT (`exact`), N = 2,048, D = 1,024, ratio 8, on 1 and 2 intra-op threads
+    (the `threads` run option),
+    quiet and beside a busy second process (2 threads of matrix products) on the same
+    cores: the small-op loop waits at OpenMP barriers for a thread that is not scheduled."""
+    features, coords = video_like(8, 16, 16, 1024)
+    exact, _ = precisions(1024, torch.device("cpu"))
+
+    def median_ms(threads: int) -> float:
+        exact.configure(threads=threads)  # the run option (1 is the default)
         with torch.no_grad():
-            wide, narrow = timed_pair(whole, _float32_merge(whole), repeats, device)
-        ratio = statistics.median(a / b for a, b in zip(wide, narrow))
+            exact(features, coords, ratio=8.0)
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                exact(features, coords, ratio=8.0)
+                times.append(time.perf_counter() - start)
+        return 1e3 * statistics.median(times)
+
+    try:
+        quiet = {t: median_ms(t) for t in (1, 2)}
+        busy = subprocess.Popen([sys.executable, "-c", BUSY])
+        try:
+            time.sleep(2.0)  # let it start
+            loaded = {t: median_ms(t) for t in (1, 2)}
+        finally:
+            busy.kill()
+            busy.wait()
+    finally:
+        exact.configure(threads=1)
+    for t in (1, 2):
         print(
-            f"merge arithmetic, N = {features.shape[0]:,}, D = {dim:,}, ratio 8: float64 "
-            f"{statistics.median(wide):.3f} s, float32 {statistics.median(narrow):.3f} s, "
-            f"float64 / float32 = {ratio:.2f}"
+            f"N = 2,048, D = 1,024, exact, {t} thread(s): quiet {quiet[t]:.1f} ms, beside a "
+            f"busy process {loaded[t]:.1f} ms ({loaded[t] / quiet[t]:.2f}x)"
         )
 
 

@@ -6,6 +6,8 @@ Imported by the test modules (`from core_testkit import noise`); pytest puts thi
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 
 from craft_core import CompressionResult, CraftCompressor, CraftConfig
@@ -69,60 +71,69 @@ def reference_gate(compressor: CraftCompressor, seed: int) -> CraftCompressor:
     return compressor
 
 
-def reference_cases() -> list[tuple[CraftConfig, int, int, dict, bool]]:
-    """The 216 reference cases `(config, seed, n, budget, grad)` of `test_reference.py`
-    (and pinned by `test_same_tokens.py`): uniform weighting with the target/mean fusions
-    on every size, and position weights with the gate. `grad` alternates the row stores
-    (in place without autograd, stitched pieces with it); sim_block 16 forces several
-    blocks even at these sizes."""
+class Case(NamedTuple):
+    """A reference case: the config, its run options (pairing, sim_block), the seed, N, the
+    budget and whether autograd is on."""
+
+    config: CraftConfig
+    options: dict[str, Any]
+    seed: int
+    n: int
+    budget: dict
+    grad: bool
+
+
+def reference_cases() -> list[Case]:
+    """The 216 reference cases of `test_reference.py` (and pinned by `test_same_tokens.py`):
+    uniform weighting with the target/mean fusions on every size, and position weights with
+    the gate. `grad` alternates the row stores (in place without autograd, stitched pieces
+    with it); sim_block 16 forces several blocks even at these sizes."""
     out = []
     for pairing in ["incremental", "full"]:
+        options = {"pairing": pairing, "sim_block": 16}
         for reduce in ["target", "mean"]:
             for n in SIZES:
                 for budget in BUDGETS:
                     config = CraftConfig(
-                        hidden_size=24,
-                        sim_dim=16,
-                        sim_block=16,
-                        weighting="uniform",
-                        reduce=reduce,
-                        pairing=pairing,
+                        hidden_size=24, sim_dim=16, weighting="uniform", reduce=reduce
                     )
-                    out.append((config, 100 * n + len(str(budget)), n, budget, n % 2 == 0))
+                    seed = 100 * n + len(str(budget))
+                    out.append(Case(config, options, seed, n, budget, n % 2 == 0))
     for n in [8, 17, 33, 64]:
         for budget in BUDGETS:
             for pairing in ["incremental", "full"]:
                 config = CraftConfig(
                     hidden_size=24,
                     sim_dim=16,
-                    sim_block=16,
                     rank=8,
                     rope_sections=(2, 1, 1),
                     gate_hidden=16,
                     round_embed_dim=8,
-                    pairing=pairing,
                 )
-                out.append((config, 7 * n, n, budget, n % 2 == 1))
+                options = {"pairing": pairing, "sim_block": 16}
+                out.append(Case(config, options, 7 * n, n, budget, n % 2 == 1))
     return out
 
 
-def case_id(case: tuple[CraftConfig, int, int, dict, bool]) -> str:
+def case_id(case: Case) -> str:
     """`pairing/reduce/weighting/n/budget`: a reference case's name (its pin's key)."""
-    config, _, n, budget, _ = case
-    return f"{config.pairing}/{config.reduce}/{config.weighting}/{n}/{budget}"
+    config = case.config
+    return f"{case.options['pairing']}/{config.reduce}/{config.weighting}/{case.n}/{case.budget}"
 
 
 def run_reference_case(
-    config: CraftConfig, seed: int, n: int, budget: dict, grad: bool
+    case: Case, **options: Any
 ) -> tuple[CraftCompressor, torch.Tensor, torch.Tensor, CompressionResult]:
     """One reference case run as `test_reference.py` checks it and `test_same_tokens.py`
-    pins it: the seeded compressor (with the reference gate for `reduce="gate"`), its tokens
-    `x` [n, D] and `coords` [n, 3], and its output at `budget` (autograd on when `grad`)."""
-    torch.manual_seed(seed)
-    compressor = CraftCompressor(config)
+    pins it (`options` replace the case's run options): the seeded compressor (with the
+    reference gate for `reduce="gate"`), its tokens `x` [n, D] and `coords` [n, 3], and its
+    output at the case's budget (autograd on when `grad`)."""
+    config = case.config
+    torch.manual_seed(case.seed)
+    compressor = CraftCompressor(config, **{**case.options, **options})
     if config.reduce == "gate":  # a trained-looking gate, not the constant 0.5 of a fresh one
-        reference_gate(compressor, seed)
-    x, coords = make_tokens(seed, n, config.hidden_size)
-    with torch.set_grad_enabled(grad):
-        out = compressor(x, coords, **budget)
+        reference_gate(compressor, case.seed)
+    x, coords = make_tokens(case.seed, case.n, config.hidden_size)
+    with torch.set_grad_enabled(case.grad):
+        out = compressor(x, coords, **case.budget)
     return compressor, x, coords, out

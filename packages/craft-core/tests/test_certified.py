@@ -49,15 +49,18 @@ def clip(kind: str, seed: int, frames: int = 12, grid: int = 6, dim: int = 32):
     return torch.cat(rows), grid_coords(frames, grid, grid)
 
 
-def live(config: CraftConfig) -> CraftCompressor:
+def live(config: CraftConfig, **options) -> CraftCompressor:
     """A compressor with path-independent, non-trivial merge weights (a live gate)."""
     torch.manual_seed(0)
-    return live_weights(CraftCompressor(config), 1)
+    return live_weights(CraftCompressor(config, **options), 1)
 
 
-def run(x, coords, budget, **config):
+def run(x, coords, budget, *, sim_dim=128, reduce="gate", **options):
+    """Compress with a live compressor: `sim_dim`, `reduce` are config fields, `options`
+    run options (pairing, selection, sim_block, precision)."""
+    config = CraftConfig(hidden_size=x.shape[1], sim_dim=sim_dim, reduce=reduce)
     with torch.no_grad():
-        return live(CraftConfig(hidden_size=x.shape[1], **config))(x, coords, **budget)
+        return live(config, **options)(x, coords, **budget)
 
 
 def assert_same(a, b) -> None:

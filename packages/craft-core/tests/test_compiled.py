@@ -1,5 +1,7 @@
-"""The compiled loop (`CraftConfig(compile=True)`): the eager loop's tokens and rows, bit for
-bit, with at most one graph per size bucket and none for a second video of the same length.
+"""The compiled loop (`compile=True`): the eager loop's tokens and rows, bit for bit, with at
+most one graph per size bucket and none for a second video of the same length. It is offered
+on CUDA only (slower than eager on a CPU); these tests run it on the CPU through the
+`compile_on_cpu` hook.
 
 The default run checks a representative subset of the pinned cases (the gate with position
 weights at N = 33 and 64, both budget modes: one bucket, two graphs); `nox -s core_paths`
@@ -19,10 +21,12 @@ from test_same_tokens import PINNED, digests
 from craft_core import CraftCompressor, CraftConfig
 from craft_core.compiled import SPARE, bucket
 
+COMPILED = {"pairing": "auto", "compile": True}
 
-def compiled(config: CraftConfig) -> CraftConfig:
-    """`config` with the compiled loop on (validated: `model_copy` would skip the check)."""
-    return CraftConfig(**{**config.model_dump(), "pairing": "auto", "compile": True})
+
+@pytest.fixture(autouse=True)
+def compile_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(CraftCompressor, "compile_on_cpu", True)
 
 
 def graphs() -> int:
@@ -33,9 +37,9 @@ def graphs() -> int:
 def mismatches(cases: list) -> list[str]:
     """Keys of the pinned cases whose compiled run differs from the pin (tokens or rows)."""
     wrong = []
-    for config, seed, n, budget, _ in cases:
-        key = case_id((config, seed, n, budget, False))
-        if digests(compiled(config), seed, n, budget, grad=False) != PINNED[key]:
+    for case in cases:
+        key = case_id(case)
+        if digests(case._replace(grad=False), **COMPILED) != PINNED[key]:
             wrong.append(key)
     return wrong
 
@@ -44,22 +48,22 @@ def test_compiled_loop_matches_the_pins() -> None:
     cases = [
         case
         for case in reference_cases()
-        if case[0].reduce == "gate" and case[2] in (33, 64) and case[0].pairing == "full"
+        if case.config.reduce == "gate" and case.n in (33, 64) and case.options["pairing"] == "full"
     ]
     assert len(cases) == 6  # both sizes, ratio 4 and 1.7, threshold 0.6
     assert not mismatches(cases)
 
 
 def mean_config() -> CraftConfig:
-    return CraftConfig(hidden_size=24, sim_dim=16, sim_block=16, reduce="mean", compile=True)
+    return CraftConfig(hidden_size=24, sim_dim=16, reduce="mean")
 
 
 def eager_and_compiled(
     x: torch.Tensor, coords: torch.Tensor, budget: dict, config: CraftConfig | None = None
 ) -> tuple:
     config = config or mean_config()
-    eager = CraftCompressor(config.model_copy(update={"compile": False}))
-    compiled = CraftCompressor(config)
+    eager = CraftCompressor(config, sim_block=16)
+    compiled = CraftCompressor(config, sim_block=16, compile=True)
     compiled.load_state_dict(eager.state_dict())  # the same weights (each init draws its own)
     with torch.no_grad():
         return eager(x, coords, **budget), compiled(x, coords, **budget)
@@ -101,9 +105,9 @@ def test_a_round_with_more_rows_in_doubt_than_the_buffer_is_redone_exactly() -> 
 
 
 def test_training_stays_eager_and_gradients_flow() -> None:
-    config = CraftConfig(hidden_size=24, sim_dim=16, sim_block=16, compile=True)
+    config = CraftConfig(hidden_size=24, sim_dim=16)
     x, coords = make_tokens(4, 40, 24)
-    compressor = CraftCompressor(config)
+    compressor = CraftCompressor(config, sim_block=16, compile=True)
     out = compressor(x.requires_grad_(), coords, ratio=4.0)
     assert out.info["pairing"] != "compiled"
     out.features.sum().backward()
@@ -113,12 +117,32 @@ def test_training_stays_eager_and_gradients_flow() -> None:
 @pytest.mark.parametrize("update", [{"pairing": "dense"}, {"selection": "exact"}])
 def test_compile_refuses_a_pairing_it_does_not_run(update: dict) -> None:
     with pytest.raises(ValueError, match="compile=True"):
-        CraftConfig(hidden_size=24, compile=True, **update)
+        CraftCompressor(CraftConfig(hidden_size=24), compile=True, **update)
 
 
 def test_compile_is_a_strict_bool() -> None:
     with pytest.raises(ValueError, match="compile"):
-        CraftConfig(hidden_size=24, compile="yes")
+        CraftCompressor(CraftConfig(hidden_size=24), compile="yes")
+
+
+def test_compile_is_not_offered_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(CraftCompressor, "compile_on_cpu", False)
+    x, coords = make_tokens(4, 40, 24)
+    compressor = CraftCompressor(CraftConfig(hidden_size=24), compile=True)
+    with torch.no_grad(), pytest.raises(ValueError, match="CUDA only"):
+        compressor(x, coords, ratio=4.0)
+    compressor.configure(compile=False)
+    with torch.no_grad():
+        assert compressor(x, coords, ratio=4.0).info["pairing"] != "compiled"
+
+
+def test_the_compiled_loop_leaves_dynamo_settings_as_it_found_them() -> None:
+    # 0.6 raised Dynamo's process-wide recompile limit on the first compiled call.
+    limit = torch._dynamo.config.recompile_limit
+    x, coords = make_tokens(1, 100, 24)
+    want, got = eager_and_compiled(x, coords, {"ratio": 4.0})
+    assert_same(want, got)
+    assert torch._dynamo.config.recompile_limit == limit
 
 
 @pytest.mark.slow
@@ -132,11 +156,11 @@ def test_compiled_loop_on_cuda_replays_graphs_and_gives_the_cpu_tokens() -> None
     # Each compiled round is recorded as a CUDA graph (`GraphedRounds`) and replayed: a
     # video met before replays every round. Tokens equal the CPU's on every call (the second
     # video replays the first one's graphs on its own data where their buckets meet).
-    config = compiled(mean_config())
+    config = mean_config()
     torch.manual_seed(0)
-    cpu = reference_gate(CraftCompressor(config.model_copy(update={"compile": False})), 0)
-    eager = CraftCompressor(config.model_copy(update={"compile": False})).cuda()
-    gpu = CraftCompressor(config).cuda()
+    cpu = reference_gate(CraftCompressor(config, sim_block=16), 0)
+    eager = CraftCompressor(config, sim_block=16).cuda()
+    gpu = CraftCompressor(config, sim_block=16, **COMPILED).cuda()
     for module in (eager, gpu):
         module.load_state_dict(cpu.state_dict())
     with torch.no_grad():
@@ -165,9 +189,9 @@ def test_reused_tables_hold_nothing_of_the_last_video() -> None:
     config = mean_config()
     weight = grid_projection(CraftCompressor(config).projection)
     x, coords = make_tokens(5, 100, 24)
-    fresh = PaddedState(x, coords, weight, config.sim_block)
+    fresh = PaddedState(x, coords, weight, 16)
     used = tuple(t.fill_(7) for t in empty_tables(bucket(100) + 1, 24, weight.shape[1], "cpu"))
-    reused = PaddedState(x, coords, weight, config.sim_block, used)
+    reused = PaddedState(x, coords, weight, 16, used)
     for mine, theirs in zip(reused.tables(), fresh.tables()):
         assert mine.data_ptr() in {t.data_ptr() for t in used}
         assert torch.equal(mine, theirs)

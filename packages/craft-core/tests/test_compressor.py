@@ -29,7 +29,7 @@ def tokens(n: int, dim: int = DIM, seed: int = 0) -> tuple[torch.Tensor, torch.T
 @pytest.fixture
 def compressor() -> CraftCompressor:
     torch.manual_seed(0)
-    return CraftCompressor(CraftConfig(hidden_size=DIM, sim_block=64))
+    return CraftCompressor(CraftConfig(hidden_size=DIM), sim_block=64)
 
 
 def check_structure(out: CompressionResult, x: torch.Tensor, coords: torch.Tensor) -> None:
@@ -164,7 +164,7 @@ def test_rope_scores_depend_only_on_relative_position(compressor: CraftCompresso
 
 def test_gradients_reach_every_parameter_through_several_rounds() -> None:
     torch.manual_seed(1)
-    compressor = CraftCompressor(CraftConfig(hidden_size=DIM, sim_block=32))
+    compressor = CraftCompressor(CraftConfig(hidden_size=DIM), sim_block=32)
     # Move the adaLN-Zero layers off zero, as one optimizer step would.
     with torch.no_grad():
         for layer in (compressor.merge.w_up, compressor.merge.w_mod):

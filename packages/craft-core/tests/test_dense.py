@@ -35,7 +35,7 @@ def test_dense_equals_incremental_with_a_gradient() -> None:
     x, coords = clip("letterbox", seed=9)
     results = []
     for pairing in ("dense", "incremental"):
-        compressor = live(CraftConfig(hidden_size=x.shape[1], pairing=pairing))
+        compressor = live(CraftConfig(hidden_size=x.shape[1]), pairing=pairing)
         out = compressor(x.clone().requires_grad_(True), coords, ratio=4.0)
         out.features.square().sum().backward()
         grads = [p.grad.clone() for p in compressor.merge.parameters()]

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 import torch
@@ -40,9 +41,9 @@ def static_video(seed: int, frames: int = 12, grid: int = 6, dim: int = 32):
     return x, grid_coords(frames, grid, grid)
 
 
-def trained_looking(config: CraftConfig, seed: int = 0) -> CraftCompressor:
+def trained_looking(config: CraftConfig, seed: int = 0, **options: Any) -> CraftCompressor:
     torch.manual_seed(seed)
-    return live_weights(CraftCompressor(config), seed)
+    return live_weights(CraftCompressor(config, **options), seed)
 
 
 def signature(out) -> tuple:
@@ -59,9 +60,9 @@ def test_selection_is_the_same_for_every_sim_block_and_pairing(seed: int, budget
     results = {}
     for pairing in ("incremental", "full"):
         for block in (1, 3, 16, 2048):
-            config = CraftConfig(hidden_size=32, sim_block=block, pairing=pairing)
+            config = CraftConfig(hidden_size=32)
             with torch.no_grad():
-                out = trained_looking(config)(x, coords, **budget)
+                out = trained_looking(config, sim_block=block, pairing=pairing)(x, coords, **budget)
             results[(pairing, block)] = (signature(out), out.features)
     first_sig, first_rows = results[("incremental", 2048)]
     assert first_sig[2] >= 2, "the case must take several rounds"
@@ -72,7 +73,7 @@ def test_selection_is_the_same_for_every_sim_block_and_pairing(seed: int, budget
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_low_precision_input_selects_like_its_float32_upcast(dtype: torch.dtype) -> None:
-    config = CraftConfig(hidden_size=32, sim_block=64)
+    config = CraftConfig(hidden_size=32)
     compressor = trained_looking(config)
     mismatched = []
     for seed in range(30):
@@ -91,7 +92,7 @@ def test_low_precision_input_selects_like_its_float32_upcast(dtype: torch.dtype)
 
 
 def test_module_cast_to_bf16_keeps_the_projection_in_float32() -> None:
-    compressor = trained_looking(CraftConfig(hidden_size=32, sim_block=64)).to(torch.bfloat16)
+    compressor = trained_looking(CraftConfig(hidden_size=32), sim_block=64).to(torch.bfloat16)
     assert compressor.projection.dtype == torch.float32
     x, coords = static_video(3)
     with torch.no_grad():
@@ -109,10 +110,10 @@ SCRIPT = textwrap.dedent(
     for seed in range(3):
         x, coords = static_video(seed, frames=16, grid=8, dim=64)
         for pairing in ("incremental", "full"):
-            config = CraftConfig(hidden_size=64, sim_block=100, pairing=pairing)
+            compressor = trained_looking(CraftConfig(hidden_size=64), sim_block=100, pairing=pairing)
             with torch.no_grad():
                 for budget in ({{"ratio": 6.0}}, {{"threshold": 0.8}}):
-                    out.append(signature(trained_looking(config)(x, coords, **budget)))
+                    out.append(signature(compressor(x, coords, **budget)))
     print(json.dumps(out))
     """
 )
@@ -144,7 +145,7 @@ def test_instruction_paths_agree(env: dict) -> None:
 
 
 def test_compress_batch_equals_independent_calls() -> None:
-    compressor = trained_looking(CraftConfig(hidden_size=32, sim_block=50))
+    compressor = trained_looking(CraftConfig(hidden_size=32), sim_block=50)
     videos = [static_video(seed, frames=4 + 2 * seed, grid=5) for seed in range(4)]
     with torch.no_grad():
         batch = compressor.compress_batch([v[0] for v in videos], [v[1] for v in videos], ratio=3.0)
@@ -161,7 +162,7 @@ def test_full_pairing_round_reads_the_host_once(budget: dict) -> None:
     gen = torch.Generator().manual_seed(0)
     x = noise(256, 64, generator=gen).repeat(16, 1) + 0.3 * noise(4096, 64, generator=gen)
     coords = grid_coords(16, 16, 16)
-    compressor = CraftCompressor(CraftConfig(hidden_size=64, pairing="full"))
+    compressor = CraftCompressor(CraftConfig(hidden_size=64), pairing="full")
     with torch.no_grad():
         compressor(x, coords, **budget)  # phi(m) is computed once per round index per process
         with OpCounter() as count:
@@ -183,7 +184,7 @@ def test_a_full_recheck_buffer_falls_back_exactly() -> None:
     results = {}
     for pairing in ("full", "incremental"):
         torch.manual_seed(0)
-        compressor = CraftCompressor(CraftConfig(hidden_size=32, pairing=pairing, sim_block=16))
+        compressor = CraftCompressor(CraftConfig(hidden_size=32), pairing=pairing, sim_block=16)
         with torch.no_grad():
             results[pairing] = compressor(x, coords, ratio=6.0)
     assert results["full"].info["fallbacks"] > 0

@@ -43,7 +43,7 @@ def video(frames: int, grid: int, dim: int, seed: int = 0) -> tuple[torch.Tensor
 def test_cuda_selects_exactly_the_cpu_tokens(pairing: str, budget: dict) -> None:
     x, coords = video(16, 16, 256)
     torch.manual_seed(0)
-    compressor = CraftCompressor(CraftConfig(hidden_size=256, pairing=pairing))
+    compressor = CraftCompressor(CraftConfig(hidden_size=256), pairing=pairing)
     with torch.no_grad():
         cpu = compressor(x, coords, **budget)
         gpu = compressor.to("cuda")(x.cuda(), coords.cuda(), **budget)
@@ -64,8 +64,8 @@ def test_cuda_certified_equals_cuda_exact_and_cpu(pairing: str, dtype: torch.dty
     results = {}
     for selection in ("certified", "exact", "recheck"):
         torch.manual_seed(0)
-        config = CraftConfig(hidden_size=256, pairing=pairing, selection=selection)
-        compressor = CraftCompressor(config).to("cuda")
+        config = CraftConfig(hidden_size=256)
+        compressor = CraftCompressor(config, pairing=pairing, selection=selection).to("cuda")
         with torch.no_grad():
             results[selection] = compressor(x.cuda(), coords.cuda(), ratio=6.0)
     certified = results["certified"]
@@ -77,7 +77,7 @@ def test_cuda_certified_equals_cuda_exact_and_cpu(pairing: str, dtype: torch.dty
         assert certified.rounds == results[other].rounds
         assert torch.equal(certified.features, results[other].features)
     torch.manual_seed(0)
-    cpu = CraftCompressor(CraftConfig(hidden_size=256, pairing=pairing))
+    cpu = CraftCompressor(CraftConfig(hidden_size=256), pairing=pairing)
     with torch.no_grad():
         on_cpu = cpu(x, coords, ratio=6.0)
     assert certified.kept_index.cpu().tolist() == on_cpu.kept_index.tolist()

@@ -24,8 +24,8 @@ SCRIPT = textwrap.dedent(
     centres = torch.randn(512, dim, generator=gen)
     x = centres[torch.randint(0, 512, (n,), generator=gen)] + 0.2 * torch.randn(n, dim, generator=gen)
     coords = torch.randint(0, 64, (n, 3), generator=gen)
-    compressor = CraftCompressor(CraftConfig(hidden_size=dim, sim_dim=16, sim_block=block,
-                                             reduce="target"))
+    compressor = CraftCompressor(CraftConfig(hidden_size=dim, sim_dim=16, reduce="target"),
+                                 sim_block=block)
     with torch.no_grad():
         compressor(x[:4096], coords[:4096], ratio=2.0)  # warm up allocator and kernels
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

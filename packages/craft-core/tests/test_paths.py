@@ -47,10 +47,10 @@ SCRIPT = textwrap.dedent(
     for seed in range(5):
         x, coords = video(seed)
         for pairing in ("auto", "incremental", "full"):
-            config = CraftConfig(hidden_size=48, sim_block=64, pairing=pairing)
+            config = CraftConfig(hidden_size=48)
             for live in (False, True):
                 torch.manual_seed(seed)
-                compressor = CraftCompressor(config)
+                compressor = CraftCompressor(config, sim_block=64, pairing=pairing)
                 if live:
                     live_weights(compressor, seed)
                 for budget in ({{"ratio": 4.0}}, {{"ratio": 8.0}}, {{"threshold": 0.8}}):

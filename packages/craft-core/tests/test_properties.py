@@ -256,7 +256,7 @@ def test_budget_helpers_agree_with_their_documentation(
     assert TokenBudget(**again.kwargs()) == again
 
 
-INT_FIELDS = ["hidden_size", "sim_dim", "sim_block", "rank", "gate_hidden", "round_embed_dim"]
+INT_FIELDS = ["hidden_size", "sim_dim", "rank", "gate_hidden", "round_embed_dim"]
 FLOAT_FIELDS = ["temperature", "rope_theta", "layer_norm_eps"]
 ODD_VALUES = st.one_of(
     st.integers(-2, 600),

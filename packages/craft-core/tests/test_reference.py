@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from core_testkit import case_id, noise, reference_cases, run_reference_case
+from core_testkit import Case, case_id, noise, reference_cases, run_reference_case
 
 from craft_core import CraftCompressor, CraftConfig
 
@@ -167,8 +167,9 @@ def reference_compress(module, features, coords, floor, threshold):
     return active, owner, torch.stack([rows[i] for i in active]), rounds
 
 
-def check_against_reference(config: CraftConfig, seed: int, n: int, budget: dict, grad: bool):
-    compressor, x, coords, out = run_reference_case(config, seed, n, budget, grad)
+def check_against_reference(case: Case):
+    config, n, budget = case.config, case.n, case.budget
+    compressor, x, coords, out = run_reference_case(case)
     floor = max(1, math.floor(n / budget["ratio"])) if "ratio" in budget else max(1, n // 128)
     kept, owner, rows, rounds = reference_compress(
         compressor, x, coords, floor, budget.get("threshold")
@@ -182,8 +183,8 @@ def check_against_reference(config: CraftConfig, seed: int, n: int, budget: dict
 
 
 @pytest.mark.parametrize("case", reference_cases(), ids=case_id)
-def test_compressor_equals_reference(case: tuple[CraftConfig, int, int, dict, bool]) -> None:
-    check_against_reference(*case)
+def test_compressor_equals_reference(case: Case) -> None:
+    check_against_reference(case)
 
 
 def test_reference_agrees_on_a_larger_video_like_input() -> None:
@@ -196,7 +197,7 @@ def test_reference_agrees_on_a_larger_video_like_input() -> None:
     x[60:90] = x[30:60]  # a static frame
     coords = torch.randint(0, 9, (n, 3), generator=gen)
     compressor = CraftCompressor(
-        CraftConfig(hidden_size=dim, sim_dim=16, sim_block=64, weighting="uniform", reduce="mean")
+        CraftConfig(hidden_size=dim, sim_dim=16, weighting="uniform", reduce="mean"), sim_block=64
     )
     out = compressor(x, coords, ratio=6.0)
     kept, owner, rows, rounds = reference_compress(compressor, x, coords, n // 6, None)

@@ -18,18 +18,20 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from core_testkit import case_id, make_tokens, reference_cases, run_reference_case
+from core_testkit import Case, case_id, make_tokens, reference_cases, run_reference_case
 
-from craft_core import CraftCompressor, CraftConfig
+from craft_core import CraftCompressor
 
 PINNED = json.loads((Path(__file__).parent / "pins_0_5_0.json").read_text())
 
 
-def digests(config: CraftConfig, seed: int, n: int, budget: dict, grad: bool) -> list[str]:
-    out = run_reference_case(config, seed, n, budget, grad)[3]
+def digests(case: Case, **options: Any) -> list[str]:
+    """The case's `[tokens digest, rows digest]` (`options` replace its run options)."""
+    out = run_reference_case(case, **options)[3]
     selection = json.dumps([out.kept_index.tolist(), out.assignment.tolist(), out.rounds])
     rows = out.features.detach().contiguous().numpy().tobytes()
     return [
@@ -44,8 +46,7 @@ def test_every_reference_case_matches_its_pin() -> None:
     wrong_selection, wrong_rows = [], []
     for case in all_cases:
         key = case_id(case)
-        config, seed, n, budget, grad = case
-        selection, rows = digests(config, seed, n, budget, grad)
+        selection, rows = digests(case)
         if selection != PINNED[key][0]:
             wrong_selection.append(key)
         if rows != PINNED[key][1]:
@@ -58,13 +59,12 @@ def test_every_reference_case_matches_its_pin() -> None:
 def test_the_pin_can_fail(pinned: int) -> None:
     # A changed input must not match its pin: one token scaled by 1.5.
     case = reference_cases()[40 + pinned]
-    config, seed, n, budget, _ = case
     key = case_id(case)
-    torch.manual_seed(seed)
-    x, coords = make_tokens(seed, n, config.hidden_size)
+    torch.manual_seed(case.seed)
+    x, coords = make_tokens(case.seed, case.n, case.config.hidden_size)
     x[0] = x[0] * 1.5
     with torch.no_grad():
-        out = CraftCompressor(config)(x, coords, **budget)
+        out = CraftCompressor(case.config, **case.options)(x, coords, **case.budget)
     rows = hashlib.sha256(out.features.contiguous().numpy().tobytes()).hexdigest()[:16]
     assert rows != PINNED[key][1]
 
@@ -73,12 +73,10 @@ def test_dense_pairing_matches_the_pins() -> None:
     # The small-N path (every exact similarity in one matrix) against the same pins.
     wrong = []
     for case in reference_cases():
-        config, seed, n, budget, grad = case
-        if config.pairing != "incremental":
+        if case.options["pairing"] != "incremental":
             continue
         key = case_id(case)
-        dense = config.model_copy(update={"pairing": "dense"})
-        selection, rows = digests(dense, seed, n, budget, grad)
+        selection, rows = digests(case, pairing="dense")
         if selection != PINNED[key][0] or rows != PINNED[key][1]:
             wrong.append(key)
     assert not wrong, wrong

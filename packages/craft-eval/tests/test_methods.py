@@ -120,6 +120,20 @@ def test_craft_from_checkpoint(tmp_path) -> None:  # type: ignore[no-untyped-def
     assert got.info["checkpoint"] == str(tmp_path / "ckpt")
 
 
+def test_craft_run_options_reach_the_compressor(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # craft-core's run options (precision, pairing, ...) are method options too: on a fresh
+    # module and on a checkpoint, never written into the config.
+    from craft_core import CraftCompressor, CraftConfig
+
+    fresh = get_method("craft", hidden_size=16, precision="fast", pairing="full")
+    assert fresh.module.options.precision == "fast" and fresh.module.options.pairing == "full"
+    CraftCompressor(CraftConfig(hidden_size=16)).save_pretrained(tmp_path / "ckpt")
+    loaded = get_method("craft", checkpoint=tmp_path / "ckpt", precision="fast", seed=3)
+    assert loaded.module.options.precision == "fast" and loaded.module.config.seed == 3
+    with pytest.raises(ValueError, match="precision"):
+        get_method("craft", hidden_size=16, precision="half")
+
+
 def test_every_method_names_its_saliency_source(capsys: pytest.CaptureFixture[str]) -> None:
     """`craft-eval methods` says, for each method, what ranks its tokens; the attention
     methods build compressors that ask craft-adapters for the vision tower's attention."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import engine
 import pytest
 import tiny
+import torch
 from conftest import small_config
 
 from craft_core import CraftCompressor
@@ -59,20 +60,32 @@ def test_craft_equals_craft_adapters(workdir, videos, ratio) -> None:
         engine.control_gaps(served, control)
 
 
+def test_compiled_loop_is_refused_on_a_cpu_server(workdir) -> None:
+    """craft-core's compiled loop is a server option (`craft_compile`), CUDA only: a CPU
+    server refuses it by name before serving."""
+    from craft_vllm.options import CraftConfigError, load_compressor, read_options
+
+    config = type("HfConfig", (), engine.overrides(workdir / "craft", CONTROL, craft_compile=True))
+    options = read_options(config, "CraftQwen2_5_VLForConditionalGeneration")
+    assert options.compile
+    with pytest.raises(CraftConfigError, match=r"craft_compile.*CUDA only"):
+        load_compressor(options, 64, "cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="craft_compile is CUDA only")
 def test_compiled_loop_serves_the_eager_tokens(workdir, videos) -> None:
-    """craft-core's compiled loop (`"compile": true` in the checkpoint's config) inside vLLM's
+    """craft-core's compiled loop (the server option `"craft_compile": true`) inside vLLM's
     worker: the same greedy tokens as craft-adapters' EAGER generate() with the same weights,
     and the worker's module really runs the compiled loop (its result says so)."""
     eager = CraftCompressor.from_pretrained(workdir / "craft")
-    compiled = CraftCompressor(eager.config.model_copy(update={"compile": True}))
-    compiled.load_state_dict(eager.state_dict())
-    compiled.save_pretrained(workdir / "craft_compiled")
 
     def work(llm):
         return engine.served_craft_path(llm), engine.vllm_generate(llm, videos)
 
     path, served = engine.run(
-        workdir / "model", engine.overrides(workdir / "craft_compiled", CONTROL), work
+        workdir / "model",
+        engine.overrides(workdir / "craft", CONTROL, craft_compile=True),
+        work,
     )
     assert path == "compiled"
     reference = engine.adapters_generate(workdir / "model", eager, CONTROL, videos)

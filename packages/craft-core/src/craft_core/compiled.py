@@ -1,6 +1,6 @@
-"""The compiled compression loop (`CraftConfig(compile=True)`): one graph a round.
+"""The compiled compression loop (`compile=True`, on CUDA): one graph a round.
 
-    compressor = CraftCompressor(CraftConfig(hidden_size=2560, compile=True))
+    compressor = CraftCompressor(CraftConfig(hidden_size=2560), compile=True).cuda()
     with torch.no_grad():
         out = compressor(features, coords, ratio=8.0)   # the same tokens as eager
 
@@ -23,8 +23,10 @@ On CUDA the tokens are the same but not every row bit: Triton's float64 (the gat
 softmax) differs from ATen's by up to ~1e-13 relative, so a once-rounded float32 value now
 and then lands one ulp away (measured on an H100: README, "On a GPU").
 
-Training stays eager: with autograd on, `CraftCompressor` runs the eager loop. On a CPU the
-round is compiled with `compiling.inductor_options()` (its cache keyed by the instruction
+Training stays eager: with autograd on, `CraftCompressor` runs the eager loop. The runner and
+its graphs belong to the compressor (`CraftCompressor._runners`), and Dynamo's graph limit is
+raised only while its loop runs. On a CPU (tests only: it is slower than eager) the round is
+compiled with `compiling.inductor_options()` (its cache keyed by the instruction
 path). On CUDA, `GraphedRounds` records each compiled round as a CUDA graph and replays it:
 one launch a round. (`mode="reduce-overhead"` would not: it skips CUDA graphs for a function
 that writes its inputs, and the round updates its tables in place.)
@@ -32,14 +34,12 @@ that writes its inputs, and the round updates its tables in place.)
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable
-
 import torch
 
+from craft_core.algorithm import retire
 from craft_core.certify import buffered_partners
 from craft_core.compiling import inductor_options
-from craft_core.merge import GatedMerge
+from craft_core.merge import EXACT, GatedMerge
 from craft_core.selection import rank_edges, row_keys
 
 MIN_BUCKET = 64
@@ -47,8 +47,9 @@ MIN_BUCKET = 64
 SPARE = 64
 """Rows in doubt that a round rechecks exactly inside its graph (`buffered_partners`)."""
 RECOMPILE_LIMIT = 64
-"""Dynamo's per-function graph limit while the loop runs (its default, 8, is fewer than the
-buckets of one long video; past it Dynamo would silently run the round eagerly)."""
+"""Dynamo's per-function graph limit while the loop runs, set for the loop only (its
+default, 8, is fewer than the buckets of one long video; past it Dynamo would run the round
+eagerly)."""
 
 
 def bucket(n: int) -> int:
@@ -64,6 +65,7 @@ def padded_round(
     weight: torch.Tensor,
     block: int,
     delta: float,
+    dtype: torch.dtype = EXACT,
 ) -> torch.Tensor:
     """One round on padded, fixed-shape state, updated in place; nothing read back.
 
@@ -77,6 +79,7 @@ def padded_round(
             `[d_phi]` float64 round embedding.
         weight: `[D, d]` `grid_projection(W_rand)`.
         block, delta: `sim_block` and `similarity_bound(d)`.
+        dtype: the merge's arithmetic (`RunOptions.merge_dtype`).
 
     Returns:
         `[4]` long: kept edges, targets, lone targets, rows in doubt. With more than `SPARE`
@@ -105,55 +108,37 @@ def padded_round(
         (coords[row_ids], coords[sources]),
         similarity,
         phi,
+        dtype,
     )
     new_rows = new_rows.masked_fill(~row_ok.unsqueeze(1), 0.0)  # the dummy row stays zero
     new_embed, new_norms = row_keys(new_rows, weight, block)
     rows.index_put_((row_ids,), new_rows)
     embed.index_put_((row_ids,), new_embed)
     norms.index_put_((row_ids,), new_norms)
-    retire(owner, active, sources, targets)
+    # The leaving ids become padding (the dummy); unused edge slots hold it on both sides.
+    new_owner, new_active = retire(owner, active, sources, targets, dummy)
+    owner.copy_(new_owner)
+    active.copy_(new_active)
     return torch.cat([edges.sizes, in_doubt.view(1)])
 
 
-def retire(
-    owner: torch.Tensor, active: torch.Tensor, sources: torch.Tensor, targets: torch.Tensor
-) -> None:
-    """Sources hand their tokens to their targets and leave the active slots, in place.
-
-    `owner [S]`, `active [B]` (ascending, padded with the dummy id `S - 1`), `sources` and
-    `targets` `[E]` (unused edge slots hold the dummy on both sides)."""
-    dummy = owner.shape[0] - 1
-    redirect = torch.arange(dummy + 1, device=active.device).index_put_((sources,), targets)
-    owner.copy_(redirect[owner])
-    leaving = redirect[active] != active
-    active.copy_(torch.sort(active.masked_fill(leaving, dummy)).values)
-
-
-_COMPILED: dict[tuple[str, tuple], Callable[..., torch.Tensor]] = {}
-
-
-def compiled_round(device: torch.device) -> Callable[..., torch.Tensor]:
-    """`padded_round` compiled for `device`'s kind (one wrapper per kind and option set).
-    On CUDA, `GraphedRounds` records what it launches as CUDA graphs."""
-    inductor = inductor_options() if device.type == "cpu" else {}
-    key = (device.type, tuple(sorted(inductor.items())))
-    if key not in _COMPILED:
-        _COMPILED[key] = torch.compile(
-            padded_round, fullgraph=True, dynamic=False, options=inductor or None
-        )
-    return _COMPILED[key]
-
-
-Scalars = tuple[int, int, "float | None", torch.Tensor]
-"""A round's `(n, room, threshold, phi)`: host ints, the threshold (None: fixed ratio) and
-the `[d_phi]` float64 round embedding (`padded_round`'s scalars before they are tensors)."""
+Scalars = tuple[int, int, "float | None", torch.Tensor, torch.dtype]
+"""A round's `(n, room, threshold, phi, dtype)`: host ints, the threshold (None: fixed
+ratio), the `[d_phi]` float64 round embedding (`padded_round`'s scalars before they are
+tensors) and the merge's arithmetic."""
 
 
 class CompiledRounds:
-    """Runs the compiled round on the tables of each video (CPU, or CUDA without graphs)."""
+    """Runs the compiled round on the tables of each video (CPU, or CUDA without graphs).
+
+    Its `torch.compile` wrapper is its own (Dynamo still shares graphs between wrappers of
+    `padded_round` with the same options, so a second compressor compiles nothing new)."""
 
     def __init__(self, device: torch.device) -> None:
-        self.round = compiled_round(device)
+        inductor = inductor_options() if device.type == "cpu" else {}
+        self.round = torch.compile(
+            padded_round, fullgraph=True, dynamic=False, options=inductor or None
+        )
         self.replays = 0  # rounds replayed from a CUDA graph (none here)
 
     def start(
@@ -172,13 +157,15 @@ class CompiledRounds:
     ) -> list[int]:
         """One round on `state`, in place; its sizes (`padded_round`'s return) read back:
         the round's one host sync."""
-        active, values, weight = self._round_inputs(state, scalars, weight)
-        return self._launch((merge, state.tables(), active, values, weight, *block_and_delta))
+        active, values, weight = self._round_inputs(state, scalars[:4], weight)
+        args = (merge, state.tables(), active, values, weight, *block_and_delta, scalars[4])
+        return self._launch(args)
 
     def _round_inputs(
-        self, state: PaddedState, scalars: Scalars, weight: torch.Tensor
+        self, state: PaddedState, scalars: tuple, weight: torch.Tensor
     ) -> tuple[torch.Tensor, tuple, torch.Tensor]:
-        """`padded_round`'s `(active, scalars as tensors, weight)` for this round."""
+        """`padded_round`'s `(active, scalars as tensors, weight)` for this round, from
+        `(n, room, threshold, phi)`."""
         device = state.rows.device
         n, room, threshold, phi = scalars
         values = (
@@ -205,7 +192,7 @@ class GraphedRounds(CompiledRounds):
     copies into. The first round at a (table size, active bucket, budget mode) runs the
     compiled round as is, then records it (recording runs nothing); later rounds, of this
     video or the next, replay it. Graphs share one memory pool: rounds run one at a time.
-    Held per compressor and device (`runner_for`); the tables of the largest video seen stay
+    Held per compressor and device (`CraftCompressor._runners`); the tables of the largest video seen stay
     allocated until the compressor is deleted.
     """
 
@@ -228,7 +215,7 @@ class GraphedRounds(CompiledRounds):
         return PaddedState(features, coords, weight, block, self.tables[key])
 
     def _round_inputs(
-        self, state: PaddedState, scalars: Scalars, weight: torch.Tensor
+        self, state: PaddedState, scalars: tuple, weight: torch.Tensor
     ) -> tuple[torch.Tensor, tuple, torch.Tensor]:
         """The static active buffer (the state moves onto it) and the static scalars and
         projection, this round's values copied in."""
@@ -255,7 +242,7 @@ class GraphedRounds(CompiledRounds):
         the round as is and record it for next time (recording runs nothing)."""
         merge, tables, active, values = args[:4]
         params = tuple(t.data_ptr() for t in (*merge.parameters(), *merge.buffers()))
-        key = (tables[0].shape[0], active.numel(), values[2] is None, params)
+        key = (tables[0].shape[0], active.numel(), values[2] is None, params, args[-1])
         if key in self.graphs:
             graph, sizes = self.graphs[key]
             graph.replay()
@@ -289,26 +276,10 @@ class GraphedRounds(CompiledRounds):
         )
 
 
-_GRAPHED: weakref.WeakKeyDictionary[object, dict[torch.device, GraphedRounds]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def runner_for(owner: object, device: torch.device) -> CompiledRounds:
-    """The round runner of `owner` (a compressor) on `device`: `GraphedRounds` on CUDA, kept
-    per owner and device (its graphs and tables outlive a call); else a `CompiledRounds`."""
-    if device.type != "cuda":
-        return CompiledRounds(device)
-    per_device = _GRAPHED.setdefault(owner, {})
-    if device not in per_device:
-        per_device[device] = GraphedRounds(device)
-    return per_device[device]
-
-
-def raise_recompile_limit() -> None:
-    """At least `RECOMPILE_LIMIT` graphs per function (see its docstring)."""
-    config = torch._dynamo.config
-    config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+def runner(device: torch.device) -> CompiledRounds:
+    """A new round runner for `device`: `GraphedRounds` on CUDA (its graphs and tables
+    outlive a call: the compressor keeps it), else a `CompiledRounds`."""
+    return GraphedRounds(device) if device.type == "cuda" else CompiledRounds(device)
 
 
 def empty_tables(

@@ -5,14 +5,16 @@
     out = compressor(features, coords, ratio=8.0)        # features [N, D], coords [N, 3] long
     out = compressor(features, coords, threshold=0.9)    # adaptive mode
     out = compressor(features, coords, TokenBudget(ratio=8))  # the budget object, same call
-    CraftConfig(hidden_size=2560, compile=True)          # one compiled graph a round
+    CraftCompressor(config, precision="fast")            # float32 merge (runtime.RunOptions)
 
 Each round pairs every active token with its most similar one (training-free, float32,
 blockwise, incrementally updated), keeps the best edges within the budget, orients them by
 L2 norm, drops chains, and fuses each target with its sources through `GatedMerge`
-(differentiable). See `docs/algorithm.md` for every rule. With `compile=True` and no
-autograd, `_compress_compiled` runs the same loop as one compiled graph a round
-(`compiled.py`); training stays eager.
+(differentiable). See `docs/algorithm.md` for every rule. How it runs (precision, pairing
+strategy, the compiled loop on CUDA, block size) is chosen when building or loading
+(`runtime.RunOptions`), never saved. With `compile=True` on CUDA and no autograd,
+`_compress_compiled` runs the same loop as one compiled graph a round (`compiled.py`);
+training stays eager.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from craft_core import hub
+from craft_core.algorithm import retire, room
 from craft_core.budget import Budget, TokenBudget, check_tokens
 from craft_core.certify import similarity_bound
 from craft_core.checks import (
@@ -37,13 +40,14 @@ from craft_core.checks import (
     check_index_tensor,
     check_int,
 )
-from craft_core.compiled import SPARE, PaddedState, raise_recompile_limit, runner_for
+from craft_core.compiled import RECOMPILE_LIMIT, SPARE, CompiledRounds, PaddedState, runner
 from craft_core.config import CraftConfig
 from craft_core.contract import budget_of
 from craft_core.dense import DENSE_MAX_TOKENS, DensePairing
 from craft_core.merge import GatedMerge, group_edges, round_embedding
 from craft_core.pairing import FullPairing, PairingState, ranked_edges
 from craft_core.result import CompressionResult
+from craft_core.runtime import RunOptions, split_legacy
 from craft_core.selection import (
     RoundPlan,
     grid_projection,
@@ -182,11 +186,6 @@ def _result(
     )
 
 
-def _room(active: int, floor: int) -> int:
-    """Edges a round may keep: at most half the active tokens, never below the floor."""
-    return min(active - floor, active // 2)
-
-
 def _plan_round(
     pairing: FullPairing | PairingState | DensePairing,
     active_ids: torch.Tensor,
@@ -220,16 +219,10 @@ def _exact_plan(
 def _retire(
     owner: torch.Tensor, active_ids: torch.Tensor, plan: RoundPlan
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sources hand their tokens to their targets (targets are never sources) and leave the
-    active list (`[n]` ascending -> `[n - E]`), with fixed shapes: pushed past every id,
-    sorted, cut."""
-    n = owner.numel()
-    redirect = torch.arange(n, device=owner.device)
-    redirect[plan.sources] = plan.targets
-    leaving = redirect[active_ids] != active_ids
-    remaining = active_ids.numel() - plan.sources.numel()
-    active_ids = torch.sort(active_ids.masked_fill(leaving, n)).values[:remaining]
-    return redirect[owner], active_ids
+    """`algorithm.retire` on the eager loop's compact active list (`[n]` ascending ->
+    `[n - E]`): the leaving ids, pushed past every id, cut off."""
+    owner, active = retire(owner, active_ids, plan.sources, plan.targets, owner.numel())
+    return owner, active[: active_ids.numel() - plan.sources.numel()]
 
 
 def _check_groups(
@@ -285,8 +278,15 @@ class CraftCompressor(
 ):
     """The CRAFT compressor: ~5M learnable parameters (at D = 2560) plus a fixed projection.
 
+    Args:
+        config: what defines the function (saved with checkpoints).
+        **options: how it runs (`runtime.RunOptions`: precision, compile, pairing,
+            selection, sim_block, threads), chosen here, by `from_pretrained` or by
+            `configure`.
+
     Attributes:
         config: the `CraftConfig` it was built from.
+        options: its `RunOptions` (not saved).
         merge: the learnable `GatedMerge`.
         projection: buffer W_rand `[D, d_sim]` (float32, saved with checkpoints, never trained).
         needs_attention: False: CRAFT ranks tokens by their features (`TokenCompressor`).
@@ -295,14 +295,26 @@ class CraftCompressor(
     projection: torch.Tensor
     needs_attention = False
 
-    def __init__(self, config: CraftConfig) -> None:
+    compile_on_cpu = False
+    """Whether `compile=True` may run on a CPU: only tests of the compiled loop set it (it is
+    3-4x slower than eager there, so it is not offered; README)."""
+
+    def __init__(self, config: CraftConfig, **options: Any) -> None:
         super().__init__()
         if not isinstance(config, CraftConfig):
             raise TypeError(f"config must be a CraftConfig, got {type(config).__name__}")
         self.config = config
+        self.options = RunOptions(**options)
+        self._runners: dict[torch.device, CompiledRounds] = {}  # the compiled loop's state
         self.merge = GatedMerge(config)
         projection = make_projection(config.hidden_size, config.sim_dim, config.seed)
         self.register_buffer("projection", projection)
+
+    def configure(self, **options: Any) -> CraftCompressor:
+        """Change how it runs (`RunOptions` fields, e.g. `precision="fast"`), in place; the
+        other options stay. Returns the compressor."""
+        self.options = RunOptions(**{**self.options.model_dump(), **options})
+        return self
 
     def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
         # Casting the module (e.g. to bf16) must not round W_rand: selection stays float32.
@@ -345,13 +357,19 @@ class CraftCompressor(
                 f"features are on {features.device} but the compressor is on "
                 f"{self.projection.device}; move one of them (compressor.to(device))"
             )
-        return self._compress(features, coords.long(), resolved)
+        with self.options.cpu_threads(features.device):
+            return self._compress(features, coords.long(), resolved)
 
     def _compress(
         self, features: torch.Tensor, coords: torch.Tensor, budget: Budget
     ) -> CompressionResult:
         """The loop: pair, select (one host sync), fuse, retire the sources; until the budget."""
-        if self.config.compile and not self._tracks_grad(features):
+        if self.options.compile and not self._tracks_grad(features):
+            if features.device.type == "cpu" and not self.compile_on_cpu:
+                raise ValueError(
+                    "compile=True runs on CUDA only: on a CPU the compiled loop is 3-4x "
+                    "slower than eager (craft-core README); build or load without it"
+                )
             with torch.no_grad():
                 return self._compress_compiled(features, coords, budget)
         started = time.perf_counter()
@@ -364,7 +382,7 @@ class CraftCompressor(
             weight = grid_projection(self.projection)
             pairing, square_norms = self._start_pairing(features, weight, budget)
         counts: list[tuple[int, int]] = []
-        while pairing is not None and _room(active_ids.numel(), budget.floor) > 0:
+        while pairing is not None and room(active_ids.numel(), budget.floor) > 0:
             with torch.no_grad():
                 plan = _plan_round(pairing, active_ids, square_norms, budget)
                 counts.append(pairing.counts)
@@ -409,11 +427,12 @@ class CraftCompressor(
             coords[sources],
             plan.similarity.float(),
             round_index,
+            self.options.merge_dtype(),
         )
         store.replace(targets, new_rows)
         with torch.no_grad():
             owner, active_ids = _retire(owner, active_ids, plan)
-            new_embed, square_norms[targets] = row_keys(new_rows, weight, self.config.sim_block)
+            new_embed, square_norms[targets] = row_keys(new_rows, weight, self.options.sim_block)
             pairing.update(targets, new_embed, active_ids, sources)
         return owner, active_ids
 
@@ -422,17 +441,21 @@ class CraftCompressor(
     ) -> CompressionResult:
         """The loop with one compiled graph a round (`compiled.py`); no autograd."""
         started = time.perf_counter()
-        config, device = self.config, features.device
+        config, options, device = self.config, self.options, features.device
         weight = grid_projection(self.projection)
-        runner = runner_for(self, device)
-        state = runner.start(features, coords, weight, config.sim_block)
-        block_and_delta = (config.sim_block, similarity_bound(config.sim_dim))
-        raise_recompile_limit()
-        rounds, fallbacks, replays = 0, 0, runner.replays
-        while (room := _room(state.n, budget.floor)) > 0:
+        if device not in self._runners:
+            self._runners[device] = runner(device)
+        rounds_runner = self._runners[device]
+        state = rounds_runner.start(features, coords, weight, options.sim_block)
+        block_and_delta = (options.sim_block, similarity_bound(config.sim_dim))
+        rounds, fallbacks, replays = 0, 0, rounds_runner.replays
+        while (edges_allowed := room(state.n, budget.floor)) > 0:
             phi = round_embedding(rounds + 1, config.round_embed_dim, device)
-            scalars = (state.n, room, budget.threshold, phi)
-            sizes = runner.run(self.merge, state, scalars, weight, block_and_delta)
+            scalars = (state.n, edges_allowed, budget.threshold, phi, options.merge_dtype())
+            # Dynamo's graph limit raised for this loop only (a video passes ~log2(N) buckets).
+            limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+            with torch._dynamo.config.patch(recompile_limit=limit):
+                sizes = rounds_runner.run(self.merge, state, scalars, weight, block_and_delta)
             if sizes[3] > SPARE:  # the graph merged nothing: this round, eagerly
                 fallbacks += 1
                 if not self._fallback_round(state, budget, weight, rounds + 1):
@@ -447,7 +470,7 @@ class CraftCompressor(
         final = (state.rows[kept], kept, state.owner[: features.shape[0]])
         info: dict[str, object] = {"pairing": "compiled", "fallbacks": fallbacks}
         if device.type == "cuda":
-            info["graph_replays"] = runner.replays - replays  # rounds that were one launch
+            info["graph_replays"] = rounds_runner.replays - replays  # rounds that were one launch
         return _result(features, coords, final, rounds, budget, started, info)
 
     def _fallback_round(
@@ -456,7 +479,7 @@ class CraftCompressor(
         """A compiled round whose rows in doubt overflowed its buffer, redone eagerly (exact
         rechecks with host syncs) on the same state; False if the budget allows no edge."""
         active_ids = state.kept()
-        pairing = FullPairing(state.embed, self.config.sim_block)
+        pairing = FullPairing(state.embed, self.options.sim_block)
         plan = _exact_plan(pairing, active_ids, state.norms, budget)
         if plan is None:
             return False
@@ -494,19 +517,19 @@ class CraftCompressor(
         `incremental` (fewer multiply-adds, data-dependent shapes: the CPU default) or `dense`
         (every exact similarity in one matrix: the CPU default up to `DENSE_MAX_TOKENS`)."""
         n = features.shape[0]
-        if _room(n, budget.floor) <= 0:
+        if room(n, budget.floor) <= 0:
             return None, torch.empty(0, device=features.device)
-        config = self.config
-        embed, square_norms = row_keys(features, weight, config.sim_block)
-        auto = config.pairing == "auto"
+        options = self.options
+        embed, square_norms = row_keys(features, weight, options.sim_block)
+        auto = options.pairing == "auto"
         on_cpu = features.device.type != "cuda"
-        if config.pairing == "dense" or (
-            auto and on_cpu and n <= DENSE_MAX_TOKENS and config.selection == "certified"
+        if options.pairing == "dense" or (
+            auto and on_cpu and n <= DENSE_MAX_TOKENS and options.selection == "certified"
         ):
             return DensePairing(embed), square_norms
-        if config.pairing == "full" or (auto and not on_cpu):
-            return FullPairing(embed, config.sim_block, check=config.selection), square_norms
-        return PairingState(embed, config.sim_block, check=config.selection), square_norms
+        if options.pairing == "full" or (auto and not on_cpu):
+            return FullPairing(embed, options.sim_block, check=options.selection), square_norms
+        return PairingState(embed, options.sim_block, check=options.selection), square_norms
 
     def compress_batch(
         self,
@@ -578,6 +601,7 @@ class CraftCompressor(
             coords[sources],
             similarity[layout.order].float(),
             round_index,
+            self.options.merge_dtype(),
         )
         return features.index_put((layout.targets,), new_rows)
 
@@ -626,6 +650,7 @@ class CraftCompressor(
         cache_dir: str | Path | None = None,
         force_download: bool = False,
         local_files_only: bool = False,
+        **options: Any,
     ) -> CraftCompressor:
         """Load a folder written by `save_pretrained`, or a Hub id ("org/name").
 
@@ -638,7 +663,11 @@ class CraftCompressor(
                 raises ValueError instead of failing later inside a model.
             device: where to put the weights.
             token, cache_dir, force_download, local_files_only: as in `hf_hub_download`.
+            **options: how it runs (`runtime.RunOptions`, e.g. `precision="fast"`,
+                `compile=True`). A checkpoint written before 1.0 may hold some of them in
+                its `config.json`: they are ignored, with a `LegacyConfigWarning`.
         """
+        options = RunOptions(**options).model_dump()  # a bad option fails before any file
         if hidden_size is not None:
             check_int("hidden_size", hidden_size, minimum=1)
         (config_file, weights_file), folder = hub.resolve_files(
@@ -651,7 +680,10 @@ class CraftCompressor(
             local_files_only=local_files_only,
         )
         try:
-            config = CraftConfig.model_validate(json.loads(config_file.read_text()))
+            fields = json.loads(config_file.read_text())
+            if isinstance(fields, dict):
+                fields = split_legacy(fields, config_file)
+            config = CraftConfig.model_validate(fields)
         except (ValueError, UnicodeDecodeError) as error:  # JSON or a field out of range
             raise ValueError(f"{config_file} is not a valid CRAFT config: {error}") from None
         try:
@@ -665,7 +697,7 @@ class CraftCompressor(
                 f"checkpoint {folder} has hidden_size {config.hidden_size}, but hidden_size "
                 f"{hidden_size} was asked for"
             )
-        module = cls(config)
+        module = cls(config, **options)
         _check_state(module.state_dict(), state, folder, weights_file)
         module.load_state_dict(state)
         return module.to(device)

@@ -32,12 +32,16 @@ def _whole(value: Any) -> Any:
 
 StrictInt = Annotated[int, BeforeValidator(_whole)]
 
+LEGACY_FIELDS = ("compile", "pairing", "selection", "sim_block")
+"""Fields of 0.2-0.6 that are run options since 1.0 (`runtime.RunOptions`)."""
+
 
 class CraftConfig(BaseModel):
     """Hyper-parameters of `CraftCompressor` (see `docs/algorithm.md`).
 
     Only `hidden_size` has no default: it is the width `D` of the language model's embedding
-    space, which the vision projector already maps the video tokens into.
+    space, which the vision projector already maps the video tokens into. How the loop runs
+    (precision, compile, pairing, block size) is not here: see `runtime.RunOptions`.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -51,42 +55,6 @@ class CraftConfig(BaseModel):
         le=512,
         description="d_sim: width of the fixed random projection used for selection similarity "
         "(at most 512, so that similarities are computed exactly in float64).",
-    )
-    sim_block: StrictInt = Field(
-        default=2048,
-        gt=0,
-        description="Rows per block of the blockwise similarity pass; bounds the extra memory "
-        "to about sim_block x N float64 values (the N x N matrix is never built). A memory "
-        "knob only: the selected tokens are the same for every value.",
-    )
-    pairing: Literal["auto", "incremental", "full", "dense"] = Field(
-        default="auto",
-        description="How each round finds every token's best partner (same result either way): "
-        "'full' re-pairs the active set every round with fixed shapes and no host sync (the "
-        "GPU path); 'incremental' recomputes only what the round changed (fewer multiply-adds, "
-        "data-dependent shapes: the CPU path); 'dense' keeps every exact similarity in one "
-        "N x N float64 matrix (least overhead for a few hundred tokens); 'auto' = 'full' on "
-        "CUDA, else 'dense' up to 1,024 tokens (certified selection), else 'incremental'.",
-    )
-    selection: Literal["certified", "exact", "recheck"] = Field(
-        default="certified",
-        description="How the similarities that selection compares are computed (the same tokens "
-        "and rows either way): 'certified' = float32 products with a rigorous error bound, the "
-        "rows in doubt recomputed exactly (fast); 'exact' = float64 products everywhere (the "
-        "0.2 arithmetic, kept as the reference); 'recheck' = certified with every row "
-        "recomputed exactly (a test of the fallback).",
-    )
-    compile: bool = Field(
-        default=False,
-        strict=True,
-        description="Run the compression loop compiled (torch.compile): one graph a round, "
-        "padded to power-of-two size buckets, so a video compiles at most about log2(N) "
-        "graphs and a second video of a length in the same bucket none (the first pays "
-        "seconds of compile per graph). On CUDA each round replays as a CUDA graph (one "
-        "launch). The same tokens as eager; the same rows bit for bit on a CPU, within "
-        "float32 rounding on CUDA. Without autograd only (training stays eager). Faster "
-        "on a GPU, slower than eager on a CPU. Needs pairing 'auto' or 'full' and "
-        "selection 'certified': the loop pairs with the fixed-shape 'full' strategy.",
     )
     rank: StrictInt = Field(
         default=128,
@@ -136,6 +104,22 @@ class CraftConfig(BaseModel):
         default=1e-6, gt=0.0, description="Epsilon of the affine-free LayerNorm inside the gate."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_run_options(cls, data: Any) -> Any:
+        # 0.2-0.6 kept how the loop runs in the config; since 1.0 it is chosen at build or
+        # load time (`runtime.RunOptions`), and `from_pretrained` drops it from old files.
+        if isinstance(data, dict):
+            moved = [k for k in LEGACY_FIELDS if k in data]
+            if moved:
+                raise ValueError(
+                    f"{moved[0]} is not a CraftConfig field since craft-core 1.0: it is a run "
+                    f"option, chosen when building or loading, e.g. "
+                    f"CraftCompressor(config, {moved[0]}=...) or "
+                    f"CraftCompressor.from_pretrained(path, {moved[0]}=...)"
+                )
+        return data
+
     @field_validator("temperature", "rope_theta", "layer_norm_eps", mode="before")
     @classmethod
     def _no_bool(cls, value: Any) -> Any:
@@ -150,17 +134,6 @@ class CraftConfig(BaseModel):
             raise ValueError(f"rank must be even (RoPE rotates pairs), got {self.rank}")
         if self.round_embed_dim % 2:
             raise ValueError(f"round_embed_dim must be even, got {self.round_embed_dim}")
-        if self.pairing == "dense" and self.selection == "recheck":
-            raise ValueError(
-                "pairing='dense' computes every similarity exactly and has no recheck to "
-                "force: use selection='certified' or 'exact' with it, or another pairing"
-            )
-        if self.compile and (self.pairing not in ("auto", "full") or self.selection != "certified"):
-            raise ValueError(
-                "compile=True runs its own fixed-shape pairing ('full', certified): it needs "
-                f"pairing 'auto' or 'full' and selection 'certified', got pairing "
-                f"{self.pairing!r}, selection {self.selection!r}"
-            )
         if any(s < 0 for s in self.rope_sections):
             raise ValueError(f"rope_sections must be non-negative, got {self.rope_sections}")
         if sum(self.rope_sections) != self.rank // 2:

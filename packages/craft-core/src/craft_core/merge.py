@@ -7,15 +7,17 @@ the tokens' original (t, h, w)) plus the selection similarity; `G` is a per-chan
 an MLP on `[x_t ; x_i]`, modulated by the merge round through adaLN-Zero, so that a fresh
 module gives `G = 0.5` everywhere. About 5M parameters at D = 2560.
 
-Arithmetic: every step (projections, norms, RoPE, softmax, gate MLP, LayerNorm, the fusion)
-runs in float64 from float32-exact inputs (float32/bf16 rows and weights upcast exactly), and
+Arithmetic, precision `exact` (the default; `runtime.RunOptions`): every step (projections,
+norms, RoPE, softmax, gate MLP, LayerNorm, the fusion) runs in float64 from float32-exact inputs (float32/bf16 rows and weights upcast exactly), and
 the new rows are rounded once, at the end, to the rows' dtype. A float32 reduction, norm or
 transcendental rounds differently per instruction set (AVX-512 / AVX2 / generic ATen, CUDA,
 a compiled kernel's order), and the next round's exact similarities see the last bit. In
 float64 those paths differ by a few units of 2^-53 relative, so the one rounding to float32
 gives the same bits unless the exact value lies within about 1e-16 (relative) of a float32
 rounding boundary: the rows, and so the tokens, are the same on every path except with a
-probability of about 1e-8 per value.
+probability of about 1e-8 per value. Precision `fast` runs the same code in float32 (every
+method takes `dtype`): about 2.5x less arithmetic time, rows machine-dependent in their last
+bits.
 """
 
 from __future__ import annotations
@@ -60,12 +62,27 @@ def _rope_inv_freq_cpu(rank: int, theta: float) -> torch.Tensor:
         return torch.tensor([theta ** (-i / rank) for i in range(0, rank, 2)], dtype=torch.float64)
 
 
-def _exact(x: torch.Tensor) -> torch.Tensor:
-    """float64 copy of a float32/bf16/f16 tensor (exact: no rounding), differentiable.
+EXACT = torch.float64
+"""The merge's arithmetic in the `exact` precision (`runtime.RunOptions.precision`)."""
 
-    Every value enters the merge's arithmetic through here (the benchmark swaps it for a
-    float32 cast to time the 0.4 arithmetic beside this one)."""
-    return x.to(torch.float64)
+
+def _exact(x: torch.Tensor, dtype: torch.dtype = EXACT) -> torch.Tensor:
+    """`x` in the merge's arithmetic dtype, differentiable: float64 (`exact`: a float32/bf16
+    value upcasts with no rounding) or float32 (`fast`)."""
+    return x.to(dtype)
+
+
+def fuse(
+    base: torch.Tensor, sources: torch.Tensor, group: torch.Tensor, coeff: torch.Tensor
+) -> torch.Tensor:
+    """THE merge formula, `x_t_new = x_t - sum_i c_i (.) (x_t - x_i)`, written as
+    `x_t + sum_i c_i (.) (x_i - x_t)` with separate mul and add (no lerp / FMA, whose use
+    differs between CPU instruction paths).
+
+    Shapes: `base [T, D]` target rows, `sources [E, D]` source rows, `group [E]` the target
+    row of each source, `coeff [E, D]` or `[E, 1]` the weight `w_i G_i`; all in the merge's
+    dtype. Returns `[T, D]`."""
+    return base.index_add(0, group, coeff * (sources - base[group]))
 
 
 @dataclass
@@ -74,7 +91,7 @@ class GroupLayout:
 
     The `lone` targets with a single source come first, edge i belonging to target row i;
     then the shared targets, their edges contiguous. Lone groups are most of a round and
-    fuse with one `lerp` on slices, with no gather or scatter.
+    fuse without the softmax (their weight is 1).
 
     Attributes:
         order: `[E]` permutation that puts the caller's edges into this layout.
@@ -152,12 +169,14 @@ class GatedMerge(nn.Module):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
 
-    def rope3d(self, x: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
-        """3D rotary embedding. `x [n, r]` float64, `coords [n, 3]` -> `[n, r]` float64.
+    def rope3d(
+        self, x: torch.Tensor, coords: torch.Tensor, dtype: torch.dtype = EXACT
+    ) -> torch.Tensor:
+        """3D rotary embedding. `x [n, r]` in `dtype`, `coords [n, 3]` -> `[n, r]` in `dtype`.
 
         Pair p = (x_p, x_{p + r/2}) turns by `coords[axis(p)] * inv_freq[p]` (rotate-half)."""
         inv_freq = _rope_inv_freq_cpu(self.config.rank, self.config.rope_theta).to(x.device)
-        angles = _exact(coords[:, self.rope_axis]) * _exact(inv_freq)  # [n, r/2]
+        angles = _exact(coords[:, self.rope_axis], dtype) * _exact(inv_freq, dtype)  # [n, r/2]
         cos, sin = angles.cos(), angles.sin()
         first, second = x.chunk(2, dim=-1)
         return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
@@ -170,23 +189,30 @@ class GatedMerge(nn.Module):
         coords_targets: torch.Tensor,
         coords_sources: torch.Tensor,
         similarity: torch.Tensor,
+        dtype: torch.dtype = EXACT,
     ) -> torch.Tensor:
-        """w `[E]` float64: softmax over each target's sources (sums to 1 per target).
+        """w `[E]` in `dtype`: softmax over each target's sources (sums to 1 per target).
 
         Shapes: `x_targets [T, D]`, `x_sources [E, D]`, `group [E]` (target row of each
         edge), `coords_* [., 3]`, `similarity [E]`.
         """
         num_targets = x_targets.shape[0]
         if self.config.weighting == "uniform":
-            ones = torch.ones(group.shape, dtype=torch.float64, device=group.device)
-            counts = torch.zeros(num_targets, dtype=torch.float64, device=group.device)
+            ones = torch.ones(group.shape, dtype=dtype, device=group.device)
+            counts = torch.zeros(num_targets, dtype=dtype, device=group.device)
             counts.index_add_(0, group, ones)  # no bincount: no host sync
             return 1.0 / counts[group]
-        query = F.normalize(F.linear(_exact(x_sources), _exact(self.w_q.weight)), dim=-1)
-        key = F.normalize(F.linear(_exact(x_targets), _exact(self.w_k.weight)), dim=-1)
-        query = self.rope3d(query, coords_sources)
-        key = self.rope3d(key, coords_targets)
-        logits = ((query * key[group]).sum(-1) + _exact(similarity)) / self.config.temperature
+        query = F.normalize(
+            F.linear(_exact(x_sources, dtype), _exact(self.w_q.weight, dtype)), dim=-1
+        )
+        key = F.normalize(
+            F.linear(_exact(x_targets, dtype), _exact(self.w_k.weight, dtype)), dim=-1
+        )
+        query = self.rope3d(query, coords_sources, dtype)
+        key = self.rope3d(key, coords_targets, dtype)
+        logits = (
+            (query * key[group]).sum(-1) + _exact(similarity, dtype)
+        ) / self.config.temperature
         peak = torch.full((num_targets,), float("-inf"), dtype=logits.dtype, device=logits.device)
         peak = peak.scatter_reduce(0, group, logits.detach(), reduce="amax")
         exp = torch.exp(logits - peak[group])
@@ -200,25 +226,36 @@ class GatedMerge(nn.Module):
         x_sources: torch.Tensor,
         group: torch.Tensor,
         phi: torch.Tensor,
+        dtype: torch.dtype = EXACT,
     ) -> torch.Tensor:
-        """G `[E, D]` float64 in (0, 1): the per-channel gate of each (target, source) edge.
+        """G `[E, D]` in `dtype` in (0, 1): the per-channel gate of each (target, source) edge.
         `phi` is the round's `round_embedding(m)` (`[d_phi]` float64)."""
         width = self.config.hidden_size
-        weight = _exact(self.w_down.weight)
+        weight = _exact(self.w_down.weight, dtype)
         # W_down [x_t ; x_i] = W_t x_t + W_s x_i: the target half once per target, not per edge.
-        hidden = F.linear(_exact(x_targets), weight[:, :width])[group]
-        hidden = hidden + F.linear(_exact(x_sources), weight[:, width:], _exact(self.w_down.bias))
-        return self.gate_from_hidden(hidden, phi)
+        hidden = F.linear(_exact(x_targets, dtype), weight[:, :width])[group]
+        hidden = hidden + F.linear(
+            _exact(x_sources, dtype), weight[:, width:], _exact(self.w_down.bias, dtype)
+        )
+        return self.gate_from_hidden(hidden, phi, dtype)
 
-    def gate_from_hidden(self, hidden: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
+    def gate_from_hidden(
+        self, hidden: torch.Tensor, phi: torch.Tensor, dtype: torch.dtype = EXACT
+    ) -> torch.Tensor:
         """GELU, affine-free LN, round modulation, W_up, sigmoid: `[E, d_h] -> [E, D]`, in
-        float64 (the input is upcast exactly). `phi` (`[d_phi]` float64) is the round's
+        `dtype` (float64 in `exact`: the input is upcast exactly). `phi` (`[d_phi]` float64) is the round's
         embedding, a tensor: a compiled graph is not specialised to the round."""
-        hidden = F.gelu(_exact(hidden))
+        hidden = F.gelu(_exact(hidden, dtype))
         hidden = F.layer_norm(hidden, (hidden.shape[-1],), eps=self.config.layer_norm_eps)
-        modulation = F.linear(_exact(phi), _exact(self.w_mod.weight), _exact(self.w_mod.bias))
+        modulation = F.linear(
+            _exact(phi, dtype), _exact(self.w_mod.weight, dtype), _exact(self.w_mod.bias, dtype)
+        )
         gamma, beta = modulation.chunk(2)
-        up = F.linear(hidden * (1 + gamma) + beta, _exact(self.w_up.weight), _exact(self.w_up.bias))
+        up = F.linear(
+            hidden * (1 + gamma) + beta,
+            _exact(self.w_up.weight, dtype),
+            _exact(self.w_up.bias, dtype),
+        )
         return torch.sigmoid(up)
 
     def forward(
@@ -230,6 +267,7 @@ class GatedMerge(nn.Module):
         coords_sources: torch.Tensor,
         similarity: torch.Tensor,
         round_index: int,
+        dtype: torch.dtype = EXACT,
     ) -> torch.Tensor:
         """Fuse every target with its sources.
 
@@ -241,9 +279,10 @@ class GatedMerge(nn.Module):
             coords_sources: `[E, 3]` original (t, h, w) of the sources.
             similarity: `[E]` selection similarity s_ti of each edge.
             round_index: the merge round m (1-based).
+            dtype: the arithmetic: float64 (`exact`, the default) or float32 (`fast`).
 
         Returns:
-            `[T, D]` new target rows, in the dtype of `x_targets`: computed in float64 and
+            `[T, D]` new target rows, in the dtype of `x_targets`: computed in `dtype` and
             rounded once (module docstring).
         """
         reduce = self.config.reduce
@@ -253,15 +292,18 @@ class GatedMerge(nn.Module):
         gate = None
         if reduce == "gate":
             phi = round_embedding(round_index, self.config.round_embed_dim, x_targets.device)
-            gate = self.gate(x_targets, x_sources, group, phi)
-        # x_t - sum_i w_i G_i (x_t - x_i): a lone source has w = 1, so x_t + G (x_i - x_t);
-        # with G = 1 that is x_i itself. Separate mul and add, not lerp (whose FMA use differs
-        # between CPU instruction paths).
+            gate = self.gate(x_targets, x_sources, group, phi, dtype)
+        # A lone source has w = 1, so x_t + G (x_i - x_t) (`fuse` with one source per row);
+        # with G = 1 that is x_i itself.
         if gate is None:
-            lone_rows = _exact(x_sources[:lone])
+            lone_rows = _exact(x_sources[:lone], dtype)
         else:
-            base = _exact(x_targets[:lone])
-            lone_rows = base + gate[:lone] * (_exact(x_sources[:lone]) - base)
+            lone_rows = fuse(
+                _exact(x_targets[:lone], dtype),
+                _exact(x_sources[:lone], dtype),
+                group[:lone],
+                gate[:lone],
+            )
         if lone == x_targets.shape[0]:
             return lone_rows.to(x_targets.dtype)
         shared_group = group[lone:] - lone
@@ -272,11 +314,12 @@ class GatedMerge(nn.Module):
             coords_targets[lone:],
             coords_sources[lone:],
             similarity[lone:],
+            dtype,
         ).unsqueeze(1)
         coeff = weights if gate is None else gate[lone:] * weights
-        shared_base = _exact(x_targets[lone:])
-        step = coeff * (_exact(x_sources[lone:]) - shared_base[shared_group])
-        shared_rows = shared_base.index_add(0, shared_group, step)
+        shared_rows = fuse(
+            _exact(x_targets[lone:], dtype), _exact(x_sources[lone:], dtype), shared_group, coeff
+        )
         return torch.cat([lone_rows, shared_rows]).to(x_targets.dtype)
 
     def fuse_all(
@@ -286,6 +329,7 @@ class GatedMerge(nn.Module):
         coords: tuple[torch.Tensor, torch.Tensor],
         similarity: torch.Tensor,
         phi: torch.Tensor,
+        dtype: torch.dtype = EXACT,
     ) -> torch.Tensor:
         """`forward`'s rows with fixed shapes: every target as a group, lone or not (the
         compiled loop's padded rounds; rows of groups it masks are computed and dropped).
@@ -295,21 +339,19 @@ class GatedMerge(nn.Module):
 
         Shapes: `rows = (x_targets [T, D], x_sources [E, D])`, `group [E]` (target row of
         each edge, in `[0, T)`), `coords = (coords_targets [T, 3], coords_sources [E, 3])`,
-        `similarity [E]`, `phi [d_phi]` float64 (`round_embedding` of the round). Returns
-        `[T, D]` in the dtype of `x_targets`.
+        `similarity [E]`, `phi [d_phi]` float64 (`round_embedding` of the round), `dtype`
+        the arithmetic (as `forward`). Returns `[T, D]` in the dtype of `x_targets`.
         """
         (x_targets, x_sources), (coords_targets, coords_sources) = rows, coords
         reduce = self.config.reduce
         if reduce == "target":
             return x_targets
         coeff = self.source_weights(
-            x_targets, x_sources, group, coords_targets, coords_sources, similarity
+            x_targets, x_sources, group, coords_targets, coords_sources, similarity, dtype
         ).unsqueeze(1)
         if reduce == "gate":
-            coeff = self.gate(x_targets, x_sources, group, phi) * coeff
-        base = _exact(x_targets)
-        step = coeff * (_exact(x_sources) - base[group])
-        fused = base.index_add(0, group, step)
+            coeff = self.gate(x_targets, x_sources, group, phi, dtype) * coeff
+        fused = fuse(_exact(x_targets, dtype), _exact(x_sources, dtype), group, coeff)
         if reduce == "mean":  # forward copies a lone source (x_t + (x_i - x_t) may round)
             num_targets = x_targets.shape[0]
             count = group.new_zeros(num_targets).index_add_(0, group, torch.ones_like(group))
@@ -317,5 +359,5 @@ class GatedMerge(nn.Module):
             edge = group.new_zeros(num_targets).scatter_(
                 0, group, torch.arange(group.numel(), device=group.device)
             )
-            fused = torch.where((count == 1).unsqueeze(1), _exact(x_sources[edge]), fused)
+            fused = torch.where((count == 1).unsqueeze(1), _exact(x_sources[edge], dtype), fused)
         return fused.to(x_targets.dtype)

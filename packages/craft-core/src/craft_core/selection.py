@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import torch
 
+from craft_core.algorithm import orient
+from craft_core.algorithm import room as round_room
 from craft_core.merge import GroupLayout
 
 X_BITS = 23
@@ -223,7 +225,7 @@ def rank_edges(
         The round's ranked edges, or None when the budget allows none (k <= 0).
     """
     n, size = active_ids.numel(), square_norms.numel()
-    budget = min(n - floor, n // 2) if room is None else n // 2
+    budget = round_room(n, floor) if room is None else n // 2
     if budget <= 0:
         return None
     # 2-4. Candidates, k, truncation: the best s*_i first, ties to the smaller i (stable
@@ -239,12 +241,8 @@ def rank_edges(
         keep = keep & (torch.arange(budget, device=keep.device) < room)
 
     # 5. Orientation: the larger current norm is the target; equal norms: the smaller index.
-    norm_first, norm_second = square_norms[first], square_norms[second]
-    first_is_target = torch.where(
-        norm_first == norm_second, first < second, norm_first > norm_second
-    )
-    targets = torch.where(first_is_target, first, second)
-    sources = torch.where(first_is_target, second, first)
+    targets, sources = orient(first, second, square_norms)
+    first_is_target = targets == first
 
     # 6. Chain prevention: a token that is any edge's target drops the edges where it is a
     # source. Masked edges write into the spare slot `size`.

@@ -18,6 +18,9 @@ from typing import Any
 from craft_core import TokenBudget
 
 KEYS = ("craft_checkpoint", "craft_ratio")
+OPTIONAL_KEYS = ("craft_compile",)
+"""Run options of the server (not of the checkpoint): `craft_compile` true runs craft-core's
+compiled loop (one CUDA graph a round; CUDA only)."""
 REFUSED = {
     "craft_threshold": "the threshold mode is refused: vLLM reserves each video's token count "
     "when it preprocesses the prompt, before the compressor runs, and a threshold makes that "
@@ -42,10 +45,12 @@ class CraftOptions:
         budget: craft-core's fixed-ratio budget (`ratio` >= 1), checked once here and
             handed to the compressor as it is: a video of N tokens keeps exactly
             `floor(N / ratio)` (`kept`).
+        compile: run craft-core's compiled loop (`craft_compile`; CUDA only).
     """
 
     checkpoint: Path
     budget: TokenBudget
+    compile: bool = False
 
     @property
     def ratio(self) -> float:
@@ -93,15 +98,28 @@ def read_options(hf_config: Any, architecture: str) -> CraftOptions:
             f"craft_checkpoint: folder {folder} does not exist (give the folder that "
             "CraftCompressor.save_pretrained / craft-train wrote: config.json + model.safetensors)"
         )
-    return CraftOptions(checkpoint=folder, budget=budget)
+    compile = _get(hf_config, "craft_compile")
+    if compile is not None and not isinstance(compile, bool):
+        raise CraftConfigError(f"craft_compile must be true or false, got {compile!r}")
+    return CraftOptions(checkpoint=folder, budget=budget, compile=bool(compile))
 
 
 def load_compressor(options: CraftOptions, hidden_size: int, device: Any) -> Any:
-    """The `CraftCompressor` of `options.checkpoint`, checked against the LLM width."""
+    """The `CraftCompressor` of `options.checkpoint`, checked against the LLM width, run
+    compiled if `craft_compile` asked for it (CUDA only)."""
+    import torch
+
     from craft_core import CraftCompressor
 
+    if options.compile and torch.device(device).type != "cuda":
+        raise CraftConfigError(
+            f"craft_compile: craft-core's compiled loop runs on CUDA only (on a CPU it is "
+            f"slower than eager), but this server runs on {device}; leave craft_compile out"
+        )
     try:
-        compressor = CraftCompressor.from_pretrained(options.checkpoint, device=device)
+        compressor = CraftCompressor.from_pretrained(
+            options.checkpoint, device=device, compile=options.compile
+        )
     except (FileNotFoundError, ValueError) as error:
         raise CraftConfigError(f"craft_checkpoint: {error}") from None
     width = compressor.config.hidden_size

@@ -24,7 +24,7 @@ import logging
 from typing import Any
 
 from craft_vllm import video_checks
-from craft_vllm.options import KEYS, REFUSED, CraftConfigError
+from craft_vllm.options import KEYS, OPTIONAL_KEYS, REFUSED, CraftConfigError
 
 logger = logging.getLogger("craft_vllm")
 
@@ -61,7 +61,7 @@ def cpu_runner_needs_fix(version: tuple[int, int]) -> bool:
 
 def _check_not_ignored(runner: Any, model: Any) -> None:
     config = runner.model_config.hf_config
-    given = [k for k in (*KEYS, *REFUSED) if getattr(config, k, None) is not None]
+    given = [k for k in (*KEYS, *OPTIONAL_KEYS, *REFUSED) if getattr(config, k, None) is not None]
     if given and not getattr(model, "craft_compression", False):
         names = ", ".join(ARCHITECTURES)
         raise CraftConfigError(

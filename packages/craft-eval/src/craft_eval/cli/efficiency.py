@@ -37,8 +37,8 @@ def add_parser(sub: Any) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="an option of every method measured, e.g. compile=true (CRAFT's compiled loop: "
-        "CUDA graphs on a GPU)",
+        help="an option of every method measured, e.g. precision=fast (CRAFT's float32 merge) "
+        "or compile=true (CRAFT's compiled loop: CUDA graphs, CUDA only)",
     )
     eff.add_argument("--json", help="also write the result as JSON here")
 

@@ -61,15 +61,17 @@ MODEL_ARGS = Spelling(
 
 def _options_of(info: MethodInfo) -> set[str]:
     """The option names `info.factory` takes: `info.options` where the registry names them
-    (a baseline's settings), else its signature (CRAFT's factories: every CraftConfig field)."""
+    (a baseline's settings), else its signature (CRAFT's factories: every CraftConfig field
+    and run option)."""
     if info.options is not None:
         return set(info.options)
     params = inspect.signature(info.factory).parameters.values()
     allowed = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
     if any(p.kind is p.VAR_KEYWORD and p.name == "overrides" for p in params):
         from craft_core import CraftConfig
+        from craft_core.runtime import RunOptions
 
-        allowed |= set(CraftConfig.model_fields) | {"device"}
+        allowed |= set(CraftConfig.model_fields) | set(RunOptions.model_fields) | {"device"}
     return allowed
 
 

@@ -33,7 +33,8 @@ class CraftMethod(Method):
     Args:
         checkpoint: a folder written by `CraftCompressor.save_pretrained`; wins over the rest.
         hidden_size: D; None builds on the first call from the features' width.
-        overrides: further `CraftConfig` fields (weighting, reduce, seed, ...).
+        overrides: further `CraftConfig` fields (weighting, reduce, seed, ...) and run
+            options (`craft_core.runtime.RunOptions`: precision, compile, ...).
         device: where the module lives; None follows the features of the first call.
     """
 
@@ -48,7 +49,11 @@ class CraftMethod(Method):
     ) -> None:
         self.name = name
         self.checkpoint = None if checkpoint is None else str(checkpoint)
-        self.overrides = overrides
+        from craft_core.runtime import RunOptions
+
+        # Run options go to the compressor, the rest to its config (a checkpoint's wins).
+        self.run_options = {k: v for k, v in overrides.items() if k in RunOptions.model_fields}
+        self.overrides = {k: v for k, v in overrides.items() if k not in self.run_options}
         self.device = None if device is None else torch.device(device)
         self.module: Any = None
         if self.checkpoint is not None:
@@ -66,19 +71,22 @@ class CraftMethod(Method):
     def _fresh(self, hidden_size: int) -> Any:
         from craft_core import CraftCompressor, CraftConfig
 
-        return CraftCompressor(CraftConfig(hidden_size=hidden_size, **self.overrides)).eval()
+        config = CraftConfig(hidden_size=hidden_size, **self.overrides)
+        return CraftCompressor(config, **self.run_options).eval()
 
     def _load(self, path: str) -> Any:
         from craft_core import CraftCompressor
 
         # "org/name@rev" pins a Hub revision; a local folder is never split.
         name, _, revision = (path, "", "") if Path(path).is_dir() else path.partition("@")
-        module = CraftCompressor.from_pretrained(name, revision=revision or None).eval()
+        module = CraftCompressor.from_pretrained(
+            name, revision=revision or None, **self.run_options
+        ).eval()
         if self.overrides:
             from craft_core import CraftConfig
 
             config = CraftConfig(**{**module.config.model_dump(), **self.overrides})
-            rebuilt = CraftCompressor(config)
+            rebuilt = CraftCompressor(config, **self.run_options)
             rebuilt.load_state_dict(module.state_dict())
             module = rebuilt.eval()
         return module
