@@ -227,7 +227,9 @@ def test_two_workers_equal_one_process_and_survive_a_kill(
     assert len(_files(out)) < len(_files(reference))
     reruns = [_worker(library, out, r, 2) for r in range(2)]
     codes = [p.wait(timeout=180) for p in reruns]
-    assert sorted(codes) == [0, 1], [p.communicate() for p in reruns]  # the merger says 1 failed
+    # a rank that merged says 1 video failed (exit 1); when both finish at once both merge
+    # (the same bytes) and both say so; a rank that did not merge exits 0
+    assert 1 in codes and set(codes) <= {0, 1}, [p.communicate() for p in reruns]
     assert _files(out) == _files(reference)  # bit for bit
     strip = ("seconds", "reused")
     got = [{k: v for k, v in r.items() if k not in strip} for r in _rows(out)]
