@@ -41,7 +41,7 @@ def world_processor() -> Any:
     """
     from craft_adapters.tiny import build_tiny_processor
 
-    processor = build_tiny_processor("qwen2_5_vl")
+    processor = build_tiny_processor(world_config().model_type)
     for part in (processor.image_processor, processor.video_processor):
         part.size = {"shortest_edge": 14 * 14 * 4, "longest_edge": 84 * 84}
         part.merge_size = 1
