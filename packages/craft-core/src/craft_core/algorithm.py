@@ -122,8 +122,8 @@ def compress(
 
     Returns `(kept ids ascending, owner [N] of every input token, kept rows [K, D] in the
     input dtype, rounds)`."""
+    from craft_core.keys import grid_projection, row_keys
     from craft_core.merge import group_edges
-    from craft_core.selection import grid_projection, row_keys
 
     n = features.shape[0]
     weight = grid_projection(compressor.projection)
