@@ -57,6 +57,21 @@ def bucket(n: int) -> int:
     return max(MIN_BUCKET, 1 << max(n - 1, 0).bit_length())
 
 
+def _store_rows(
+    tables: tuple[torch.Tensor, ...],
+    row_ids: torch.Tensor,
+    new_rows: torch.Tensor,
+    weight: torch.Tensor,
+    block: int,
+) -> None:
+    """Write `new_rows` `[E, D]` and their exact keys into the padded tables at `row_ids`."""
+    rows, _, embed, norms, _ = tables
+    new_embed, new_norms = row_keys(new_rows, weight, block)
+    rows.index_put_((row_ids,), new_rows)
+    embed.index_put_((row_ids,), new_embed)
+    norms.index_put_((row_ids,), new_norms)
+
+
 def padded_round(
     merge: GatedMerge,
     tables: tuple[torch.Tensor, ...],
@@ -111,10 +126,7 @@ def padded_round(
         dtype,
     )
     new_rows = new_rows.masked_fill(~row_ok.unsqueeze(1), 0.0)  # the dummy row stays zero
-    new_embed, new_norms = row_keys(new_rows, weight, block)
-    rows.index_put_((row_ids,), new_rows)
-    embed.index_put_((row_ids,), new_embed)
-    norms.index_put_((row_ids,), new_norms)
+    _store_rows(tables, row_ids, new_rows, weight, block)
     # The leaving ids become padding (the dummy); unused edge slots hold it on both sides.
     new_owner, new_active = retire(owner, active, sources, targets, dummy)
     owner.copy_(new_owner)

@@ -679,19 +679,7 @@ class CraftCompressor(
             force_download=force_download,
             local_files_only=local_files_only,
         )
-        try:
-            fields = json.loads(config_file.read_text())
-            if isinstance(fields, dict):
-                fields = split_legacy(fields, config_file)
-            config = CraftConfig.model_validate(fields)
-        except (ValueError, UnicodeDecodeError) as error:  # JSON or a field out of range
-            raise ValueError(f"{config_file} is not a valid CRAFT config: {error}") from None
-        try:
-            state = load_file(str(weights_file))
-        except Exception as error:  # safetensors raises its own error types
-            raise ValueError(
-                f"{weights_file} is not a readable safetensors file: {error}"
-            ) from None
+        config, state = _read_checkpoint(config_file, weights_file)
         if hidden_size is not None and config.hidden_size != hidden_size:
             raise ValueError(
                 f"checkpoint {folder} has hidden_size {config.hidden_size}, but hidden_size "
@@ -719,3 +707,20 @@ def _check_state(
     bad = sorted(k for k, v in state.items() if not bool(torch.isfinite(v).all()))
     if bad:
         raise ValueError(f"checkpoint {weights} holds NaN or inf values in {bad}")
+
+
+def _read_checkpoint(config_file: Path, weights_file: Path) -> tuple[CraftConfig, dict[str, Any]]:
+    """The config (legacy run options split off, with their warning) and the weights of a
+    checkpoint; ValueError naming the file that cannot be read."""
+    try:
+        fields = json.loads(config_file.read_text())
+        if isinstance(fields, dict):
+            fields = split_legacy(fields, config_file)
+        config = CraftConfig.model_validate(fields)
+    except (ValueError, UnicodeDecodeError) as error:  # JSON or a field out of range
+        raise ValueError(f"{config_file} is not a valid CRAFT config: {error}") from None
+    try:
+        state = load_file(str(weights_file))
+    except Exception as error:  # safetensors raises its own error types
+        raise ValueError(f"{weights_file} is not a readable safetensors file: {error}") from None
+    return config, state

@@ -66,6 +66,24 @@ EXACT = torch.float64
 """The merge's arithmetic in the `exact` precision (`runtime.RunOptions.precision`)."""
 
 
+def _lone_rows(
+    x_targets: torch.Tensor,
+    x_sources: torch.Tensor,
+    group: torch.Tensor,
+    gate: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """`[L, D]` new rows of the L lone targets (one source each), in `dtype`.
+
+    A lone source has w = 1, so x_t + G (x_i - x_t) (`fuse` with one source per row); with
+    no gate (G = 1) that is x_i itself. `gate`: `[T, D]` of every target (None: no gate).
+    """
+    if gate is None:
+        return _exact(x_sources, dtype)
+    lone = x_targets.shape[0]
+    return fuse(_exact(x_targets, dtype), _exact(x_sources, dtype), group, gate[:lone])
+
+
 def _exact(x: torch.Tensor, dtype: torch.dtype = EXACT) -> torch.Tensor:
     """`x` in the merge's arithmetic dtype, differentiable: float64 (`exact`: a float32/bf16
     value upcasts with no rounding) or float32 (`fast`)."""
@@ -293,17 +311,7 @@ class GatedMerge(nn.Module):
         if reduce == "gate":
             phi = round_embedding(round_index, self.config.round_embed_dim, x_targets.device)
             gate = self.gate(x_targets, x_sources, group, phi, dtype)
-        # A lone source has w = 1, so x_t + G (x_i - x_t) (`fuse` with one source per row);
-        # with G = 1 that is x_i itself.
-        if gate is None:
-            lone_rows = _exact(x_sources[:lone], dtype)
-        else:
-            lone_rows = fuse(
-                _exact(x_targets[:lone], dtype),
-                _exact(x_sources[:lone], dtype),
-                group[:lone],
-                gate[:lone],
-            )
+        lone_rows = _lone_rows(x_targets[:lone], x_sources[:lone], group[:lone], gate, dtype)
         if lone == x_targets.shape[0]:
             return lone_rows.to(x_targets.dtype)
         shared_group = group[lone:] - lone

@@ -434,6 +434,13 @@ def train(
             loop.runner.reporter.close()
         if progress is not None:
             progress.close()
+    return _finish(loop, accelerator, output_dir, step, result)
+
+
+def _finish(
+    loop: _Loop, accelerator: Any, output_dir: Path, step: int, result: TrainResult
+) -> TrainResult:
+    """Save the final weights and state, write the Hub folder, fill in `result`."""
     final = loop.state(step, finished=True)
     loop.runner.save_weights(output_dir)
     if accelerator.is_main_process:
