@@ -114,10 +114,10 @@ def test_training_stays_eager_and_gradients_flow() -> None:
     assert x.grad is not None and compressor.merge.w_up.weight.grad is not None
 
 
-@pytest.mark.parametrize("update", [{"pairing": "dense"}, {"selection": "exact"}])
-def test_compile_refuses_a_pairing_it_does_not_run(update: dict) -> None:
+@pytest.mark.parametrize("pairing", ["dense", "incremental"])
+def test_compile_refuses_a_pairing_it_does_not_run(pairing: str) -> None:
     with pytest.raises(ValueError, match="compile=True"):
-        CraftCompressor(CraftConfig(hidden_size=24), compile=True, **update)
+        CraftCompressor(CraftConfig(hidden_size=24), compile=True, pairing=pairing)
 
 
 def test_compile_is_a_strict_bool() -> None:

@@ -21,11 +21,21 @@ def live(precision: str = "exact", **options) -> CraftCompressor:  # type: ignor
     return live_weights(CraftCompressor(config, precision=precision, **options), 3)
 
 
-@pytest.mark.parametrize("field", ["compile", "pairing", "selection", "sim_block"])
+@pytest.mark.parametrize("field", ["compile", "pairing", "sim_block"])
 def test_config_refuses_a_run_option_and_says_where_it_went(field: str) -> None:
-    value = {"compile": True, "pairing": "full", "selection": "exact", "sim_block": 64}[field]
+    value = {"compile": True, "pairing": "full", "sim_block": 64}[field]
     with pytest.raises(ValueError, match=f"{field} is not a CraftConfig field.*run option"):
         CraftConfig(hidden_size=8, **{field: value})
+
+
+def test_the_removed_selection_option_is_refused_by_name() -> None:
+    # 1.0 removed selection='exact' / 'recheck' (never faster where they run: CHANGELOG).
+    with pytest.raises(ValueError, match=r"selection is not a CraftConfig field.*removed"):
+        CraftConfig(hidden_size=8, selection="exact")
+    with pytest.raises(ValueError, match="selection was removed"):
+        RunOptions(selection="certified")
+    with pytest.raises(ValueError, match="selection was removed"):
+        CraftCompressor(CraftConfig(hidden_size=8), selection="exact")
 
 
 def test_run_options_are_checked_by_name() -> None:
@@ -37,8 +47,8 @@ def test_run_options_are_checked_by_name() -> None:
         CraftCompressor(CraftConfig(hidden_size=8), warp_speed=2)
     with pytest.raises(ValueError, match="threads"):
         RunOptions(threads=0)
-    with pytest.raises(ValueError, match="pairing='dense'"):
-        RunOptions(pairing="dense", selection="recheck")
+    with pytest.raises(ValueError, match=r"compile=True.*pairing 'dense'"):
+        RunOptions(compile=True, pairing="dense")
 
 
 def test_old_checkpoint_with_run_options_loads_with_a_warning(tmp_path: Path) -> None:

@@ -45,8 +45,9 @@ from craft_core.config import CraftConfig
 from craft_core.contract import budget_of
 from craft_core.dense import DENSE_MAX_TOKENS, DensePairing
 from craft_core.merge import GatedMerge, group_edges, round_embedding
-from craft_core.pairing import FullPairing, PairingState, ranked_edges
+from craft_core.pairing import FullPairing, Pairing, PairingState, ranked_edges
 from craft_core.result import CompressionResult
+from craft_core.rows import RowStore, row_store
 from craft_core.runtime import RunOptions, split_legacy
 from craft_core.selection import (
     RoundPlan,
@@ -58,102 +59,6 @@ from craft_core.selection import (
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-
-
-class _SlotRows:
-    """Current feature rows in float32, without autograd: rewritten rows in place.
-
-    Rows are carried in float32 whatever the input dtype (a bf16 row rounded back every round
-    would select differently from its own float32 upcast) and cast once at the end. The input
-    is never copied or modified: row i reads the input until it is first rewritten, then its
-    slot in a buffer (a target rewritten again reuses its slot). The slot count lives on the
-    device; the host only keeps an upper bound (rows rewritten so far, at most N) to size the
-    buffer, which grows by doubling: no host sync.
-    """
-
-    def __init__(self, features: torch.Tensor) -> None:
-        self.features = features
-        self.slot = torch.full((features.shape[0],), -1, dtype=torch.long, device=features.device)
-        self.buffer = torch.empty(0, features.shape[1], device=features.device)
-        self.used = torch.zeros((), dtype=torch.long, device=features.device)
-        self.bound = 0  # host upper bound on `used`
-
-    def gather(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows `ids` (`[k]` original indices) -> `[k, D]` float32."""
-        if self.bound == 0:
-            return self.features[ids].float()
-        slot = self.slot[ids]
-        rewritten = self.buffer[slot.clamp(min=0)]
-        return torch.where((slot >= 0).unsqueeze(1), rewritten, self.features[ids].float())
-
-    def replace(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
-        """Rows `ids` (`[k]`, distinct) now read from `rows` (`[k, D]` float32)."""
-        slot = self.slot[ids]
-        fresh = slot < 0
-        bound = min(self.bound + ids.numel(), self.features.shape[0])
-        if bound > self.buffer.shape[0]:
-            grown = min(max(2 * self.buffer.shape[0], bound), self.features.shape[0])
-            buffer = torch.empty(grown, rows.shape[1], device=rows.device)
-            buffer[: self.bound] = self.buffer[: self.bound]
-            self.buffer = buffer
-        counted = torch.cumsum(fresh, 0)
-        slot = torch.where(fresh, self.used + counted - 1, slot)
-        self.slot[ids] = slot
-        self.used = self.used + counted[-1]
-        self.bound = bound
-        self.buffer[slot] = rows
-
-
-class _CopiedRows:
-    """Current feature rows in float32, without autograd, for a few hundred tokens: one copy
-    of the input (`[N, D]` float32, N <= `DENSE_MAX_TOKENS`), rewritten in place. The same
-    rows as `_SlotRows` (a float32 upcast is exact) with one op per gather and per write
-    instead of the slot arithmetic: at small N the ops, not the bytes, are the cost."""
-
-    def __init__(self, features: torch.Tensor) -> None:
-        self.rows = features.detach().float().clone()
-
-    def gather(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows `ids` (`[k]` original indices) -> `[k, D]` float32."""
-        return self.rows[ids]
-
-    def replace(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
-        """Rows `ids` (`[k]`, distinct) now read from `rows` (`[k, D]` float32)."""
-        self.rows[ids] = rows
-
-
-class _PieceRows:
-    """Current feature rows in float32, with autograd: nothing is written in place.
-
-    Row i lives in `pieces[piece[i]][row[i]]`: piece 0 is the input, piece m the targets
-    rewritten in round m, and gathers stitch the pieces together (copying `[N, D]` every
-    round instead would cost O(N D) per round).
-    """
-
-    def __init__(self, features: torch.Tensor) -> None:
-        n = features.shape[0]
-        self.pieces = [features]
-        self.piece = torch.zeros(n, dtype=torch.long, device=features.device)
-        self.row = torch.arange(n, device=features.device)
-
-    def gather(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows `ids` (`[k]` original indices) -> `[k, D]` float32."""
-        piece = self.piece[ids]
-        if len(self.pieces) == 1 or not bool(piece.any()):
-            return self.pieces[0][ids].float()
-        parts, positions = [], []
-        for index in torch.unique(piece).tolist():
-            where = torch.nonzero(piece == index).squeeze(1)
-            parts.append(self.pieces[index][self.row[ids[where]]].float())
-            positions.append(where)
-        order = torch.argsort(torch.cat(positions))
-        return torch.cat(parts)[order]
-
-    def replace(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
-        """Rows `ids` (`[k]`, distinct) now read from `rows` (`[k, D]` float32)."""
-        self.piece[ids] = len(self.pieces)
-        self.row[ids] = torch.arange(ids.numel(), device=ids.device)
-        self.pieces.append(rows)
 
 
 def _result(
@@ -187,7 +92,7 @@ def _result(
 
 
 def _plan_round(
-    pairing: FullPairing | PairingState | DensePairing,
+    pairing: Pairing,
     active_ids: torch.Tensor,
     square_norms: torch.Tensor,
     budget: Budget,
@@ -203,7 +108,7 @@ def _plan_round(
 
 
 def _exact_plan(
-    pairing: FullPairing | PairingState | DensePairing,
+    pairing: Pairing,
     active_ids: torch.Tensor,
     square_norms: torch.Tensor,
     budget: Budget,
@@ -374,7 +279,7 @@ class CraftCompressor(
                 return self._compress_compiled(features, coords, budget)
         started = time.perf_counter()
         n, device = features.shape[0], features.device
-        store = self._row_store(features)
+        store = row_store(features, self._tracks_grad(features))
         owner = torch.arange(n, device=device)  # the token each input token now belongs to
         active_ids = torch.arange(n, device=device)
         rounds = 0
@@ -406,7 +311,7 @@ class CraftCompressor(
     def _apply_round(
         self,
         plan: RoundPlan,
-        state: tuple[Any, Any, torch.Tensor, torch.Tensor],
+        state: tuple[RowStore, Pairing, torch.Tensor, torch.Tensor],
         coords: torch.Tensor,
         owner: torch.Tensor,
         active_ids: torch.Tensor,
@@ -495,15 +400,6 @@ class CraftCompressor(
         state.set_active(active_ids)
         return True
 
-    def _row_store(self, features: torch.Tensor) -> _SlotRows | _CopiedRows | _PieceRows:
-        """In-place rows without autograd (a plain copy for a few hundred tokens); stitched
-        pieces when a gradient must flow."""
-        if self._tracks_grad(features):
-            return _PieceRows(features)
-        return (
-            _CopiedRows(features) if features.shape[0] <= DENSE_MAX_TOKENS else _SlotRows(features)
-        )
-
     def _tracks_grad(self, features: torch.Tensor) -> bool:
         """Whether a gradient must flow (to the features or the merge's weights)."""
         return torch.is_grad_enabled() and (
@@ -512,7 +408,7 @@ class CraftCompressor(
 
     def _start_pairing(
         self, features: torch.Tensor, weight: torch.Tensor, budget: Budget
-    ) -> tuple[FullPairing | PairingState | DensePairing | None, torch.Tensor]:
+    ) -> tuple[Pairing | None, torch.Tensor]:
         """The strategy choice: `full` (fixed shapes, one host sync a round: the CUDA default),
         `incremental` (fewer multiply-adds, data-dependent shapes: the CPU default) or `dense`
         (every exact similarity in one matrix: the CPU default up to `DENSE_MAX_TOKENS`)."""
@@ -523,13 +419,11 @@ class CraftCompressor(
         embed, square_norms = row_keys(features, weight, options.sim_block)
         auto = options.pairing == "auto"
         on_cpu = features.device.type != "cuda"
-        if options.pairing == "dense" or (
-            auto and on_cpu and n <= DENSE_MAX_TOKENS and options.selection == "certified"
-        ):
+        if options.pairing == "dense" or (auto and on_cpu and n <= DENSE_MAX_TOKENS):
             return DensePairing(embed), square_norms
         if options.pairing == "full" or (auto and not on_cpu):
-            return FullPairing(embed, options.sim_block, check=options.selection), square_norms
-        return PairingState(embed, options.sim_block, check=options.selection), square_norms
+            return FullPairing(embed, options.sim_block), square_norms
+        return PairingState(embed, options.sim_block), square_norms
 
     def compress_batch(
         self,

@@ -9,7 +9,8 @@
 these changes the selected tokens' rule; `precision` decides whether the rows are the same
 bits on every CPU instruction path (`exact`) or only within float32 rounding (`fast`).
 Checkpoints written before 1.0 carry `compile`, `pairing`, `selection` and `sim_block` in
-`config.json`: `from_pretrained` drops them with a warning (`LEGACY_FIELDS`).
+`config.json`: `from_pretrained` drops them with a warning (`LEGACY_FIELDS`); `selection`
+is no run option any more (its `exact` and `recheck` checks were removed in 1.0).
 """
 
 from __future__ import annotations
@@ -58,13 +59,6 @@ class RunOptions(BaseModel):
         "every exact similarity in one N x N float64 matrix (a few hundred tokens); 'auto' = "
         "'full' on CUDA, else 'dense' up to 1,024 tokens, else 'incremental'.",
     )
-    selection: Literal["certified", "exact", "recheck"] = Field(
-        default="certified",
-        description="How selection's similarities are computed (the same values either way): "
-        "'certified' = float32 products with a rigorous error bound, rows in doubt recomputed "
-        "in float64; 'exact' = float64 products everywhere (the reference); 'recheck' = "
-        "certified with every row rechecked (a test of the fallback).",
-    )
     sim_block: StrictInt = Field(
         default=2048,
         gt=0,
@@ -81,18 +75,22 @@ class RunOptions(BaseModel):
         "measured). None: torch's setting as it is.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "selection" in data:
+            raise ValueError(
+                "selection was removed in craft-core 1.0 ('exact' and 'recheck' gave the "
+                "certified values and never ran faster where they run): drop the argument"
+            )
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> RunOptions:
-        if self.pairing == "dense" and self.selection == "recheck":
+        if self.compile and self.pairing not in ("auto", "full"):
             raise ValueError(
-                "pairing='dense' computes every similarity exactly and has no recheck to "
-                "force: use selection='certified' or 'exact' with it, or another pairing"
-            )
-        if self.compile and (self.pairing not in ("auto", "full") or self.selection != "certified"):
-            raise ValueError(
-                "compile=True runs its own fixed-shape pairing ('full', certified): it needs "
-                f"pairing 'auto' or 'full' and selection 'certified', got pairing "
-                f"{self.pairing!r}, selection {self.selection!r}"
+                "compile=True runs its own fixed-shape pairing ('full'): it needs pairing "
+                f"'auto' or 'full', got pairing {self.pairing!r}"
             )
         return self
 
