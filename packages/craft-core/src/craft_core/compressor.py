@@ -11,10 +11,10 @@ Each round pairs every active token with its most similar one (training-free, fl
 blockwise, incrementally updated), keeps the best edges within the budget, orients them by
 L2 norm, drops chains, and fuses each target with its sources through `GatedMerge`
 (differentiable). See `docs/algorithm.md` for every rule. How it runs (precision, pairing
-strategy, the compiled loop on CUDA, block size) is chosen when building or loading
-(`runtime.RunOptions`), never saved. With `compile=True` on CUDA and no autograd,
-`_compress_compiled` runs the same loop as one compiled graph a round (`compiled.py`);
-training stays eager.
+strategy, the padded loop on CUDA, block size) is chosen when building or loading
+(`runtime.RunOptions`), never saved. With `cuda_graphs=True` or `compile=True` on CUDA and
+no autograd, `_compress_padded` runs the same loop as one CUDA graph a round
+(`compiled.py`); training stays eager.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from craft_core.checks import (
     check_index_tensor,
     check_int,
 )
-from craft_core.compiled import RECOMPILE_LIMIT, SPARE, CompiledRounds, PaddedState, runner
+from craft_core.compiled import SPARE, PaddedState, RoundRunner, runner
 from craft_core.config import CraftConfig
 from craft_core.contract import budget_of
 from craft_core.dense import DENSE_MAX_TOKENS, DensePairing
@@ -201,8 +201,9 @@ class CraftCompressor(
     needs_attention = False
 
     compile_on_cpu = False
-    """Whether `compile=True` may run on a CPU: only tests of the compiled loop set it (it is
-    3-4x slower than eager there, so it is not offered; README)."""
+    """Whether the padded loop (`compile=True`, `cuda_graphs=True`) may run on a CPU: only
+    tests and benchmarks set it (there are no CUDA graphs there, and compiled it is 3-4x
+    slower than eager, so it is not offered; README)."""
 
     def __init__(self, config: CraftConfig, **options: Any) -> None:
         super().__init__()
@@ -210,7 +211,8 @@ class CraftCompressor(
             raise TypeError(f"config must be a CraftConfig, got {type(config).__name__}")
         self.config = config
         self.options = RunOptions(**options)
-        self._runners: dict[torch.device, CompiledRounds] = {}  # the compiled loop's state
+        # The padded loop's runners (their CUDA graphs and tables), by (device, compiled).
+        self._runners: dict[tuple[torch.device, bool], RoundRunner] = {}
         self.merge = GatedMerge(config)
         projection = make_projection(config.hidden_size, config.sim_dim, config.seed)
         self.register_buffer("projection", projection)
@@ -269,14 +271,16 @@ class CraftCompressor(
         self, features: torch.Tensor, coords: torch.Tensor, budget: Budget
     ) -> CompressionResult:
         """The loop: pair, select (one host sync), fuse, retire the sources; until the budget."""
-        if self.options.compile and not self._tracks_grad(features):
+        if self.options.padded() and not self._tracks_grad(features):
             if features.device.type == "cpu" and not self.compile_on_cpu:
+                name = "compile" if self.options.compile else "cuda_graphs"
                 raise ValueError(
-                    "compile=True runs on CUDA only: on a CPU the compiled loop is 3-4x "
-                    "slower than eager (craft-core README); build or load without it"
+                    f"{name}=True runs on CUDA only (a CPU has no CUDA graphs, and there the "
+                    "compiled loop is 3-4x slower than eager: craft-core README); build or "
+                    "load without it"
                 )
             with torch.no_grad():
-                return self._compress_compiled(features, coords, budget)
+                return self._compress_padded(features, coords, budget)
         started = time.perf_counter()
         n, device = features.shape[0], features.device
         store = row_store(features, self._tracks_grad(features))
@@ -341,26 +345,25 @@ class CraftCompressor(
             pairing.update(targets, new_embed, active_ids, sources)
         return owner, active_ids
 
-    def _compress_compiled(
+    def _compress_padded(
         self, features: torch.Tensor, coords: torch.Tensor, budget: Budget
     ) -> CompressionResult:
-        """The loop with one compiled graph a round (`compiled.py`); no autograd."""
+        """The loop with one padded round a round (`compiled.py`: a CUDA graph on CUDA,
+        compiled first with `compile=True`); no autograd."""
         started = time.perf_counter()
         config, options, device = self.config, self.options, features.device
         weight = grid_projection(self.projection)
-        if device not in self._runners:
-            self._runners[device] = runner(device)
-        rounds_runner = self._runners[device]
+        key = (device, options.compile)
+        if key not in self._runners:
+            self._runners[key] = runner(device, options.compile)
+        rounds_runner = self._runners[key]
         state = rounds_runner.start(features, coords, weight, options.sim_block)
         block_and_delta = (options.sim_block, similarity_bound(config.sim_dim))
         rounds, fallbacks, replays = 0, 0, rounds_runner.replays
         while (edges_allowed := room(state.n, budget.floor)) > 0:
             phi = round_embedding(rounds + 1, config.round_embed_dim, device)
             scalars = (state.n, edges_allowed, budget.threshold, phi, options.merge_dtype())
-            # Dynamo's graph limit raised for this loop only (a video passes ~log2(N) buckets).
-            limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-            with torch._dynamo.config.patch(recompile_limit=limit):
-                sizes = rounds_runner.run(self.merge, state, scalars, weight, block_and_delta)
+            sizes = rounds_runner.run(self.merge, state, scalars, weight, block_and_delta)
             if sizes[3] > SPARE:  # the graph merged nothing: this round, eagerly
                 fallbacks += 1
                 if not self._fallback_round(state, budget, weight, rounds + 1):
@@ -373,7 +376,8 @@ class CraftCompressor(
             rounds += 1
         kept = state.kept().clone()
         final = (state.rows[kept], kept, state.owner[: features.shape[0]])
-        info: dict[str, object] = {"pairing": "compiled", "fallbacks": fallbacks}
+        loop = "compiled" if options.compile else "graphed"
+        info: dict[str, object] = {"pairing": loop, "fallbacks": fallbacks}
         if device.type == "cuda":
             info["graph_replays"] = rounds_runner.replays - replays  # rounds that were one launch
         return _result(features, coords, final, rounds, budget, started, info)

@@ -62,6 +62,14 @@ def _rope_inv_freq_cpu(rank: int, theta: float) -> torch.Tensor:
         return torch.tensor([theta ** (-i / rank) for i in range(0, rank, 2)], dtype=torch.float64)
 
 
+@functools.lru_cache(maxsize=64)
+def _rope_inv_freq(rank: int, theta: float, device: torch.device) -> torch.Tensor:
+    # Copied once per device, not once per call: a round captured as a CUDA graph may not
+    # copy from host memory (and a cached tensor keeps the address the graph replays).
+    with torch.inference_mode(False):
+        return _rope_inv_freq_cpu(rank, theta).to(device)
+
+
 EXACT = torch.float64
 """The merge's arithmetic in the `exact` precision (`runtime.RunOptions.precision`)."""
 
@@ -193,7 +201,7 @@ class GatedMerge(nn.Module):
         """3D rotary embedding. `x [n, r]` in `dtype`, `coords [n, 3]` -> `[n, r]` in `dtype`.
 
         Pair p = (x_p, x_{p + r/2}) turns by `coords[axis(p)] * inv_freq[p]` (rotate-half)."""
-        inv_freq = _rope_inv_freq_cpu(self.config.rank, self.config.rope_theta).to(x.device)
+        inv_freq = _rope_inv_freq(self.config.rank, self.config.rope_theta, x.device)
         angles = _exact(coords[:, self.rope_axis], dtype) * _exact(inv_freq, dtype)  # [n, r/2]
         cos, sin = angles.cos(), angles.sin()
         first, second = x.chunk(2, dim=-1)

@@ -51,6 +51,14 @@ class RunOptions(BaseModel):
         "buckets), replayed as a CUDA graph on CUDA. Refused on a CPU, where it is slower "
         "than eager (README). Without autograd only (training runs eager).",
     )
+    cuda_graphs: bool = Field(
+        default=False,
+        strict=True,
+        description="Run each round as the fixed-shape padded round, captured as a CUDA "
+        "graph from its own kernels (no Inductor: a capture costs milliseconds) and "
+        "replayed: one launch a round. CUDA only, without autograd. compile=True does the "
+        "same with the round fused by Inductor first (a cold compile per size bucket).",
+    )
     pairing: Literal["auto", "incremental", "full", "dense"] = Field(
         default="auto",
         description="How each round finds every token's best partner (same partners either "
@@ -87,12 +95,22 @@ class RunOptions(BaseModel):
 
     @model_validator(mode="after")
     def _check(self) -> RunOptions:
-        if self.compile and self.pairing not in ("auto", "full"):
+        if self.compile and self.cuda_graphs:
             raise ValueError(
-                "compile=True runs its own fixed-shape pairing ('full'): it needs pairing "
-                f"'auto' or 'full', got pairing {self.pairing!r}"
+                "compile=True already replays its rounds as CUDA graphs; cuda_graphs=True is "
+                "the same loop without Inductor: choose one of them"
             )
+        for name in ("compile", "cuda_graphs"):
+            if getattr(self, name) and self.pairing not in ("auto", "full"):
+                raise ValueError(
+                    f"{name}=True runs its own fixed-shape pairing ('full'): it needs pairing "
+                    f"'auto' or 'full', got pairing {self.pairing!r}"
+                )
         return self
+
+    def padded(self) -> bool:
+        """Whether calls without autograd run the padded round (`compiled.py`)."""
+        return self.compile or self.cuda_graphs
 
     @contextlib.contextmanager
     def cpu_threads(self, device: torch.device) -> Iterator[None]:
