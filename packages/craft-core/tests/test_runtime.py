@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from core_testkit import live_weights, make_tokens
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from craft_core import CraftCompressor, CraftConfig
 from craft_core.runtime import LegacyConfigWarning, RunOptions
@@ -129,3 +130,28 @@ def test_threads_hold_for_the_call_only(threads: int | None, monkeypatch) -> Non
         assert torch.get_num_threads() == 2  # the caller's setting, restored
     finally:
         torch.set_num_threads(saved)
+
+
+class _Casts(TorchDispatchMode):
+    """Counts casts (`_to_copy`) of tensors of one shape."""
+
+    def __init__(self, shape: torch.Size) -> None:
+        super().__init__()
+        self.shape, self.count = shape, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func is torch.ops.aten._to_copy.default and args[0].shape == self.shape:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_the_exact_merge_casts_its_weights_once_a_call_without_autograd(grad: bool) -> None:
+    # W_down in float64 is a [d_h, 2D] copy: once a call, not once a round (with autograd
+    # every round casts it, so that each round's gradient is rounded as before).
+    compressor = live()
+    x, coords = make_tokens(2, 64, 32)
+    with torch.set_grad_enabled(grad), _Casts(compressor.merge.w_down.weight.shape) as casts:
+        out = compressor(x, coords, ratio=4.0)
+    assert out.rounds > 2
+    assert casts.count == (out.rounds if grad else 1)

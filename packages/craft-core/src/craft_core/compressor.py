@@ -291,16 +291,17 @@ class CraftCompressor(
             weight = grid_projection(self.projection)
             pairing, square_norms = self._start_pairing(features, weight, budget)
         counts: list[tuple[int, int]] = []
-        while pairing is not None and room(active_ids.numel(), budget.floor) > 0:
-            with torch.no_grad():
-                plan = _plan_round(pairing, active_ids, square_norms, budget)
-                counts.append(pairing.counts)
-            if plan is None:
-                break
-            rounds += 1
-            owner, active_ids = self._apply_round(
-                plan, (store, pairing, square_norms, weight), coords, owner, active_ids, rounds
-            )
+        with self.merge.parameters_cast(self.options.merge_dtype()):
+            while pairing is not None and room(active_ids.numel(), budget.floor) > 0:
+                with torch.no_grad():
+                    plan = _plan_round(pairing, active_ids, square_norms, budget)
+                    counts.append(pairing.counts)
+                if plan is None:
+                    break
+                rounds += 1
+                owner, active_ids = self._apply_round(
+                    plan, (store, pairing, square_norms, weight), coords, owner, active_ids, rounds
+                )
         info: dict[str, object] = {}
         if pairing is not None:
             info["pairing_passes"] = pairing.full_rows / n
