@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from core_testkit import grid_coords, live_weights, noise
+from core_testkit import equals_the_plain_round, grid_coords, live_weights, noise
 
-from craft_core import CraftCompressor, CraftConfig, resolve_budget
-from craft_core.algorithm import compress
+from craft_core import CraftCompressor, CraftConfig
 from craft_core.certify import (
     NORM_MAX,
     buffered_partners,
@@ -66,12 +65,7 @@ def run(x, coords, budget, *, sim_dim=128, reduce="gate", **options):
 def assert_plain(result, x, coords, budget, *, sim_dim=128, reduce="gate", **options) -> None:
     """`result` (of `run` with these arguments) equals the plain round's tokens and rows."""
     config = CraftConfig(hidden_size=x.shape[1], sim_dim=sim_dim, reduce=reduce)
-    resolved = resolve_budget(x.shape[0], **budget)
-    kept, owner, rows, rounds = compress(live(config, **options), x, coords, resolved)
-    assert result.kept_index.tolist() == kept
-    assert [kept[i] for i in result.assignment.tolist()] == owner
-    assert result.rounds == rounds
-    assert torch.equal(result.features, rows)  # the same rows, bit for bit
+    assert equals_the_plain_round(result, live(config, **options), x, coords, budget)
 
 
 def assert_same(a, b) -> None:
