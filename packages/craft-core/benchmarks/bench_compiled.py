@@ -1,10 +1,13 @@
-"""Benchmark: the compiled loop (`compile=True`) against eager CRAFT and DivPrune.
+"""Benchmark: the padded loop (`compile=True`, `cuda_graphs=True`) against eager CRAFT and
+DivPrune.
 
     uv run python packages/craft-core/benchmarks/bench_compiled.py [--quick] [--threads 1]
-        [--sizes 2048,8192,16384] [--dims 1024,2560] [--repeats 3]
+        [--sizes 2048,8192,16384] [--dims 1024,2560] [--repeats 3] [--device cuda]
+        [--runners compiled,graphed]
 
-Per (N, D), ratio 8, video-like tokens (`bench_compressor.video_like`): the first compiled
-call (graphs compiled in this process), then warm times of compiled CRAFT, eager CRAFT,
+Per (N, D) and runner, ratio 8, video-like tokens (`bench_compressor.video_like`): the first
+call (Inductor compiles, or CUDA graphs are captured, in this process), then warm times of
+the runner, eager CRAFT,
 DivPrune and the irreducible work (`bench_compressor.irreducible`), measured interleaved in
 one run, the minimum of `--repeats` (shared cores: the quietest sample). Goals on a CPU:
 compiled CRAFT <= 1.5x DivPrune at N = 2,048, compiled whole / irreducible <= 1.5 at
@@ -12,11 +15,12 @@ N = 8,192, D = 1,024. The float64 gate MLP alone on a video's merged edges is ti
 DivPrune (`gate_floor`: the cost of the same-rows promise). Then, for one size, the compile
 seconds of a fresh process with an empty Inductor cache (cold) and with the cache that run
 left (disk), and the fused kernels + extern calls of each compiled round graph (on CUDA each
-is a launch). With `--device cuda`, the host launch calls of one video (the profiler's count
-of kernel, graph, copy and memset launches) of eager, compiled and DivPrune. N = 144 is printed,
+is a launch). With `--device cuda`, the CUDA graph captures (count, host ms) and the host
+launch calls of one video (the profiler's count of kernel, graph, copy and memset launches)
+of eager, the runner and DivPrune. N = 144 is printed,
 labelled: no longer a goal (a few ms beside a model's prefill). On a CPU the compressor
-refuses `compile=True` (slower than eager: this benchmark is the evidence), so it sets the
-`compile_on_cpu` test hook to time it there.
+refuses both (no CUDA graphs; compiled, slower than eager: this benchmark is the evidence),
+so it sets the `compile_on_cpu` test hook to time the padded rounds there.
 """
 
 from __future__ import annotations
@@ -35,14 +39,17 @@ from torch._inductor.utils import run_and_get_code
 
 from craft_core import CraftCompressor, CraftConfig
 
+RUNNERS = {"compiled": {"compile": True}, "graphed": {"cuda_graphs": True}}
+"""The padded loop's two launchers: Inductor-fused (`compile=True`) or its own kernels
+captured as CUDA graphs (`cuda_graphs=True`; on a CPU the padded rounds run as they are)."""
 
-def pair(dim: int, device: torch.device) -> tuple[CraftCompressor, CraftCompressor]:
-    """Eager and compiled compressors with the same weights."""
-    eager = CraftCompressor(CraftConfig(hidden_size=dim)).to(device).eval()
-    compiled = CraftCompressor(CraftConfig(hidden_size=dim), compile=True).to(device).eval()
-    compiled.compile_on_cpu = True  # refused on a CPU otherwise (what this measures)
-    compiled.load_state_dict(eager.state_dict())
-    return eager, compiled
+
+def variant(eager: CraftCompressor, runner: str) -> CraftCompressor:
+    """A compressor with `eager`'s weights that runs the padded loop with `runner`."""
+    module = CraftCompressor(eager.config, **RUNNERS[runner]).to(eager.projection.device)
+    module.compile_on_cpu = True  # refused on a CPU otherwise (what this measures)
+    module.load_state_dict(eager.state_dict())
+    return module.eval()
 
 
 def frames_for(n: int) -> tuple[int, int]:
@@ -50,54 +57,70 @@ def frames_for(n: int) -> tuple[int, int]:
     return (n // 256, 16) if n % 256 == 0 else (n // 36, 6)
 
 
-def time_size(n: int, dim: int, repeats: int, device: torch.device) -> None:
-    from craft_eval.baselines.divprune import divprune
-
+def time_size(n: int, dim: int, repeats: int, device: torch.device, runners: list[str]) -> None:
     frames, grid = frames_for(n)
     features, coords = video_like(frames, grid, grid, dim)
     features, coords = features.to(device), coords.to(device)
-    eager, compiled = pair(dim, device)
-    with torch.no_grad():
-        start = time.perf_counter()
-        out, codes = run_and_get_code(lambda: compiled(features, coords, ratio=8.0))
-        first = time.perf_counter() - start
-        want = eager(features, coords, ratio=8.0)
-        tokens = torch.equal(out.kept_index, want.kept_index) and torch.equal(
-            out.assignment, want.assignment
-        )
-        same = tokens and torch.equal(out.features, want.features)
+    eager = CraftCompressor(CraftConfig(hidden_size=dim)).to(device).eval()
+    for name in runners:
+        with torch.no_grad():
+            _runner_row(name, variant(eager, name), eager, (features, coords), repeats)
 
-        def run_compiled() -> None:
-            compiled(features, coords, ratio=8.0)
 
-        fast, slow = timed_pair(
-            run_compiled, lambda: eager(features, coords, ratio=8.0), repeats, device
-        )
-        _, prune = timed_pair(
-            run_compiled, lambda: divprune(features, coords, ratio=8.0), repeats, device
-        )
-        _, floor = timed_pair(
-            run_compiled, lambda: irreducible(eager, features, out.num_kept), repeats, device
-        )
-    best = [1e3 * min(t) for t in (fast, slow, prune, floor)]
+def _runner_row(
+    name: str,
+    module: CraftCompressor,
+    eager: CraftCompressor,
+    video: tuple[torch.Tensor, torch.Tensor],
+    repeats: int,
+) -> None:
+    """One runner's first call and warm times against eager, DivPrune and the floor."""
+    from craft_eval.baselines.divprune import divprune
+
+    (features, coords), device = video, video[0].device
+    n, dim = features.shape
+
+    def run_padded() -> None:
+        module(features, coords, ratio=8.0)
+
+    _sync(device)
+    start = time.perf_counter()
+    out, codes = run_and_get_code(lambda: module(features, coords, ratio=8.0))
+    _sync(device)
+    first = time.perf_counter() - start
+    want = eager(features, coords, ratio=8.0)
+    tokens = torch.equal(out.kept_index, want.kept_index) and torch.equal(
+        out.assignment, want.assignment
+    )
+    same = tokens and torch.equal(out.features, want.features)
+    others = (
+        lambda: eager(features, coords, ratio=8.0),
+        lambda: divprune(features, coords, ratio=8.0),
+        lambda: irreducible(eager, features, out.num_kept),
+    )
+    timed = [timed_pair(run_padded, other, repeats, device) for other in others]
+    best = [1e3 * min(t) for t in (timed[0][0], *(b for _, b in timed))]
     label = "  (small N: not a goal)" if n < 1024 else ""
     print(
-        f"{n:>7}{dim:>6}{out.rounds:>7}{first:>9.1f}{best[0]:>10.1f}{best[1]:>10.1f}"
+        f"{n:>7}{dim:>6}{name:>10}{out.rounds:>7}{first:>9.2f}{best[0]:>10.1f}{best[1]:>10.1f}"
         f"{best[2]:>11.1f}{best[3]:>10.1f}{best[0] / best[2]:>10.2f}{best[0] / best[3]:>9.2f}"
         f"{best[1] / best[0]:>9.2f}{same!s:>6}{label}"
     )
-    print(f"{'':>13}round graphs compiled: {kernel_counts(codes)}; tokens equal: {tokens}")
+    if name == "compiled":
+        print(f"{'':>13}round graphs compiled: {kernel_counts(codes)}; tokens equal: {tokens}")
     if device.type == "cuda":
-        with torch.no_grad():
-            calls = [
-                launch_calls(fn)
-                for fn in (
-                    lambda: eager(features, coords, ratio=8.0),
-                    run_compiled,
-                    lambda: divprune(features, coords, ratio=8.0),
-                )
-            ]
-        print(f"{'':>13}host launch calls a video, eager / compiled / DivPrune: {calls}")
+        runner = next(iter(module._runners.values()))
+        captures = getattr(runner, "capture_seconds", [])
+        calls = [launch_calls(fn) for fn in (others[0], run_padded, others[1])]
+        print(
+            f"{'':>13}{len(captures)} CUDA graph captures, {1e3 * sum(captures):.1f} ms in "
+            f"all; host launch calls a video, eager / {name} / DivPrune: {calls}"
+        )
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 
 
 LAUNCHES = (
@@ -146,7 +169,7 @@ def gate_floor(n: int, dim: int, repeats: int, device: torch.device) -> None:
     frames, grid = frames_for(n)
     features, coords = video_like(frames, grid, grid, dim)
     features, coords = features.to(device), coords.to(device)
-    merge = pair(dim, device)[0].merge
+    merge = CraftCompressor(CraftConfig(hidden_size=dim)).to(device).merge
     kept = n // 8
     group = torch.arange(n - kept, device=device) % kept
     phi = round_embedding(1, merge.config.round_embed_dim, device)
@@ -212,7 +235,16 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument(
+        "--runners",
+        default="compiled,graphed",
+        help="padded-loop runners to time: compiled (Inductor, ~100 s cold compile a size "
+        "on a GPU), graphed (CUDA graphs of the round's own kernels)",
+    )
     args = parser.parse_args()
+    runners = args.runners.split(",")
+    if not runners or any(r not in RUNNERS for r in runners):
+        parser.error(f"--runners takes a comma-separated subset of {sorted(RUNNERS)}")
     # A cache of our own, empty: `first s` is the cold compile; the child process then
     # inherits it (`disk_cache_seconds`).
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="craft-bench-inductor-")
@@ -224,18 +256,18 @@ def main() -> None:
     repeats = 1 if args.quick else args.repeats
     print(
         f"device {device}, {torch.get_num_threads()} threads, ratio 8, ms = min of "
-        f"{repeats} interleaved repeats, warm; first s = first compiled call (compiles)"
+        f"{repeats} interleaved repeats, warm; first s = first call (compiles or captures)"
     )
     print(
-        f"{'N':>7}{'D':>6}{'rounds':>7}{'first s':>9}{'compiled':>10}{'eager':>10}"
-        f"{'DivPrune':>11}{'irred.':>10}{'c/DivPr':>10}{'c/irred':>9}{'speedup':>9}{'same':>6}"
+        f"{'N':>7}{'D':>6}{'runner':>10}{'rounds':>7}{'first s':>9}{'ms':>10}{'eager':>10}"
+        f"{'DivPrune':>11}{'irred.':>10}{'r/DivPr':>10}{'r/irred':>9}{'speedup':>9}{'same':>6}"
     )
     for dim in dims:
         for n in sizes:
-            time_size(n, dim, repeats, device)
-    print("goals: c/DivPr <= 1.5 at N = 2,048; c/irred <= 1.5 at N = 8,192, D = 1,024")
+            time_size(n, dim, repeats, device, runners)
+    print("goals: r/DivPr <= 1.5 at N = 2,048; r/irred <= 1.5 at N = 8,192, D = 1,024")
     gate_floor(2048 if 2048 in sizes else sizes[0], dims[0], repeats, device)
-    if device.type == "cpu":  # the child process runs on the CPU
+    if device.type == "cpu" and "compiled" in runners:  # the child runs on the CPU
         disk_cache_seconds(sizes[0], dims[0])
 
 

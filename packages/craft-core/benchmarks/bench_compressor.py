@@ -35,7 +35,6 @@ from torch.utils.flop_counter import flop_registry
 from craft_core import CraftCompressor, CraftConfig, target_token_count
 from craft_core import merge as merge_module
 from craft_core.certify import certified_partners
-from craft_core.compiling import inductor_options
 from craft_core.opcount import OpCounter
 from craft_core.selection import full_partners, grid_projection, row_keys
 
@@ -179,7 +178,7 @@ def main() -> None:
     )
     parser.add_argument(
         "--part",
-        choices=["all", "ratio", "cost", "ops", "small", "compile", "merge", "precision", "load"],
+        choices=["all", "ratio", "cost", "ops", "small", "merge", "precision", "load"],
         default="all",
         help="what to run",
     )
@@ -197,8 +196,6 @@ def main() -> None:
         return count_ops(device)
     if args.part == "small":
         return small_n(device, repeats)
-    if args.part == "compile":
-        return compile_round(device, repeats)
     if args.part == "merge":
         return merge_cost(device, repeats)
     if args.part == "precision":
@@ -259,7 +256,6 @@ def main() -> None:
         exactness_cost(device, dim, repeats)
         count_ops(device)
         small_n(device, repeats)
-        compile_round(device, repeats)
         merge_cost(device, repeats)
         precision_table(device, repeats)
         under_load(repeats)
@@ -365,41 +361,6 @@ def small_n(device: torch.device, repeats: int) -> None:
             out = compressor(features, coords, ratio=8.0)
         print(f"{ms[2]:>9.1f}{ratio:>16.2f}{'<= ' + str(target):>8}  ", end="")
         print(f"{out.info['pairing']:<15}{count.ops / out.rounds:>9.1f}")
-
-
-def compile_round(device: torch.device, repeats: int) -> None:
-    """One round's pairing and selection (`pairing.fixed_round`, fixed shapes, no host sync)
-    compiled whole (`fullgraph=True`): compile time, then compiled vs eager time."""
-    from craft_core.certify import similarity_bound
-    from craft_core.pairing import fixed_round
-
-    features, _ = video_like(16, 16, 16, 256)
-    compressor = CraftCompressor(CraftConfig(hidden_size=256)).to(device)
-    weight = grid_projection(compressor.projection)
-    embed, norms = row_keys(features.to(device), weight)
-    n = embed.shape[0]
-    args = (
-        embed,
-        torch.arange(n, device=device),
-        norms,
-        n // 8,
-        None,
-        2048,
-        similarity_bound(128),
-        64,
-    )
-    compiled = torch.compile(fixed_round, fullgraph=True, dynamic=True, options=inductor_options())
-    start = time.perf_counter()
-    compiled(*args)
-    seconds = time.perf_counter() - start
-    with torch.no_grad():
-        eager, fast = timed_pair(
-            lambda: fixed_round(*args), lambda: compiled(*args), repeats, device
-        )
-    print(
-        f"one round (N = {n:,}, pairing + selection) compiled whole: compile {seconds:.1f} s, "
-        f"eager {1e3 * statistics.median(eager):.1f} ms, compiled {1e3 * statistics.median(fast):.1f} ms"
-    )
 
 
 def merge_cost(device: torch.device, repeats: int) -> None:

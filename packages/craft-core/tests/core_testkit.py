@@ -137,3 +137,25 @@ def run_reference_case(
     with torch.set_grad_enabled(case.grad):
         out = compressor(x, coords, **case.budget)
     return compressor, x, coords, out
+
+
+def equals_the_plain_round(
+    out: CompressionResult,
+    compressor: CraftCompressor,
+    x: torch.Tensor,
+    coords: torch.Tensor,
+    budget: dict[str, float],
+) -> bool:
+    """Whether `out` (the compressor's result on `x`, `coords` at `budget`, a `TokenBudget`'s
+    keywords) has the plain round's tokens, owners, rounds and rows (bit for bit)."""
+    from craft_core import resolve_budget
+    from craft_core.algorithm import compress
+
+    resolved = resolve_budget(x.shape[0], **budget)
+    kept, owner, rows, rounds = compress(compressor, x, coords, resolved)
+    return (
+        out.kept_index.tolist() == kept
+        and [kept[i] for i in out.assignment.tolist()] == owner
+        and out.rounds == rounds
+        and torch.equal(out.features.detach(), rows)
+    )

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from core_testkit import Case, case_id, reference_cases, run_reference_case
+from core_testkit import (
+    Case,
+    case_id,
+    equals_the_plain_round,
+    reference_cases,
+    run_reference_case,
+)
 
 from craft_core import resolve_budget
 from craft_core.algorithm import compress, select
@@ -21,14 +27,7 @@ def test_every_runner_equals_the_plain_round(pairing: str) -> None:
         if case.options["pairing"] != "full":
             continue  # each case once (the pairing is ours to choose here)
         compressor, x, coords, out = run_reference_case(case, pairing=pairing)
-        budget = resolve_budget(case.n, **case.budget)
-        kept, owner, rows, rounds = compress(compressor, x, coords, budget)
-        if (
-            out.kept_index.tolist() != kept
-            or [kept[i] for i in out.assignment.tolist()] != owner
-            or out.rounds != rounds
-            or not torch.equal(out.features.detach(), rows)
-        ):
+        if not equals_the_plain_round(out, compressor, x, coords, case.budget):
             wrong.append(case_id(case))
     assert not wrong, wrong
 

@@ -1,7 +1,7 @@
 """The certified fast path (float32 + bound + exact rechecks) against the exact rule.
 
-The independent references are `selection="exact"` (the 0.2 arithmetic: float64 products
-everywhere, `selection.full_partners`) and, for one pass, `full_partners` itself. Inputs are
+The independent references are the plain round (`algorithm.compress`: every similarity an
+exact float64 product, recomputed every round) and, for one pass, `selection.full_partners`. Inputs are
 adversarial for a float32 pass: static clips (every token has many exact duplicates),
 letterbox bars (hundreds of identical tokens), rows 1 ulp apart, bf16 input. A forced
 recheck of every row must give the same answer too, and the bound itself is checked against
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from core_testkit import grid_coords, live_weights, noise
+from core_testkit import equals_the_plain_round, grid_coords, live_weights, noise
 
 from craft_core import CraftCompressor, CraftConfig
 from craft_core.certify import (
@@ -21,7 +21,6 @@ from craft_core.certify import (
     certified_partners,
     similarity_bound,
 )
-from craft_core.compiling import inductor_options
 from craft_core.selection import full_partners, grid_projection, make_projection, row_keys
 
 
@@ -57,10 +56,16 @@ def live(config: CraftConfig, **options) -> CraftCompressor:
 
 def run(x, coords, budget, *, sim_dim=128, reduce="gate", **options):
     """Compress with a live compressor: `sim_dim`, `reduce` are config fields, `options`
-    run options (pairing, selection, sim_block, precision)."""
+    run options (pairing, sim_block, precision)."""
     config = CraftConfig(hidden_size=x.shape[1], sim_dim=sim_dim, reduce=reduce)
     with torch.no_grad():
         return live(config, **options)(x, coords, **budget)
+
+
+def assert_plain(result, x, coords, budget, *, sim_dim=128, reduce="gate", **options) -> None:
+    """`result` (of `run` with these arguments) equals the plain round's tokens and rows."""
+    config = CraftConfig(hidden_size=x.shape[1], sim_dim=sim_dim, reduce=reduce)
+    assert equals_the_plain_round(result, live(config, **options), x, coords, budget)
 
 
 def assert_same(a, b) -> None:
@@ -77,26 +82,16 @@ def test_certified_equals_exact_on_adversarial_input(kind: str, budget: dict, pa
     x, coords = clip(kind, seed=len(kind))
     common = {"sim_block": 40, "pairing": pairing}
     certified = run(x, coords, budget, **common)
-    exact = run(x, coords, budget, selection="exact", **common)
-    assert_same(certified, exact)
+    assert_plain(certified, x, coords, budget, **common)
     rounds = len(certified.info["rows_fast"])
     assert rounds == len(certified.info["rows_rechecked"]) >= certified.rounds
-    if kind in ("static", "letterbox", "ulp"):  # the fallback must have been exercised
+    if kind in ("static", "letterbox", "ulp"):  # the exact rechecks must have been exercised
         assert sum(certified.info["rows_rechecked"]) > 0
+        # and, on the full pairing, a static clip overflows the in-graph recheck buffer
+        assert certified.info["fallbacks"] > 0 or kind != "static" or pairing != "full"
     else:  # ordinary drift: the float32 pass decides almost everything
         total = sum(certified.info["rows_fast"]) + sum(certified.info["rows_rechecked"])
         assert sum(certified.info["rows_rechecked"]) < 0.1 * total
-
-
-@pytest.mark.parametrize("pairing", ["full", "incremental"])
-def test_recheck_of_every_row_gives_the_same_result(pairing: str) -> None:
-    x, coords = clip("letterbox", seed=3)
-    common = {"sim_block": 40, "pairing": pairing}
-    forced = run(x, coords, {"ratio": 5.0}, selection="recheck", **common)
-    assert sum(forced.info["rows_fast"]) == 0  # every decision went through the fallback
-    assert sum(forced.info["rows_rechecked"]) > 0
-    assert_same(forced, run(x, coords, {"ratio": 5.0}, **common))
-    assert_same(forced, run(x, coords, {"ratio": 5.0}, selection="exact", **common))
 
 
 @pytest.mark.parametrize("pairing", ["full", "incremental"])
@@ -106,7 +101,7 @@ def test_bf16_input_certified_equals_exact_and_upcast(pairing: str) -> None:
     common = {"sim_block": 40, "pairing": pairing}
     certified = run(low, coords, {"ratio": 6.0}, **common)
     assert certified.features.dtype == torch.bfloat16
-    assert_same(certified, run(low, coords, {"ratio": 6.0}, selection="exact", **common))
+    assert_plain(certified, low, coords, {"ratio": 6.0}, **common)
     upcast = run(low.float(), coords, {"ratio": 6.0}, **common)
     assert certified.kept_index.tolist() == upcast.kept_index.tolist()
     assert torch.equal(certified.features, upcast.features.to(torch.bfloat16))
@@ -199,7 +194,7 @@ def test_certified_equals_exact_at_65536_tokens() -> None:
     x, coords = clip("letterbox", seed=9, frames=1024, grid=8, dim=8)
     common = {"sim_dim": 16, "sim_block": 2048, "pairing": "full", "reduce": "target"}
     certified = run(x, coords, {"ratio": 1.5}, **common)
-    assert_same(certified, run(x, coords, {"ratio": 1.5}, selection="exact", **common))
+    assert_plain(certified, x, coords, {"ratio": 1.5}, **common)
 
 
 def test_certified_pass_at_16384_tokens_of_a_static_clip() -> None:
@@ -234,23 +229,3 @@ def test_buffered_pass_is_exact_when_the_doubt_fits(spare: int, n: int) -> None:
     else:  # the caller reads the count and falls back; rows that fit are still exact
         fits = torch.nonzero(~_in_doubt(embed)).squeeze(1)
         assert torch.equal(pos[fits], exact_pos[fits])
-
-
-@pytest.mark.slow
-def test_one_round_compiles_whole_and_selects_like_eager() -> None:
-    from craft_core.pairing import fixed_round
-
-    embed = grid_embedding(200, 32, seed=3)
-    embed[50:56] = embed[:6]
-    active = torch.arange(0, 200, 2)
-    norms = (embed * embed).sum(1) * torch.linspace(1, 2, 200, dtype=torch.float64)
-    args = (embed, active, norms, 10, None, 64, similarity_bound(32), 16)
-    options = inductor_options()
-    # fullgraph: no graph break; the options key the cache by the CPU path (compiling.py)
-    compiled = torch.compile(fixed_round, fullgraph=True, dynamic=True, options=options)
-    got, want = compiled(*args), fixed_round(*args)
-    assert torch.equal(got[5], want[5])  # sizes: edges, targets, lone targets, rows in doubt
-    edges, targets = want[5][:2].tolist()
-    for field in range(4):  # targets, sources, similarity, group of the kept edges
-        assert torch.equal(got[field][:edges], want[field][:edges])
-    assert torch.equal(got[4][:targets], want[4][:targets])  # the target of each row

@@ -1,7 +1,7 @@
 """The small-N pairing (`dense.DensePairing`) against the certified paths and the exact rule.
 
 Every similarity of the dense path is an exact float64 product, so it must select exactly
-what `selection="exact"` (the 0.2 arithmetic) and the two certified strategies select, and
+what the plain round (`algorithm.compress`) and the two certified strategies select, and
 fuse the same rows bit for bit, on inputs full of exact duplicates (static clips, letterbox
 bars), with the gradient path too. `test_same_tokens.py` pins it to 0.3.0 as well.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from core_testkit import grid_coords
-from test_certified import assert_same, clip, live, run
+from test_certified import assert_plain, assert_same, clip, live, run
 
 from craft_core import CraftCompressor, CraftConfig
 from craft_core.dense import DENSE_MAX_TOKENS, DensePairing
@@ -27,11 +27,11 @@ def test_dense_equals_exact_and_certified(kind: str, budget: dict) -> None:
     assert sum(dense.info["rows_rechecked"]) == 0 and dense.info["fallbacks"] == 0
     for pairing in ("incremental", "full"):
         assert_same(dense, run(x, coords, budget, sim_block=40, pairing=pairing))
-    assert_same(dense, run(x, coords, budget, sim_block=40, pairing="full", selection="exact"))
+    assert_plain(dense, x, coords, budget)
 
 
 def test_dense_equals_incremental_with_a_gradient() -> None:
-    # The autograd row store (`_PieceRows`) and a gradient that reaches the merge weights.
+    # The autograd row store (`rows.PieceRows`) and a gradient that reaches the merge weights.
     x, coords = clip("letterbox", seed=9)
     results = []
     for pairing in ("dense", "incremental"):
@@ -81,20 +81,14 @@ def test_auto_pairs_densely_up_to_the_limit_on_a_cpu() -> None:
         assert out.info["pairing"] == want
 
 
-def test_dense_refuses_a_forced_recheck() -> None:
-    x, coords = clip("drift", seed=1)
-    with pytest.raises(ValueError, match="dense"):
-        run(x, coords, {"ratio": 4.0}, pairing="dense", selection="recheck")
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_copied_rows_store_like_slot_rows(dtype: torch.dtype) -> None:
     # The small-N row store (one copy, written in place) against the slot store it replaces.
-    from craft_core.compressor import _CopiedRows, _SlotRows
+    from craft_core.rows import CopiedRows, SlotRows
 
     gen = torch.Generator().manual_seed(3)
     x = torch.randn(40, 6, generator=gen).to(dtype)
-    copied, slots = _CopiedRows(x), _SlotRows(x)
+    copied, slots = CopiedRows(x), SlotRows(x)
     before = x.clone()
     for step in range(5):
         ids = torch.randperm(40, generator=gen)[: 4 + 3 * step]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from core_testkit import live_weights, make_tokens
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from craft_core import CraftCompressor, CraftConfig
 from craft_core.runtime import LegacyConfigWarning, RunOptions
@@ -21,11 +22,21 @@ def live(precision: str = "exact", **options) -> CraftCompressor:  # type: ignor
     return live_weights(CraftCompressor(config, precision=precision, **options), 3)
 
 
-@pytest.mark.parametrize("field", ["compile", "pairing", "selection", "sim_block"])
+@pytest.mark.parametrize("field", ["compile", "pairing", "sim_block"])
 def test_config_refuses_a_run_option_and_says_where_it_went(field: str) -> None:
-    value = {"compile": True, "pairing": "full", "selection": "exact", "sim_block": 64}[field]
+    value = {"compile": True, "pairing": "full", "sim_block": 64}[field]
     with pytest.raises(ValueError, match=f"{field} is not a CraftConfig field.*run option"):
         CraftConfig(hidden_size=8, **{field: value})
+
+
+def test_the_removed_selection_option_is_refused_by_name() -> None:
+    # 1.0 removed selection='exact' / 'recheck' (never faster where they run: CHANGELOG).
+    with pytest.raises(ValueError, match=r"selection is not a CraftConfig field.*removed"):
+        CraftConfig(hidden_size=8, selection="exact")
+    with pytest.raises(ValueError, match="selection was removed"):
+        RunOptions(selection="certified")
+    with pytest.raises(ValueError, match="selection was removed"):
+        CraftCompressor(CraftConfig(hidden_size=8), selection="exact")
 
 
 def test_run_options_are_checked_by_name() -> None:
@@ -37,8 +48,8 @@ def test_run_options_are_checked_by_name() -> None:
         CraftCompressor(CraftConfig(hidden_size=8), warp_speed=2)
     with pytest.raises(ValueError, match="threads"):
         RunOptions(threads=0)
-    with pytest.raises(ValueError, match="pairing='dense'"):
-        RunOptions(pairing="dense", selection="recheck")
+    with pytest.raises(ValueError, match=r"compile=True.*pairing 'dense'"):
+        RunOptions(compile=True, pairing="dense")
 
 
 def test_old_checkpoint_with_run_options_loads_with_a_warning(tmp_path: Path) -> None:
@@ -119,3 +130,28 @@ def test_threads_hold_for_the_call_only(threads: int | None, monkeypatch) -> Non
         assert torch.get_num_threads() == 2  # the caller's setting, restored
     finally:
         torch.set_num_threads(saved)
+
+
+class _Casts(TorchDispatchMode):
+    """Counts casts (`_to_copy`) of tensors of one shape."""
+
+    def __init__(self, shape: torch.Size) -> None:
+        super().__init__()
+        self.shape, self.count = shape, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func is torch.ops.aten._to_copy.default and args[0].shape == self.shape:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_the_exact_merge_casts_its_weights_once_a_call_without_autograd(grad: bool) -> None:
+    # W_down in float64 is a [d_h, 2D] copy: once a call, not once a round (with autograd
+    # every round casts it, so that each round's gradient is rounded as before).
+    compressor = live()
+    x, coords = make_tokens(2, 64, 32)
+    with torch.set_grad_enabled(grad), _Casts(compressor.merge.w_down.weight.shape) as casts:
+        out = compressor(x, coords, ratio=4.0)
+    assert out.rounds > 2
+    assert casts.count == (out.rounds if grad else 1)

@@ -1,11 +1,15 @@
-"""The compiled compression loop (`compile=True`, on CUDA): one graph a round.
+"""The padded compression loop (`cuda_graphs=True` or `compile=True`, on CUDA): one graph a
+round.
 
-    compressor = CraftCompressor(CraftConfig(hidden_size=2560), compile=True).cuda()
+    compressor = CraftCompressor(CraftConfig(hidden_size=2560), cuda_graphs=True).cuda()
     with torch.no_grad():
         out = compressor(features, coords, ratio=8.0)   # the same tokens as eager
 
 A round (pairing, selection, the gated merge, retiring the sources, the embedding update) is
-`padded_round`, traced whole by `torch.compile(fullgraph=True, dynamic=False)`. Its shapes
+`padded_round`: fixed shapes and no host sync inside, so it can be captured whole. With
+`cuda_graphs=True` its own ATen kernels are captured as a CUDA graph (`GraphedRounds`, no
+Inductor: a capture costs milliseconds); with `compile=True` it is first traced by
+`torch.compile(fullgraph=True, dynamic=False)` and fused by Inductor. Its shapes
 are static: the tables hold `bucket(N) + 1` rows (the last one a dummy that masked writes
 land on) and the active set is padded to `bucket(n)` slots, a power of two, with a mask;
 sizes that depend on the data (n, the round's budget, the threshold, the round embedding)
@@ -25,14 +29,18 @@ and then lands one ulp away (measured on an H100: README, "On a GPU").
 
 Training stays eager: with autograd on, `CraftCompressor` runs the eager loop. The runner and
 its graphs belong to the compressor (`CraftCompressor._runners`), and Dynamo's graph limit is
-raised only while its loop runs. On a CPU (tests only: it is slower than eager) the round is
-compiled with `compiling.inductor_options()` (its cache keyed by the instruction
-path). On CUDA, `GraphedRounds` records each compiled round as a CUDA graph and replays it:
-one launch a round. (`mode="reduce-overhead"` would not: it skips CUDA graphs for a function
-that writes its inputs, and the round updates its tables in place.)
+raised only while a compiled round runs. On a CPU (tests only: no CUDA graphs there, and
+compiled it is slower than eager) `PaddedRounds` runs the round as it is, or compiled with
+`compiling.inductor_options()` (its cache keyed by the instruction path). On CUDA,
+`GraphedRounds` records each round as a CUDA graph and replays it: one launch a round.
+(`mode="reduce-overhead"` would not: it skips CUDA graphs for a function that writes its
+inputs, and the round updates its tables in place.)
 """
 
 from __future__ import annotations
+
+import time
+from typing import Protocol
 
 import torch
 
@@ -140,17 +148,45 @@ ratio), the `[d_phi]` float64 round embedding (`padded_round`'s scalars before t
 tensors) and the merge's arithmetic."""
 
 
-class CompiledRounds:
-    """Runs the compiled round on the tables of each video (CPU, or CUDA without graphs).
+class RoundRunner(Protocol):
+    """What the padded loop (`CraftCompressor._compress_padded`) asks of a round runner."""
+
+    replays: int
+    """Rounds replayed from a CUDA graph so far."""
+
+    def start(
+        self, features: torch.Tensor, coords: torch.Tensor, weight: torch.Tensor, block: int
+    ) -> PaddedState:
+        """A video's padded state (`features [N, D]`, `coords [N, 3]`)."""
+        ...
+
+    def run(
+        self,
+        merge: GatedMerge,
+        state: PaddedState,
+        scalars: Scalars,
+        weight: torch.Tensor,
+        block_and_delta: tuple[int, float],
+    ) -> list[int]:
+        """One `padded_round` on `state`, in place; its sizes read back (the one sync)."""
+        ...
+
+
+class PaddedRounds:
+    """Runs the padded round on the tables of each video, compiled or as it is (CPU tests,
+    or CUDA without graphs).
 
     Its `torch.compile` wrapper is its own (Dynamo still shares graphs between wrappers of
     `padded_round` with the same options, so a second compressor compiles nothing new)."""
 
-    def __init__(self, device: torch.device) -> None:
-        inductor = inductor_options() if device.type == "cpu" else {}
-        self.round = torch.compile(
-            padded_round, fullgraph=True, dynamic=False, options=inductor or None
-        )
+    def __init__(self, device: torch.device, compile: bool) -> None:
+        self.compiled = compile
+        self.round = padded_round
+        if compile:
+            inductor = inductor_options() if device.type == "cpu" else {}
+            self.round = torch.compile(
+                padded_round, fullgraph=True, dynamic=False, options=inductor or None
+            )
         self.replays = 0  # rounds replayed from a CUDA graph (none here)
 
     def start(
@@ -171,7 +207,12 @@ class CompiledRounds:
         the round's one host sync."""
         active, values, weight = self._round_inputs(state, scalars[:4], weight)
         args = (merge, state.tables(), active, values, weight, *block_and_delta, scalars[4])
-        return self._launch(args)
+        if not self.compiled:
+            return self._launch(args)
+        # Dynamo's graph limit raised for this round only (a video passes ~log2(N) buckets).
+        limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        with torch._dynamo.config.patch(recompile_limit=limit):
+            return self._launch(args)
 
     def _round_inputs(
         self, state: PaddedState, scalars: tuple, weight: torch.Tensor
@@ -195,27 +236,29 @@ class CompiledRounds:
         return self.round(*args).tolist()
 
 
-class GraphedRounds(CompiledRounds):
-    """The compiled round replayed as CUDA graphs: one launch a round instead of its kernels.
+class GraphedRounds(PaddedRounds):
+    """The padded round (compiled or not) replayed as CUDA graphs: one launch a round
+    instead of its kernels.
 
     A graph replays fixed addresses, so what a round reads lives here and stays put: one set
     of tables per table size (reused by every video of that bucket), one active buffer per
     (table size, active bucket), and the scalars and projection as tensors that each round
     copies into. The first round at a (table size, active bucket, budget mode) runs the
-    compiled round as is, then records it (recording runs nothing); later rounds, of this
-    video or the next, replay it. Graphs share one memory pool: rounds run one at a time.
+    round as is (compiling it first if compiled), then records it (recording runs nothing);
+    later rounds, of this video or the next, replay it. Graphs share one memory pool: rounds run one at a time.
     Held per compressor and device (`CraftCompressor._runners`); the tables of the largest video seen stay
     allocated until the compressor is deleted.
     """
 
-    def __init__(self, device: torch.device) -> None:
-        super().__init__(device)
+    def __init__(self, device: torch.device, compile: bool) -> None:
+        super().__init__(device, compile)
         self.device = device
         self.pool = torch.cuda.graph_pool_handle()
         self.tables: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}
         self.actives: dict[tuple[int, int], torch.Tensor] = {}
         self.inputs: dict[tuple[int, ...], tuple[torch.Tensor, ...]] = {}
         self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.capture_seconds: list[float] = []  # host seconds of each capture
 
     def start(
         self, features: torch.Tensor, coords: torch.Tensor, weight: torch.Tensor, block: int
@@ -260,10 +303,12 @@ class GraphedRounds(CompiledRounds):
             graph.replay()
             self.replays += 1
             return sizes.tolist()
-        done = self.round(*args).tolist()  # compiles on first sight; this round's work
+        done = self.round(*args).tolist()  # this round's work (compiled on first sight)
         graph = torch.cuda.CUDAGraph()
+        started = time.perf_counter()
         with torch.cuda.graph(graph, pool=self.pool):
             sizes = self.round(*args)  # recorded, not run
+        self.capture_seconds.append(time.perf_counter() - started)
         self.graphs[key] = (graph, sizes)
         return done
 
@@ -288,10 +333,13 @@ class GraphedRounds(CompiledRounds):
         )
 
 
-def runner(device: torch.device) -> CompiledRounds:
+def runner(device: torch.device, compile: bool) -> RoundRunner:
     """A new round runner for `device`: `GraphedRounds` on CUDA (its graphs and tables
-    outlive a call: the compressor keeps it), else a `CompiledRounds`."""
-    return GraphedRounds(device) if device.type == "cuda" else CompiledRounds(device)
+    outlive a call: the compressor keeps it), else a `PaddedRounds`; the round compiled by
+    Inductor first if `compile`."""
+    if device.type == "cuda":
+        return GraphedRounds(device, compile)
+    return PaddedRounds(device, compile)
 
 
 def empty_tables(

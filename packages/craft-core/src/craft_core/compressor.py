@@ -11,10 +11,10 @@ Each round pairs every active token with its most similar one (training-free, fl
 blockwise, incrementally updated), keeps the best edges within the budget, orients them by
 L2 norm, drops chains, and fuses each target with its sources through `GatedMerge`
 (differentiable). See `docs/algorithm.md` for every rule. How it runs (precision, pairing
-strategy, the compiled loop on CUDA, block size) is chosen when building or loading
-(`runtime.RunOptions`), never saved. With `compile=True` on CUDA and no autograd,
-`_compress_compiled` runs the same loop as one compiled graph a round (`compiled.py`);
-training stays eager.
+strategy, the padded loop on CUDA, block size) is chosen when building or loading
+(`runtime.RunOptions`), never saved. With `cuda_graphs=True` or `compile=True` on CUDA and
+no autograd, `_compress_padded` runs the same loop as one CUDA graph a round
+(`compiled.py`); training stays eager.
 """
 
 from __future__ import annotations
@@ -40,13 +40,14 @@ from craft_core.checks import (
     check_index_tensor,
     check_int,
 )
-from craft_core.compiled import RECOMPILE_LIMIT, SPARE, CompiledRounds, PaddedState, runner
+from craft_core.compiled import SPARE, PaddedState, RoundRunner, runner
 from craft_core.config import CraftConfig
 from craft_core.contract import budget_of
 from craft_core.dense import DENSE_MAX_TOKENS, DensePairing
 from craft_core.merge import GatedMerge, group_edges, round_embedding
-from craft_core.pairing import FullPairing, PairingState, ranked_edges
+from craft_core.pairing import FullPairing, Pairing, PairingState, ranked_edges
 from craft_core.result import CompressionResult
+from craft_core.rows import RowStore, row_store
 from craft_core.runtime import RunOptions, split_legacy
 from craft_core.selection import (
     RoundPlan,
@@ -58,102 +59,6 @@ from craft_core.selection import (
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-
-
-class _SlotRows:
-    """Current feature rows in float32, without autograd: rewritten rows in place.
-
-    Rows are carried in float32 whatever the input dtype (a bf16 row rounded back every round
-    would select differently from its own float32 upcast) and cast once at the end. The input
-    is never copied or modified: row i reads the input until it is first rewritten, then its
-    slot in a buffer (a target rewritten again reuses its slot). The slot count lives on the
-    device; the host only keeps an upper bound (rows rewritten so far, at most N) to size the
-    buffer, which grows by doubling: no host sync.
-    """
-
-    def __init__(self, features: torch.Tensor) -> None:
-        self.features = features
-        self.slot = torch.full((features.shape[0],), -1, dtype=torch.long, device=features.device)
-        self.buffer = torch.empty(0, features.shape[1], device=features.device)
-        self.used = torch.zeros((), dtype=torch.long, device=features.device)
-        self.bound = 0  # host upper bound on `used`
-
-    def gather(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows `ids` (`[k]` original indices) -> `[k, D]` float32."""
-        if self.bound == 0:
-            return self.features[ids].float()
-        slot = self.slot[ids]
-        rewritten = self.buffer[slot.clamp(min=0)]
-        return torch.where((slot >= 0).unsqueeze(1), rewritten, self.features[ids].float())
-
-    def replace(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
-        """Rows `ids` (`[k]`, distinct) now read from `rows` (`[k, D]` float32)."""
-        slot = self.slot[ids]
-        fresh = slot < 0
-        bound = min(self.bound + ids.numel(), self.features.shape[0])
-        if bound > self.buffer.shape[0]:
-            grown = min(max(2 * self.buffer.shape[0], bound), self.features.shape[0])
-            buffer = torch.empty(grown, rows.shape[1], device=rows.device)
-            buffer[: self.bound] = self.buffer[: self.bound]
-            self.buffer = buffer
-        counted = torch.cumsum(fresh, 0)
-        slot = torch.where(fresh, self.used + counted - 1, slot)
-        self.slot[ids] = slot
-        self.used = self.used + counted[-1]
-        self.bound = bound
-        self.buffer[slot] = rows
-
-
-class _CopiedRows:
-    """Current feature rows in float32, without autograd, for a few hundred tokens: one copy
-    of the input (`[N, D]` float32, N <= `DENSE_MAX_TOKENS`), rewritten in place. The same
-    rows as `_SlotRows` (a float32 upcast is exact) with one op per gather and per write
-    instead of the slot arithmetic: at small N the ops, not the bytes, are the cost."""
-
-    def __init__(self, features: torch.Tensor) -> None:
-        self.rows = features.detach().float().clone()
-
-    def gather(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows `ids` (`[k]` original indices) -> `[k, D]` float32."""
-        return self.rows[ids]
-
-    def replace(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
-        """Rows `ids` (`[k]`, distinct) now read from `rows` (`[k, D]` float32)."""
-        self.rows[ids] = rows
-
-
-class _PieceRows:
-    """Current feature rows in float32, with autograd: nothing is written in place.
-
-    Row i lives in `pieces[piece[i]][row[i]]`: piece 0 is the input, piece m the targets
-    rewritten in round m, and gathers stitch the pieces together (copying `[N, D]` every
-    round instead would cost O(N D) per round).
-    """
-
-    def __init__(self, features: torch.Tensor) -> None:
-        n = features.shape[0]
-        self.pieces = [features]
-        self.piece = torch.zeros(n, dtype=torch.long, device=features.device)
-        self.row = torch.arange(n, device=features.device)
-
-    def gather(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows `ids` (`[k]` original indices) -> `[k, D]` float32."""
-        piece = self.piece[ids]
-        if len(self.pieces) == 1 or not bool(piece.any()):
-            return self.pieces[0][ids].float()
-        parts, positions = [], []
-        for index in torch.unique(piece).tolist():
-            where = torch.nonzero(piece == index).squeeze(1)
-            parts.append(self.pieces[index][self.row[ids[where]]].float())
-            positions.append(where)
-        order = torch.argsort(torch.cat(positions))
-        return torch.cat(parts)[order]
-
-    def replace(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
-        """Rows `ids` (`[k]`, distinct) now read from `rows` (`[k, D]` float32)."""
-        self.piece[ids] = len(self.pieces)
-        self.row[ids] = torch.arange(ids.numel(), device=ids.device)
-        self.pieces.append(rows)
 
 
 def _result(
@@ -187,7 +92,7 @@ def _result(
 
 
 def _plan_round(
-    pairing: FullPairing | PairingState | DensePairing,
+    pairing: Pairing,
     active_ids: torch.Tensor,
     square_norms: torch.Tensor,
     budget: Budget,
@@ -203,7 +108,7 @@ def _plan_round(
 
 
 def _exact_plan(
-    pairing: FullPairing | PairingState | DensePairing,
+    pairing: Pairing,
     active_ids: torch.Tensor,
     square_norms: torch.Tensor,
     budget: Budget,
@@ -296,8 +201,9 @@ class CraftCompressor(
     needs_attention = False
 
     compile_on_cpu = False
-    """Whether `compile=True` may run on a CPU: only tests of the compiled loop set it (it is
-    3-4x slower than eager there, so it is not offered; README)."""
+    """Whether the padded loop (`compile=True`, `cuda_graphs=True`) may run on a CPU: only
+    tests and benchmarks set it (there are no CUDA graphs there, and compiled it is 3-4x
+    slower than eager, so it is not offered; README)."""
 
     def __init__(self, config: CraftConfig, **options: Any) -> None:
         super().__init__()
@@ -305,7 +211,8 @@ class CraftCompressor(
             raise TypeError(f"config must be a CraftConfig, got {type(config).__name__}")
         self.config = config
         self.options = RunOptions(**options)
-        self._runners: dict[torch.device, CompiledRounds] = {}  # the compiled loop's state
+        # The padded loop's runners (their CUDA graphs and tables), by (device, compiled).
+        self._runners: dict[tuple[torch.device, bool], RoundRunner] = {}
         self.merge = GatedMerge(config)
         projection = make_projection(config.hidden_size, config.sim_dim, config.seed)
         self.register_buffer("projection", projection)
@@ -364,17 +271,19 @@ class CraftCompressor(
         self, features: torch.Tensor, coords: torch.Tensor, budget: Budget
     ) -> CompressionResult:
         """The loop: pair, select (one host sync), fuse, retire the sources; until the budget."""
-        if self.options.compile and not self._tracks_grad(features):
+        if self.options.padded() and not self._tracks_grad(features):
             if features.device.type == "cpu" and not self.compile_on_cpu:
+                name = "compile" if self.options.compile else "cuda_graphs"
                 raise ValueError(
-                    "compile=True runs on CUDA only: on a CPU the compiled loop is 3-4x "
-                    "slower than eager (craft-core README); build or load without it"
+                    f"{name}=True runs on CUDA only (a CPU has no CUDA graphs, and there the "
+                    "compiled loop is 3-4x slower than eager: craft-core README); build or "
+                    "load without it"
                 )
             with torch.no_grad():
-                return self._compress_compiled(features, coords, budget)
+                return self._compress_padded(features, coords, budget)
         started = time.perf_counter()
         n, device = features.shape[0], features.device
-        store = self._row_store(features)
+        store = row_store(features, self._tracks_grad(features))
         owner = torch.arange(n, device=device)  # the token each input token now belongs to
         active_ids = torch.arange(n, device=device)
         rounds = 0
@@ -382,16 +291,17 @@ class CraftCompressor(
             weight = grid_projection(self.projection)
             pairing, square_norms = self._start_pairing(features, weight, budget)
         counts: list[tuple[int, int]] = []
-        while pairing is not None and room(active_ids.numel(), budget.floor) > 0:
-            with torch.no_grad():
-                plan = _plan_round(pairing, active_ids, square_norms, budget)
-                counts.append(pairing.counts)
-            if plan is None:
-                break
-            rounds += 1
-            owner, active_ids = self._apply_round(
-                plan, (store, pairing, square_norms, weight), coords, owner, active_ids, rounds
-            )
+        with self.merge.parameters_cast(self.options.merge_dtype()):
+            while pairing is not None and room(active_ids.numel(), budget.floor) > 0:
+                with torch.no_grad():
+                    plan = _plan_round(pairing, active_ids, square_norms, budget)
+                    counts.append(pairing.counts)
+                if plan is None:
+                    break
+                rounds += 1
+                owner, active_ids = self._apply_round(
+                    plan, (store, pairing, square_norms, weight), coords, owner, active_ids, rounds
+                )
         info: dict[str, object] = {}
         if pairing is not None:
             info["pairing_passes"] = pairing.full_rows / n
@@ -406,7 +316,7 @@ class CraftCompressor(
     def _apply_round(
         self,
         plan: RoundPlan,
-        state: tuple[Any, Any, torch.Tensor, torch.Tensor],
+        state: tuple[RowStore, Pairing, torch.Tensor, torch.Tensor],
         coords: torch.Tensor,
         owner: torch.Tensor,
         active_ids: torch.Tensor,
@@ -436,26 +346,25 @@ class CraftCompressor(
             pairing.update(targets, new_embed, active_ids, sources)
         return owner, active_ids
 
-    def _compress_compiled(
+    def _compress_padded(
         self, features: torch.Tensor, coords: torch.Tensor, budget: Budget
     ) -> CompressionResult:
-        """The loop with one compiled graph a round (`compiled.py`); no autograd."""
+        """The loop with one padded round a round (`compiled.py`: a CUDA graph on CUDA,
+        compiled first with `compile=True`); no autograd."""
         started = time.perf_counter()
         config, options, device = self.config, self.options, features.device
         weight = grid_projection(self.projection)
-        if device not in self._runners:
-            self._runners[device] = runner(device)
-        rounds_runner = self._runners[device]
+        key = (device, options.compile)
+        if key not in self._runners:
+            self._runners[key] = runner(device, options.compile)
+        rounds_runner = self._runners[key]
         state = rounds_runner.start(features, coords, weight, options.sim_block)
         block_and_delta = (options.sim_block, similarity_bound(config.sim_dim))
         rounds, fallbacks, replays = 0, 0, rounds_runner.replays
         while (edges_allowed := room(state.n, budget.floor)) > 0:
             phi = round_embedding(rounds + 1, config.round_embed_dim, device)
             scalars = (state.n, edges_allowed, budget.threshold, phi, options.merge_dtype())
-            # Dynamo's graph limit raised for this loop only (a video passes ~log2(N) buckets).
-            limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-            with torch._dynamo.config.patch(recompile_limit=limit):
-                sizes = rounds_runner.run(self.merge, state, scalars, weight, block_and_delta)
+            sizes = rounds_runner.run(self.merge, state, scalars, weight, block_and_delta)
             if sizes[3] > SPARE:  # the graph merged nothing: this round, eagerly
                 fallbacks += 1
                 if not self._fallback_round(state, budget, weight, rounds + 1):
@@ -468,7 +377,8 @@ class CraftCompressor(
             rounds += 1
         kept = state.kept().clone()
         final = (state.rows[kept], kept, state.owner[: features.shape[0]])
-        info: dict[str, object] = {"pairing": "compiled", "fallbacks": fallbacks}
+        loop = "compiled" if options.compile else "graphed"
+        info: dict[str, object] = {"pairing": loop, "fallbacks": fallbacks}
         if device.type == "cuda":
             info["graph_replays"] = rounds_runner.replays - replays  # rounds that were one launch
         return _result(features, coords, final, rounds, budget, started, info)
@@ -495,15 +405,6 @@ class CraftCompressor(
         state.set_active(active_ids)
         return True
 
-    def _row_store(self, features: torch.Tensor) -> _SlotRows | _CopiedRows | _PieceRows:
-        """In-place rows without autograd (a plain copy for a few hundred tokens); stitched
-        pieces when a gradient must flow."""
-        if self._tracks_grad(features):
-            return _PieceRows(features)
-        return (
-            _CopiedRows(features) if features.shape[0] <= DENSE_MAX_TOKENS else _SlotRows(features)
-        )
-
     def _tracks_grad(self, features: torch.Tensor) -> bool:
         """Whether a gradient must flow (to the features or the merge's weights)."""
         return torch.is_grad_enabled() and (
@@ -512,7 +413,7 @@ class CraftCompressor(
 
     def _start_pairing(
         self, features: torch.Tensor, weight: torch.Tensor, budget: Budget
-    ) -> tuple[FullPairing | PairingState | DensePairing | None, torch.Tensor]:
+    ) -> tuple[Pairing | None, torch.Tensor]:
         """The strategy choice: `full` (fixed shapes, one host sync a round: the CUDA default),
         `incremental` (fewer multiply-adds, data-dependent shapes: the CPU default) or `dense`
         (every exact similarity in one matrix: the CPU default up to `DENSE_MAX_TOKENS`)."""
@@ -523,13 +424,11 @@ class CraftCompressor(
         embed, square_norms = row_keys(features, weight, options.sim_block)
         auto = options.pairing == "auto"
         on_cpu = features.device.type != "cuda"
-        if options.pairing == "dense" or (
-            auto and on_cpu and n <= DENSE_MAX_TOKENS and options.selection == "certified"
-        ):
+        if options.pairing == "dense" or (auto and on_cpu and n <= DENSE_MAX_TOKENS):
             return DensePairing(embed), square_norms
         if options.pairing == "full" or (auto and not on_cpu):
-            return FullPairing(embed, options.sim_block, check=options.selection), square_norms
-        return PairingState(embed, options.sim_block, check=options.selection), square_norms
+            return FullPairing(embed, options.sim_block), square_norms
+        return PairingState(embed, options.sim_block), square_norms
 
     def compress_batch(
         self,

@@ -33,7 +33,8 @@ def _whole(value: Any) -> Any:
 StrictInt = Annotated[int, BeforeValidator(_whole)]
 
 LEGACY_FIELDS = ("compile", "pairing", "selection", "sim_block")
-"""Fields of 0.2-0.6 that are run options since 1.0 (`runtime.RunOptions`)."""
+"""Fields of 0.2-0.6 that are run options since 1.0 (`runtime.RunOptions`), or, for
+`selection` (its `exact` and `recheck` checks never ran faster), removed."""
 
 
 class CraftConfig(BaseModel):
@@ -110,6 +111,11 @@ class CraftConfig(BaseModel):
         # 0.2-0.6 kept how the loop runs in the config; since 1.0 it is chosen at build or
         # load time (`runtime.RunOptions`), and `from_pretrained` drops it from old files.
         if isinstance(data, dict):
+            if "selection" in data:
+                raise ValueError(
+                    "selection is not a CraftConfig field since craft-core 1.0: it was "
+                    "removed (selection is always the certified exact one); drop it"
+                )
             moved = [k for k in LEGACY_FIELDS if k in data]
             if moved:
                 raise ValueError(

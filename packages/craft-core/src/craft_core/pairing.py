@@ -1,10 +1,11 @@
-"""How each round finds every active token's best partner: two strategies, one answer.
+"""How each round finds every active token's best partner: the `Pairing` protocol and two
+of its strategies (the third, `dense.DensePairing`, keeps every exact similarity).
 
 Both compute similarities in float32 and decide exactly (`certify.py`): a row whose best
 candidate beats the bound on every other column is decided fast, a row in doubt is
 recomputed with the exact float64 rule on the columns within the bound. Both therefore give
-the exact partners of `selection.full_partners` (ties to the smallest index), which stays
-as the plain, slow statement of the rule (`CraftConfig(selection="exact")` runs it).
+the exact partners of `selection.full_partners` and `algorithm.pair` (ties to the smallest
+index), the plain statements of the rule that the tests compare them with.
 
 `FullPairing` is the plain loop: every round, one blockwise pass over the active set
 (`|A|^2 d_sim` multiply-adds), fixed shapes, no host sync of its own: the GPU path.
@@ -17,6 +18,8 @@ CPU: the CPU path.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from craft_core.certify import (
@@ -26,21 +29,65 @@ from craft_core.certify import (
     listed_exact,
     similarity_bound,
 )
-from craft_core.selection import RankedEdges, full_partners, rank_edges
+from craft_core.selection import RankedEdges, rank_edges
+
+
+class Pairing(Protocol):
+    """What the eager loop asks of a pairing strategy (`FullPairing`, `PairingState`,
+    `dense.DensePairing`): the same partners, found differently.
+
+    Attributes:
+        full_rows: pairing work so far, in rows of an N x N pass.
+        counts: `(decided fast, rechecked exactly)` rows of the last round.
+        fallbacks: rounds that needed `fallback`.
+    """
+
+    full_rows: float
+    counts: tuple[int, int]
+    fallbacks: int
+
+    def round_edges(
+        self,
+        active_ids: torch.Tensor,
+        square_norms: torch.Tensor,
+        floor: int,
+        threshold: float | None,
+    ) -> RankedEdges:
+        """Pairing and selection of one round (`active_ids [n]` ascending, `square_norms
+        [N]`), fixed shapes, nothing read back; `sizes` `[3]`, or `[4]` ending with the rows
+        in doubt."""
+        ...
+
+    def settle(self, active_ids: torch.Tensor, in_doubt: int) -> bool:
+        """Take the rows in doubt read on the host; False if `fallback` is needed."""
+        ...
+
+    def fallback(self, active_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(partner [n] original index, similarity [n] float64)`, exact, with host syncs."""
+        ...
+
+    def update(
+        self,
+        targets: torch.Tensor,
+        new_embed: torch.Tensor,
+        active_ids: torch.Tensor,
+        sources: torch.Tensor,
+    ) -> None:
+        """Apply one round: `targets [T]` take `new_embed [T, d_sim]`, `sources [E]` left;
+        `active_ids [n - E]` are those still active."""
+        ...
 
 
 class FullPairing:
     """Re-pairs the whole active set every round (the plain algorithm).
 
-    With `check="certified"` a round is fixed-shape and reads nothing back
+    A round is fixed-shape and reads nothing back
     (`certify.buffered_partners`): the caller reads `in_doubt` together with the round's
     sizes in its one host sync, and calls `fallback` only if more rows were in doubt than
     the exact recheck's buffer holds (counted in `fallbacks`).
 
     Attributes:
         embed: `[N, d_sim]` float64 exact embeddings (rows of inactive tokens are stale).
-        check: "certified" (float32 + bound + exact rechecks), "recheck" (the same with every
-            row rechecked: a test of the fallback) or "exact" (float64 everywhere: 0.2).
         spare: rows in doubt that one round rechecks without a fallback.
         in_doubt: 0-d long tensor, rows in doubt of the last `partners` call (None when the
             call decided every row itself).
@@ -49,16 +96,9 @@ class FullPairing:
         counts: `(fast, rechecked)` rows of the last round (set by `settle`/`fallback`).
     """
 
-    def __init__(
-        self,
-        embed: torch.Tensor,
-        block: int,
-        check: str = "certified",
-        spare: int = 64,
-    ) -> None:
+    def __init__(self, embed: torch.Tensor, block: int, spare: int = 64) -> None:
         self.embed = embed
         self.block = block
-        self.check = check
         self.spare = spare
         self.delta = similarity_bound(embed.shape[1])
         self.in_doubt: torch.Tensor | None = None
@@ -80,13 +120,7 @@ class FullPairing:
         if self.in_doubt is not None:
             self.fallbacks += 1
         self.in_doubt = None
-        if self.check == "exact":
-            sim, pos = full_partners(self.embed[active_ids], self.block)
-            rechecked = n
-        else:
-            sim, pos, rechecked = certified_partners(
-                self.embed[active_ids], self.block, recheck_all=self.check == "recheck"
-            )
+        sim, pos, rechecked = certified_partners(self.embed[active_ids], self.block)
         self.counts = (n - rechecked, rechecked)
         return active_ids[pos], sim
 
@@ -97,24 +131,17 @@ class FullPairing:
         floor: int,
         threshold: float | None,
     ) -> RankedEdges:
-        """Pairing and selection of one round, fixed shapes, nothing read back: `sizes` ends
-        with `in_doubt` (certified check) for the caller's one host sync."""
-        if self.check != "certified":
-            partner, sim = self.fallback(active_ids)
-            return ranked_edges(active_ids, partner, sim, square_norms, floor, threshold)
+        """Pairing and selection of one round, fixed shapes, nothing read back: `sizes` `[4]`
+        ends with the rows in doubt, for the caller's one host sync (the selection is exact
+        if they are at most `min(spare, n)`)."""
         n = active_ids.numel()
         self.full_rows += n**2 / self.embed.shape[0]
-        *edges, self.in_doubt = fixed_round(
-            self.embed,
-            active_ids,
-            square_norms,
-            floor,
-            threshold,
-            self.block,
-            self.delta,
-            self.spare,
+        sim, pos, self.in_doubt = buffered_partners(
+            self.embed[active_ids], self.block, self.delta, self.spare
         )
-        return RankedEdges(*edges)
+        edges = ranked_edges(active_ids, active_ids[pos], sim, square_norms, floor, threshold)
+        edges.sizes = torch.cat([edges.sizes, self.in_doubt.view(1)])
+        return edges
 
     def update(
         self,
@@ -143,44 +170,6 @@ def ranked_edges(
     return edges
 
 
-def fixed_round(
-    embed: torch.Tensor,
-    active_ids: torch.Tensor,
-    square_norms: torch.Tensor,
-    floor: int,
-    threshold: float | None,
-    block: int,
-    delta: float,
-    spare: int,
-) -> tuple[torch.Tensor, ...]:
-    """One round's pairing and selection with fixed shapes and no host sync: what
-    `torch.compile(fullgraph=True)` and CUDA-graph capture take whole.
-
-    Args:
-        embed: `[N, d]` float64 exact embeddings; rows `active_ids` (`[n]`, ascending) count.
-        square_norms: `[N]` exact squared norms of the current rows.
-        floor, threshold: the budget (`min(n - floor, n // 2) >= 1`).
-        block, delta, spare: the float64 block, `similarity_bound`, the recheck buffer
-            (`min(spare, n)` rows).
-
-    Returns:
-        The fields of `RankedEdges` (sizes `[4]`: edges, targets, lone targets, rows in doubt),
-        then the rows in doubt (0-d): the selection is exact if they are at most `spare`.
-    """
-    sim, pos, in_doubt = buffered_partners(embed[active_ids], block, delta, spare)
-    edges = ranked_edges(active_ids, active_ids[pos], sim, square_norms, floor, threshold)
-    sizes = torch.cat([edges.sizes, in_doubt.view(1)])
-    return (
-        edges.targets,
-        edges.sources,
-        edges.similarity,
-        edges.group,
-        edges.row_target,
-        sizes,
-        in_doubt,
-    )
-
-
 def _order_candidates(sim: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Sort each row's candidates by similarity (descending), then index (ascending)."""
     order = torch.argsort(idx, dim=1, stable=True)
@@ -207,8 +196,7 @@ class PairingState:
 
     Attributes:
         embed: `[N, d_sim]` float64 exact embedding (rows of inactive tokens are stale).
-        fast: `[N, d_sim]` the same values in the dtype of the fast products (float32; float64
-            with `check="exact"`, where the bound is 0 and every score is exact).
+        fast: `[N, d_sim]` the same values in float32, for the fast products.
         partner: `[N]` long best partner of each active token (original index).
         partner_sim: `[N]` float64 its exact similarity.
         full_rows: pairing work so far, in rows of an N x N pass (the first pass is N);
@@ -219,19 +207,15 @@ class PairingState:
         fallbacks: always 0 (its partners are always exact; `fallback` is never needed).
     """
 
-    def __init__(
-        self, embed: torch.Tensor, block: int, keep: int = 4, check: str = "certified"
-    ) -> None:
+    def __init__(self, embed: torch.Tensor, block: int, keep: int = 4) -> None:
         n = embed.shape[0]
         device = embed.device
         self.embed = embed
-        exact = check == "exact"
-        self.fast = embed if exact else embed.float()
-        self.delta = 0.0 if exact else similarity_bound(embed.shape[1])
-        self.recheck_all = check == "recheck"
+        self.fast = embed.float()
+        self.delta = similarity_bound(embed.shape[1])
         self.block = block
         # Float32 blocks are half the bytes of float64 ones: twice the rows, same memory.
-        self.fast_block = block if exact else 2 * block
+        self.fast_block = 2 * block
         self.keep = keep
         self.partner = torch.full((n,), -1, dtype=torch.long, device=device)
         f64 = torch.float64
@@ -312,12 +296,7 @@ class PairingState:
             best_sim, best_idx = top_sim[:, 0], top_idx[:, 0]
             # In doubt (the head does not beat every key left out): the exact rule on the
             # keys whose fast score is within the bound of the head; no other can win or tie.
-            doubt = (
-                torch.ones_like(best_sim, dtype=torch.bool)
-                if self.recheck_all
-                else best_sim <= left_out
-            )
-            unsure = torch.nonzero(doubt).squeeze(1)
+            unsure = torch.nonzero(best_sim <= left_out).squeeze(1)
             if unsure.numel():
                 near = sims[unsure] >= (best_sim[unsure] - self.delta).unsqueeze(1)
                 cols = torch.nonzero(near.any(dim=0)).squeeze(1)
@@ -365,8 +344,7 @@ class PairingState:
         del sources
         changed_mask = (self.embed[targets] != new_embed).any(dim=1)
         self.embed[targets[changed_mask]] = new_embed[changed_mask]
-        if self.fast is not self.embed:
-            self.fast[targets[changed_mask]] = new_embed[changed_mask].to(self.fast.dtype)
+        self.fast[targets[changed_mask]] = new_embed[changed_mask].float()
         changed = torch.sort(targets[changed_mask]).values
         if active_ids.numel() < 2:
             return
@@ -388,7 +366,7 @@ class PairingState:
                 self.list_sim[rows], self.list_idx[rows]
             )
         list_sim, bound = self.list_sim[rows], self.bound[rows]
-        sure = (list_sim[:, 0] > bound) & (not self.recheck_all)
+        sure = list_sim[:, 0] > bound
         self.partner_sim[rows[sure]] = list_sim[sure, 0]
         self.partner[rows[sure]] = self.list_idx[rows[sure], 0]
         redo = rows[~sure]

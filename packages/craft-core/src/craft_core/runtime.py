@@ -9,7 +9,8 @@
 these changes the selected tokens' rule; `precision` decides whether the rows are the same
 bits on every CPU instruction path (`exact`) or only within float32 rounding (`fast`).
 Checkpoints written before 1.0 carry `compile`, `pairing`, `selection` and `sim_block` in
-`config.json`: `from_pretrained` drops them with a warning (`LEGACY_FIELDS`).
+`config.json`: `from_pretrained` drops them with a warning (`LEGACY_FIELDS`); `selection`
+is no run option any more (its `exact` and `recheck` checks were removed in 1.0).
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ class RunOptions(BaseModel):
         "buckets), replayed as a CUDA graph on CUDA. Refused on a CPU, where it is slower "
         "than eager (README). Without autograd only (training runs eager).",
     )
+    cuda_graphs: bool = Field(
+        default=False,
+        strict=True,
+        description="Run each round as the fixed-shape padded round, captured as a CUDA "
+        "graph from its own kernels (no Inductor: a capture costs milliseconds) and "
+        "replayed: one launch a round. CUDA only, without autograd. compile=True does the "
+        "same with the round fused by Inductor first (a cold compile per size bucket).",
+    )
     pairing: Literal["auto", "incremental", "full", "dense"] = Field(
         default="auto",
         description="How each round finds every token's best partner (same partners either "
@@ -57,13 +66,6 @@ class RunOptions(BaseModel):
         "'incremental' recomputes only what a round changed (the CPU path); 'dense' keeps "
         "every exact similarity in one N x N float64 matrix (a few hundred tokens); 'auto' = "
         "'full' on CUDA, else 'dense' up to 1,024 tokens, else 'incremental'.",
-    )
-    selection: Literal["certified", "exact", "recheck"] = Field(
-        default="certified",
-        description="How selection's similarities are computed (the same values either way): "
-        "'certified' = float32 products with a rigorous error bound, rows in doubt recomputed "
-        "in float64; 'exact' = float64 products everywhere (the reference); 'recheck' = "
-        "certified with every row rechecked (a test of the fallback).",
     )
     sim_block: StrictInt = Field(
         default=2048,
@@ -81,20 +83,34 @@ class RunOptions(BaseModel):
         "measured). None: torch's setting as it is.",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _removed(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "selection" in data:
+            raise ValueError(
+                "selection was removed in craft-core 1.0 ('exact' and 'recheck' gave the "
+                "certified values and never ran faster where they run): drop the argument"
+            )
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> RunOptions:
-        if self.pairing == "dense" and self.selection == "recheck":
+        if self.compile and self.cuda_graphs:
             raise ValueError(
-                "pairing='dense' computes every similarity exactly and has no recheck to "
-                "force: use selection='certified' or 'exact' with it, or another pairing"
+                "compile=True already replays its rounds as CUDA graphs; cuda_graphs=True is "
+                "the same loop without Inductor: choose one of them"
             )
-        if self.compile and (self.pairing not in ("auto", "full") or self.selection != "certified"):
-            raise ValueError(
-                "compile=True runs its own fixed-shape pairing ('full', certified): it needs "
-                f"pairing 'auto' or 'full' and selection 'certified', got pairing "
-                f"{self.pairing!r}, selection {self.selection!r}"
-            )
+        for name in ("compile", "cuda_graphs"):
+            if getattr(self, name) and self.pairing not in ("auto", "full"):
+                raise ValueError(
+                    f"{name}=True runs its own fixed-shape pairing ('full'): it needs pairing "
+                    f"'auto' or 'full', got pairing {self.pairing!r}"
+                )
         return self
+
+    def padded(self) -> bool:
+        """Whether calls without autograd run the padded round (`compiled.py`)."""
+        return self.compile or self.cuda_graphs
 
     @contextlib.contextmanager
     def cpu_threads(self, device: torch.device) -> Iterator[None]:
