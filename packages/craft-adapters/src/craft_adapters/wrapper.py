@@ -343,11 +343,12 @@ class CraftModel(torch.nn.Module):
         prep = self._prepare(inputs)
         self.last_compression = prep.report
         out = []
-        made = {  # what a server checks before serving it (check_made_with)
+        made: dict[str, Any] = {  # what a server checks before serving it (check_made_with)
             "model_type": self.model.config.model_type,
             "hidden_size": int(self.model.config.get_text_config().hidden_size),
-            "craft_sha256": checkpoint_sha256(self.compressor),
         }
+        if isinstance(self.compressor, torch.nn.Module):  # a module's weights (not a stub's)
+            made["craft_sha256"] = checkpoint_sha256(self.compressor)
         for (rows, feats), (grid, extra) in zip(prep.video_rows, adapter.video_grids(inputs)):
             coords = torch.stack(torch.unravel_index(rows.cpu(), grid), dim=1)
             meta: dict[str, Any] = {**made, **extra}
