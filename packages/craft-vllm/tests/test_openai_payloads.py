@@ -64,6 +64,11 @@ def _client(base: str) -> Any:
     return openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=300)
 
 
+def token_id(text: str) -> int:
+    """A token's id as `return_tokens_as_token_ids` writes it ("token_id:123")."""
+    return int(text.removeprefix("token_id:"))
+
+
 def _ask(base: str, model: str, part: dict[str, Any]) -> engine.Served:
     """One greedy chat request carrying `part`, as `engine.Served` (token ids, prompt length,
     the first step's top log-probs by token id)."""
@@ -77,9 +82,6 @@ def _ask(base: str, model: str, part: dict[str, Any]) -> engine.Served:
         extra_body={"return_tokens_as_token_ids": True},
     )
     steps = reply.choices[0].logprobs.content
-
-    def token_id(text: str) -> int:
-        return int(text.removeprefix("token_id:"))
 
     first = {token_id(t.token): float(t.logprob) for t in steps[0].top_logprobs}
     return engine.Served([token_id(s.token) for s in steps], reply.usage.prompt_tokens, first)
@@ -234,9 +236,6 @@ def _post(base: str, body: dict[str, Any]) -> engine.Served:
     )
     reply = json.loads(urllib.request.urlopen(request, timeout=300).read())
     steps = reply["choices"][0]["logprobs"]["content"]
-
-    def token_id(text: str) -> int:
-        return int(text.removeprefix("token_id:"))
 
     first = {token_id(t["token"]): float(t["logprob"]) for t in steps[0]["top_logprobs"]}
     return engine.Served(

@@ -12,9 +12,15 @@ at its original M-RoPE position. vLLM's own embedding-input path carries it
     video = load_compressed_video("clip.craft.safetensors")
     llm.generate({"prompt": prompt, "multi_modal_data": {"video": video_payload(video)}})
 
-The payload is checked per request (a bad one fails that request alone, naming the field):
-the width against the language model's, finite rows, coords inside the grid, a count that
-agrees with the coords.
+Through `vllm serve --enable-mm-embeds`'s OpenAI API the same fields arrive as vLLM's
+`video_embeds` content part (base64 tensors, `payload.chat_part`); vLLM stacks each
+per-video field into the form above before this parser sees it.
+
+The payload is checked per request in the API server, before the engine sees it (a bad one
+fails that request alone with an error naming the field, `check_payload`): every field's
+dtype, shape and values (finite rows of the language model's width, coords inside the grid
+and in order, K >= 1, seconds > 0 that keep the positions inside the rotary table), and what
+it was made with (`craft_made_with` against the served backbone and CRAFT checkpoint).
 """
 
 from __future__ import annotations
@@ -58,6 +64,13 @@ MAX_GRID_TOKENS = 1 << 22
 out the full grid's positions (`[3, N]` int64), 100 MB at this size (hours of video)."""
 
 
+@lru_cache(maxsize=8)
+def _craft_sha256(folder: str) -> str:
+    from craft_core import CraftCompressor
+
+    return checkpoint_sha256(CraftCompressor.from_pretrained(folder))
+
+
 @dataclass(frozen=True)
 class PayloadLimits:
     """What a server checks a payload against (`served_limits` reads them from its config).
@@ -65,7 +78,9 @@ class PayloadLimits:
     Attributes:
         merge: the spatial merge size (`video_grid_thw` counts patches).
         hidden_size: the language model's width D.
-        made_with: the values of `MADE_WITH_KEYS` this server has.
+        model_type: the served backbone's `model_type`.
+        craft_checkpoint: the served CRAFT checkpoint's folder (its digest is computed when a
+            payload first arrives: a bad folder is reported by the server's settings check).
         max_positions: the rotary table's length (text `max_position_embeddings`).
         max_model_len: the server's `--max-model-len`.
         tokens_per_second: Qwen2.5-VL's temporal position step per second, else None (the
@@ -75,11 +90,19 @@ class PayloadLimits:
 
     merge: int
     hidden_size: int
-    made_with: Mapping[str, Any]
+    model_type: str
+    craft_checkpoint: str
     max_positions: int
     max_model_len: int
     tokens_per_second: float | None = None
     timed: bool = False
+
+    def made_with(self) -> dict[str, Any]:
+        """The values of `MADE_WITH_KEYS` this server has."""
+        sha = _craft_sha256(self.craft_checkpoint)
+        made = {"model_type": self.model_type, "hidden_size": self.hidden_size, "craft_sha256": sha}
+        assert set(made) == set(MADE_WITH_KEYS)
+        return made
 
 
 def _refuse(field: str, what: str, value: Any) -> ValueError:
@@ -209,37 +232,27 @@ def check_payload(data: Mapping[str, Any], limits: PayloadLimits) -> None:
         check_made_with(
             CompressedVideo(video.features, video.coords, video.grid, made),
             "compressed video payload",
-            **limits.made_with,
+            **limits.made_with(),
         )
     _check_positions(videos, data[SECONDS], limits)
     if limits.timed:
         _check_timestamps(data, videos)
 
 
-@lru_cache(maxsize=8)
-def _craft_sha256(folder: str) -> str:
-    from craft_core import CraftCompressor
-
-    return checkpoint_sha256(CraftCompressor.from_pretrained(folder))
-
-
 def served_limits(model_config: Any, timed: bool) -> PayloadLimits:
     """The `PayloadLimits` of the server whose vLLM `ModelConfig` is `model_config`."""
     config = model_config.hf_config
     text = config.get_text_config()
-    folder = str(Path(str(config.craft_checkpoint)).expanduser())
-    made = {"model_type": config.model_type, "hidden_size": text.hidden_size}
-    made["craft_sha256"] = _craft_sha256(folder)
-    assert set(made) == set(MADE_WITH_KEYS)
+    per_second = getattr(config.vision_config, "tokens_per_second", None)
+    folder = getattr(config, "craft_checkpoint", None)  # None: the settings check refuses it
     return PayloadLimits(
         merge=config.vision_config.spatial_merge_size,
         hidden_size=text.hidden_size,
-        made_with=made,
+        model_type=config.model_type,
+        craft_checkpoint=str(Path(str(folder)).expanduser()) if folder else "",
         max_positions=text.max_position_embeddings,
         max_model_len=model_config.max_model_len,
-        tokens_per_second=None
-        if timed
-        else getattr(config.vision_config, "tokens_per_second", None),
+        tokens_per_second=None if timed else per_second,
         timed=timed,
     )
 
