@@ -63,6 +63,14 @@ def _malformed(payload: dict) -> list[tuple[dict, str]]:
         ({**payload, "craft_coords": far}, "coords must fit the grid"),
         ({**payload, "video_embeds": nan}, "NaN"),
         ({**payload, "craft_num_kept": payload["craft_num_kept"] + 1}, "craft_num_kept"),
+        # in process these once crashed (NaN: IndexError, then a busy loop) or were served
+        ({**payload, "second_per_grid_ts": torch.tensor([float("nan")])}, "holds NaN"),
+        ({**payload, "second_per_grid_ts": torch.tensor([-1.0])}, "second_per_grid_ts must be"),
+        (
+            {**payload, "video_embeds": rows[:0], "craft_coords": coords[:0]}
+            | {"craft_num_kept": torch.tensor([0])},
+            "craft_num_kept must be >= 1",
+        ),
     ]
 
 
