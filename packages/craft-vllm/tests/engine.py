@@ -220,6 +220,42 @@ def adapters_generate(
     return out
 
 
+def compress_payloads(
+    model_dir: Path,
+    compressor: Any,
+    videos: list,
+    folder: Path,
+    kind: Any = tiny,
+    threshold: float = 0.98,
+) -> list:
+    """Each video compressed by craft-adapters (threshold mode), written to a file and read
+    back: the `CompressedVideo`s a server is sent."""
+    from transformers import AutoModelForImageTextToText
+
+    import craft_adapters
+
+    dtype = getattr(torch, getattr(kind, "DTYPE", "float32"))
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype)
+    wrapped = craft_adapters.wrap(model.eval(), compressor, threshold=threshold)
+    folder.mkdir(exist_ok=True)
+    out = []
+    for i, frames in enumerate(videos):
+        inputs = craft_adapters.build_inputs(kind.processor(), frames, FPS, QUESTION)
+        (video,) = wrapped.compress_videos(**inputs)
+        path = craft_adapters.save_compressed_video(folder / f"{i}.safetensors", video)
+        out.append(craft_adapters.load_compressed_video(path))
+    return out
+
+
+def made_as(videos: list, like: Any) -> list:
+    """`videos` claiming to be made as `like` (its model_type, hidden_size, craft_sha256): a
+    control's payloads, which the server would otherwise refuse by their CRAFT digest."""
+    import dataclasses
+
+    made = {k: like.metadata[k] for k in ("model_type", "hidden_size", "craft_sha256")}
+    return [dataclasses.replace(v, metadata={**v.metadata, **made}) for v in videos]
+
+
 def logprob_gap(served: Served, reference: Reference) -> float:
     """Largest |vLLM - transformers| first-step log-prob over vLLM's top LOGPROBS tokens.
 

@@ -46,23 +46,6 @@ def videos() -> list:
     return [tiny.video(16, seed=0), tiny.video(10, seed=1), tiny.video(12, seed=2)]
 
 
-def _compress(model_dir, compressor, videos: list, folder, kind=tiny, threshold=THRESHOLD) -> list:
-    """Each video compressed by craft-adapters, written to a file and read back."""
-    from transformers import AutoModelForImageTextToText
-
-    dtype = getattr(torch, getattr(kind, "DTYPE", "float32"))
-    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=dtype)
-    wrapped = craft_adapters.wrap(model.eval(), compressor, threshold=threshold)
-    folder.mkdir(exist_ok=True)
-    out = []
-    for i, frames in enumerate(videos):
-        inputs = craft_adapters.build_inputs(kind.processor(), frames, engine.FPS, engine.QUESTION)
-        (video,) = wrapped.compress_videos(**inputs)
-        path = craft_adapters.save_compressed_video(folder / f"{i}.safetensors", video)
-        out.append(craft_adapters.load_compressed_video(path))
-    return out
-
-
 def _generate(llm, payloads: list, kind=tiny) -> list[engine.Served]:
     text = engine.prompt(kind=kind)
     requests = [{"prompt": text, "multi_modal_data": {"video": p}} for p in payloads]
@@ -76,18 +59,28 @@ def _malformed(payload: dict) -> list[tuple[dict, str]]:
     far = coords.clone()
     far[-1, 2] = 99
     return [
-        ({**payload, "video_embeds": rows[:, :64]}, "video_embeds must be [K, 128]"),
+        ({**payload, "video_embeds": rows[:, :64]}, "video_embeds must be [K = "),
         ({**payload, "craft_coords": far}, "coords must fit the grid"),
         ({**payload, "video_embeds": nan}, "NaN"),
         ({**payload, "craft_num_kept": payload["craft_num_kept"] + 1}, "craft_num_kept"),
+        # in process these once crashed (NaN: IndexError, then a busy loop) or were served
+        ({**payload, "second_per_grid_ts": torch.tensor([float("nan")])}, "holds NaN"),
+        ({**payload, "second_per_grid_ts": torch.tensor([-1.0])}, "second_per_grid_ts must be"),
+        (
+            {**payload, "video_embeds": rows[:0], "craft_coords": coords[:0]}
+            | {"craft_num_kept": torch.tensor([0])},
+            "craft_num_kept must be >= 1",
+        ),
     ]
 
 
 def test_threshold_mode_served_from_compressed_videos(workdir, videos, tmp_path) -> None:
     loaded = CraftCompressor.from_pretrained(workdir / "craft")
-    compressed = _compress(workdir / "model", loaded, videos, tmp_path / "trained")
+    compressed = engine.compress_payloads(workdir / "model", loaded, videos, tmp_path / "trained")
     torch.manual_seed(0)
-    fresh = _compress(workdir / "model", CraftCompressor(small_config()), videos, tmp_path / "f")
+    fresh = engine.compress_payloads(
+        workdir / "model", CraftCompressor(small_config()), videos, tmp_path / "f"
+    )
     kept = [v.features.shape[0] for v in compressed]
     # the threshold decides each count: not a fixed ratio's floor(N / r) for every video
     assert all(1 <= k < n for k, n in zip(kept, TOKENS))
@@ -98,8 +91,10 @@ def test_threshold_mode_served_from_compressed_videos(workdir, videos, tmp_path)
         for bad, field in _malformed(payloads[0]):
             with pytest.raises(Exception, match=field.replace("[", r"\[")):
                 _generate(llm, [bad])
+        with pytest.raises(Exception, match="made with craft_sha256="):
+            _generate(llm, [video_payload(fresh[0])])  # another CRAFT module's payload
         served = _generate(llm, payloads)  # the engine still serves
-        control = _generate(llm, [video_payload(v) for v in fresh])
+        control = _generate(llm, [video_payload(v) for v in engine.made_as(fresh, compressed[0])])
         return served, control
 
     overrides = engine.overrides(workdir / "craft", 4)
@@ -123,10 +118,13 @@ def test_qwen3_5_threshold_mode_served_from_compressed_videos(workdir, tmp_path)
     model = kind.build(tmp_path / "qwen3_5")
     videos = [kind.video(n, seed=i) for i, n in enumerate(frames)]
     loaded = CraftCompressor.from_pretrained(workdir / "craft")
-    compressed = _compress(model, loaded, videos, tmp_path / "trained", kind)
+    compressed = engine.compress_payloads(model, loaded, videos, tmp_path / "trained", kind)
     torch.manual_seed(0)
-    fresh = _compress(model, CraftCompressor(small_config()), videos, tmp_path / "fresh", kind)
-    uneven = _compress(model, loaded, videos, tmp_path / "low", kind, LOW)
+    fresh = engine.compress_payloads(
+        model, CraftCompressor(small_config()), videos, tmp_path / "fresh", kind
+    )
+    fresh = engine.made_as(fresh, compressed[0])
+    uneven = engine.compress_payloads(model, loaded, videos, tmp_path / "low", kind, LOW)
     kept = [v.features.shape[0] for v in compressed]
     tokens = [kind.video_tokens(n) for n in frames]
     assert all(1 <= k < n for k, n in zip(kept, tokens))
@@ -137,9 +135,16 @@ def test_qwen3_5_threshold_mode_served_from_compressed_videos(workdir, tmp_path)
 
     def work(llm):
         good = payloads(compressed)
+        stamps = good[0]["timestamps"]
+        nan, back = stamps.clone(), stamps.clone()
+        nan[0, 1], back[0, -1] = float("nan"), stamps[0, 0]  # back: the last run goes back
         bad = [
             *_malformed(good[0]),
-            ({**good[0], "timestamps": good[0]["timestamps"][:, 1:]}, "timestamps must be"),
+            ({**good[0], "timestamps": stamps[:, 1:]}, "timestamps must be"),
+            ({**good[0], "timestamps": nan}, "timestamps must be finite"),
+            ({**good[0], "timestamps": -stamps - 1}, "timestamps must be finite and >= 0"),
+            ({**good[0], "timestamps": back}, "timestamps must not decrease"),
+            ({**good[0], "timestamps": stamps.long()}, "timestamps must be"),
         ]
         for payload, field in bad:
             with pytest.raises(Exception, match=field.replace("[", r"\[")):

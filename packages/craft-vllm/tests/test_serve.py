@@ -1,6 +1,7 @@
 """`vllm serve` as users run it: one command, the `openai` client, several videos in flight.
 
-Checks, on 127.0.0.1 with the tiny model and a CRAFT checkpoint at ratio 4:
+Checks, on 127.0.0.1 with the tiny model and a CRAFT checkpoint at ratio 4 (conftest's
+`server`, shared with test_openai_payloads.py):
 - three chat requests with videos of 8, 12 and 16 frames in flight together each get
   `floor(N / 4)` video tokens (`usage.prompt_tokens` = text + floor(N / ratio));
 - a second question on the same video hits vLLM's prefix cache (the compression does not
@@ -12,13 +13,7 @@ Checks, on 127.0.0.1 with the tiny model and a CRAFT checkpoint at ratio 4:
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -27,66 +22,22 @@ import engine
 import numpy as np
 import pytest
 import tiny
+from conftest import BLOCK, MAX_FRAMES, RATIO, free_port
 
 from craft_adapters.video import write_video
 
 openai = pytest.importorskip("openai")
-RATIO = 4
-MAX_FRAMES = 64  # --media-io-kwargs max_frames: longer videos are refused
-BLOCK = 32  # KV block size (the CPU attention takes multiples of 32): cache hits are whole blocks
+_free_port = free_port  # benchmarks/load_serve.py's name
 
 
 def _write_mp4(path: Path, frames: np.ndarray, fps: int = 2) -> Path:
     return write_video(path, frames, fps, options={"qscale": "1"})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _metric(base: str, name: str) -> float:
     text = urllib.request.urlopen(f"{base}/metrics", timeout=10).read().decode()
     values = re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
     return sum(float(v) for v in values)
-
-
-@pytest.fixture(scope="module")
-def server(workdir):
-    port = _free_port()
-    overrides = engine.overrides(workdir / "craft", RATIO)
-    command = [
-        sys.executable, "-m", "craft_vllm", "serve", str(workdir / "model"),
-        "--host", "127.0.0.1", "--port", str(port),
-        "--hf-overrides", json.dumps(overrides),
-        "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
-        "--allowed-local-media-path", str(workdir),
-        "--media-io-kwargs", json.dumps({"video": {"num_frames": -1, "max_frames": MAX_FRAMES}}),
-        "--limit-mm-per-prompt", '{"video": 1, "image": 0}',
-        "--enable-prompt-tokens-details", "--block-size", str(BLOCK),
-    ]  # fmt: skip
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    log = open(workdir / "serve.log", "w")  # noqa: SIM115 - closed below
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    try:
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"vllm serve exited: {(workdir / 'serve.log').read_text()[-3000:]}")
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=2)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("vllm serve did not start in 300 s")
-                time.sleep(1)
-        yield base
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
-        log.close()
 
 
 def _ask(base: str, model: str, video: Path, question: str):

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from craft_adapters.attention import encode_videos_with_attention
-from craft_adapters.compressed import CompressedVideo
+from craft_adapters.compressed import CompressedVideo, checkpoint_sha256
 from craft_adapters.registry import BackboneAdapter, get_adapter
 from craft_adapters.report import CompressionReport, VideoCompression
 from craft_adapters.session import VideoSession
@@ -329,7 +329,8 @@ class CraftModel(torch.nn.Module):
         whose adapter sets `saves_compressed_videos` (the Qwen backbones).
 
         -> one `CompressedVideo` per video: kept rows `[K, D]`, their original `(t, h, w)`
-        in the merged grid, the grid, and metadata (backbone, budget, seconds per grid step).
+        in the merged grid, the grid, and metadata (model_type, hidden_size, craft_sha256:
+        what a server checks with `check_made_with`; budget, seconds per grid step).
         """
         adapter = self.adapter
         if self.compressor is None or not adapter.saves_compressed_videos:
@@ -342,9 +343,15 @@ class CraftModel(torch.nn.Module):
         prep = self._prepare(inputs)
         self.last_compression = prep.report
         out = []
+        made: dict[str, Any] = {  # what a server checks before serving it (check_made_with)
+            "model_type": self.model.config.model_type,
+            "hidden_size": int(self.model.config.get_text_config().hidden_size),
+        }
+        if isinstance(self.compressor, torch.nn.Module):  # a module's weights (not a stub's)
+            made["craft_sha256"] = checkpoint_sha256(self.compressor)
         for (rows, feats), (grid, extra) in zip(prep.video_rows, adapter.video_grids(inputs)):
             coords = torch.stack(torch.unravel_index(rows.cpu(), grid), dim=1)
-            meta: dict[str, Any] = {"model_type": self.model.config.model_type, **extra}
+            meta: dict[str, Any] = {**made, **extra}
             if self.token_budget is not None:
                 meta["budget"] = self.token_budget.describe()
             out.append(CompressedVideo(feats.detach().cpu(), coords, grid, meta))

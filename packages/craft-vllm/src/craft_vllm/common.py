@@ -16,7 +16,7 @@ from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.multimodal.processing import PromptReplacement
 
 from craft_vllm.options import CraftConfigError, CraftOptions, load_compressor, read_options
-from craft_vllm.precompressed import COUNT
+from craft_vllm.payload import COUNT
 
 
 def check_settings(vllm_config: Any, architecture: str) -> CraftOptions:

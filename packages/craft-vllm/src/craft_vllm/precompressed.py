@@ -12,15 +12,23 @@ at its original M-RoPE position. vLLM's own embedding-input path carries it
     video = load_compressed_video("clip.craft.safetensors")
     llm.generate({"prompt": prompt, "multi_modal_data": {"video": video_payload(video)}})
 
-The payload is checked per request (a bad one fails that request alone, naming the field):
-the width against the language model's, finite rows, coords inside the grid, a count that
-agrees with the coords.
+Through `vllm serve --enable-mm-embeds`'s OpenAI API the same fields arrive as vLLM's
+`video_embeds` content part (base64 tensors, `payload.chat_part`); vLLM stacks each
+per-video field into the form above before this parser sees it.
+
+The payload is checked per request in the API server, before the engine sees it (a bad one
+fails that request alone with an error naming the field, `check_payload`): every field's
+dtype, shape and values (finite rows of the language model's width, coords inside the grid
+and in order, K >= 1, seconds > 0 that keep the positions inside the rotary table), and what
+it was made with (`craft_made_with` against the served backbone and CRAFT checkpoint).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from functools import partial
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache, partial
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -32,95 +40,221 @@ from vllm.multimodal.inputs import MultiModalFieldConfig
 from vllm.multimodal.parse import DictEmbeddingItems
 
 from craft_adapters import CompressedVideo
+from craft_adapters.compressed import check_made_with, checkpoint_sha256
+from craft_vllm.payload import (
+    COORDS,
+    COUNT,
+    GRID,
+    MADE_WITH,
+    MADE_WITH_KEYS,
+    ROWS,
+    SECONDS,
+    TIMESTAMPS,
+    decode_made_with,
+    describe,
+    video_payload,
+)
 
-COORDS, COUNT, SECONDS = "craft_coords", "craft_num_kept", "second_per_grid_ts"
-TIMESTAMPS = "timestamps"  # Qwen3-VL / Qwen3.5: each frame run's "<t seconds>" text
-FIELDS = {"video_embeds": "values", "video_grid_thw": "metadata", COORDS: "metadata"}
-FIELDS |= {COUNT: "metadata", SECONDS: "metadata"}
+__all__ = ["check_payload", "video_payload"]
+
+FIELDS = {ROWS: "values", GRID: "metadata", COORDS: "metadata", COUNT: "metadata"}
+FIELDS |= {SECONDS: "metadata", MADE_WITH: "metadata"}
+MAX_GRID_TOKENS = 1 << 22
+"""Largest uncompressed grid (T * H * W merged tokens) a payload may claim: the worker lays
+out the full grid's positions (`[3, N]` int64), 100 MB at this size (hours of video)."""
 
 
-def video_payload(
-    video: CompressedVideo, merge: int = 2, timestamps: Sequence[float] | None = None
-) -> dict[str, torch.Tensor]:
-    """The `multi_modal_data["video"]` of a request carrying `video` (one video).
+@lru_cache(maxsize=8)
+def _craft_sha256(folder: str) -> str:
+    from craft_core import CraftCompressor
 
-    `merge`: the backbone's spatial merge size (2 for every Qwen): vLLM's
-    `video_grid_thw` counts patches, the compressed video's grid merged tokens.
-    `timestamps`: Qwen3.5 only (required there): the T seconds its frame runs are written
-    with, as its processor gives them (`processor._calculate_timestamps(indices, fps, 2)`).
+    return checkpoint_sha256(CraftCompressor.from_pretrained(folder))
+
+
+@dataclass(frozen=True)
+class PayloadLimits:
+    """What a server checks a payload against (`served_limits` reads them from its config).
+
+    Attributes:
+        merge: the spatial merge size (`video_grid_thw` counts patches).
+        hidden_size: the language model's width D.
+        model_type: the served backbone's `model_type`.
+        craft_checkpoint: the served CRAFT checkpoint's folder (its digest is computed when a
+            payload first arrives: a bad folder is reported by the server's settings check).
+        max_positions: the rotary table's length (text `max_position_embeddings`).
+        max_model_len: the server's `--max-model-len`.
+        tokens_per_second: Qwen2.5-VL's temporal position step per second, else None (the
+            temporal positions do not follow `second_per_grid_ts`).
+        timed: the backbone writes frame timestamps (Qwen3.5): `timestamps` is required.
     """
-    t, h, w = video.grid
-    seconds = float(video.metadata.get("second_per_grid", 1.0))
-    out = {
-        "video_embeds": video.features,
-        "video_grid_thw": torch.tensor([[t, h * merge, w * merge]]),
-        COORDS: video.coords,
-        COUNT: torch.tensor([video.features.shape[0]]),
-        SECONDS: torch.tensor([seconds]),
-    }
-    if timestamps is not None:
-        out[TIMESTAMPS] = torch.tensor([list(timestamps)], dtype=torch.float64)
+
+    merge: int
+    hidden_size: int
+    model_type: str
+    craft_checkpoint: str
+    max_positions: int
+    max_model_len: int
+    tokens_per_second: float | None = None
+    timed: bool = False
+
+    def made_with(self) -> dict[str, Any]:
+        """The values of `MADE_WITH_KEYS` this server has."""
+        sha = _craft_sha256(self.craft_checkpoint)
+        made = {"model_type": self.model_type, "hidden_size": self.hidden_size, "craft_sha256": sha}
+        assert set(made) == set(MADE_WITH_KEYS)
+        return made
+
+
+def _refuse(field: str, what: str, value: Any) -> ValueError:
+    return ValueError(f"compressed video payload: {field} must be {what}, got {describe(value)}")
+
+
+def _tensor(data: Mapping[str, Any], field: str, kind: str, dims: int) -> torch.Tensor:
+    """`data[field]` checked: a tensor of `dims` dimensions, of dtype `kind` ("int": integer,
+    not bool; "real": integer or floating; "float": floating), every value finite."""
+    value = data[field]
+    what = {"int": "an integer", "real": "a real", "float": "a floating"}[kind]
+    ok = isinstance(value, torch.Tensor) and value.dtype != torch.bool and not value.is_complex()
+    if ok and kind == "int":
+        ok = not value.is_floating_point()
+    if ok and kind == "float":
+        ok = value.is_floating_point()
+    if not ok or value.dim() != dims:
+        raise _refuse(field, f"{what} tensor of {dims} dimension(s)", value)
+    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        raise ValueError(f"compressed video payload: {field} holds NaN or inf")
+    return value
+
+
+def _check_counts(data: Mapping[str, Any], limits: PayloadLimits) -> list[tuple[int, ...]]:
+    """The sizing fields, first (a bad count mis-sizes every other field): one count >= 1,
+    one `[T, H, W]` grid and one `second_per_grid_ts` > 0 per video. -> each video's
+    `(T, H, W)` merged grid and K."""
+    counts = _tensor(data, COUNT, "int", 1)
+    grids = _tensor(data, GRID, "int", 2)
+    seconds = _tensor(data, SECONDS, "real", 1)
+    videos = counts.shape[0]
+    if videos < 1 or tuple(grids.shape) != (videos, 3) or seconds.shape[0] != videos:
+        raise ValueError(
+            f"compressed video payload: one entry per video in {COUNT} [V], {GRID} [V, 3] "
+            f"and {SECONDS} [V], got {describe(counts)}, {describe(grids)}, {describe(seconds)}"
+        )
+    if bool((counts < 1).any()):
+        raise ValueError(
+            f"compressed video payload: {COUNT} must be >= 1 per video, got {counts.tolist()} "
+            "(a video that kept no row: send the question without it)"
+        )
+    if bool((seconds <= 0).any()):
+        raise ValueError(f"compressed video payload: {SECONDS} must be > 0, got {seconds.tolist()}")
+    out = []
+    for (t, h, w), k in zip(grids.tolist(), counts.tolist()):
+        if min(t, h, w) < 1 or h % limits.merge or w % limits.merge:
+            raise ValueError(
+                f"compressed video payload: {GRID} {[t, h, w]} must be >= 1, H and W "
+                f"multiples of the merge size {limits.merge}"
+            )
+        grid = (t, h // limits.merge, w // limits.merge)
+        if grid[0] * grid[1] * grid[2] > MAX_GRID_TOKENS:
+            raise ValueError(
+                f"compressed video payload: {GRID} {[t, h, w]} is a video of "
+                f"{grid[0] * grid[1] * grid[2]} tokens, over the {MAX_GRID_TOKENS} a payload "
+                "may claim"
+            )
+        out.append((*grid, k))
     return out
 
 
-def _check_timestamps(data: Mapping[str, Any]) -> None:
-    """Qwen3.5: one `[T]` row of finite seconds per video ([V, T], T of video_grid_thw)."""
-    stamps, grids = data[TIMESTAMPS], data["video_grid_thw"]
-    frames = {int(t) for t in grids[:, 0].tolist()}
-    if (
-        not isinstance(stamps, torch.Tensor)
-        or stamps.dim() != 2
-        or stamps.shape[0] != grids.shape[0]
-        or {stamps.shape[1]} != frames
-        or not bool(torch.isfinite(stamps).all())
-    ):
-        shape = tuple(stamps.shape) if isinstance(stamps, torch.Tensor) else type(stamps).__name__
-        raise ValueError(
-            f"compressed video payload: timestamps must be [V, T] finite seconds (T of "
-            f"video_grid_thw: {sorted(frames)}), got {shape}"
-        )
-
-
-def check_payload(
-    data: Mapping[str, Any], merge: int, hidden_size: int, timed: bool = False
+def _check_positions(
+    videos: list[tuple[int, ...]], seconds: torch.Tensor, limits: PayloadLimits
 ) -> None:
-    """Refuse a malformed payload (one request), naming the field; see the module docstring.
-    `timed`: the backbone writes frame timestamps (Qwen3.5), so `timestamps` is required."""
-    missing = [k for k in [*FIELDS, *([TIMESTAMPS] if timed else [])] if k not in data]
-    if missing:
-        raise ValueError(f"compressed video payload: missing field(s) {missing}")
-    rows, grids, counts = data["video_embeds"], data["video_grid_thw"], data[COUNT]
-    if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or rows.shape[1] != hidden_size:
-        shape = tuple(rows.shape) if isinstance(rows, torch.Tensor) else type(rows).__name__
+    """Refuse payloads whose positions could run past the rotary table (vLLM's worker would
+    index out of it and die): a video at grid extent E (the text after it starts E positions
+    after its start) and K rows moves every later position by E - K; with prompt + output at
+    most `max_model_len` tokens, the largest position is below max_model_len + sum(E - K)."""
+    if limits.tokens_per_second is None:
+        return
+    shift = 0
+    for (t, h, w, k), second in zip(videos, seconds.tolist()):
+        factor = limits.tokens_per_second * float(second)
+        extent = max(int((t - 1) * factor), h - 1, w - 1) + 1
+        shift += max(0, extent - k)
+    room = limits.max_positions - limits.max_model_len
+    if shift > room:
         raise ValueError(
-            f"compressed video payload: video_embeds must be [K, {hidden_size}] (the language "
-            f"model's width), got {shape}"
+            f"compressed video payload: {SECONDS} {seconds.tolist()} spreads the video over "
+            f"{shift} positions more than its rows; with --max-model-len "
+            f"{limits.max_model_len} the model's {limits.max_positions} positions leave "
+            f"{room} (a lower --max-model-len leaves more)"
         )
-    if grids.dim() != 2 or grids.shape[1] != 3 or counts.dim() != 1:
-        raise ValueError("compressed video payload: video_grid_thw [V, 3], craft_num_kept [V]")
-    if counts.shape[0] != grids.shape[0] or int(counts.sum()) != rows.shape[0]:
+
+
+def _check_timestamps(data: Mapping[str, Any], videos: list[tuple[int, ...]]) -> None:
+    """Qwen3.5: one `[T]` row of finite seconds >= 0, non-decreasing, per video ([V, T])."""
+    stamps = data[TIMESTAMPS]
+    frames = {v[0] for v in videos}
+    ok = isinstance(stamps, torch.Tensor) and stamps.is_floating_point() and stamps.dim() == 2
+    if not ok or stamps.shape[0] != len(videos) or {stamps.shape[1]} != frames:
+        raise _refuse(
+            TIMESTAMPS, f"[V, T] floating seconds (T of {GRID}: {sorted(frames)})", stamps
+        )
+    if not bool(torch.isfinite(stamps).all()) or bool((stamps < 0).any()):
+        raise ValueError(f"compressed video payload: {TIMESTAMPS} must be finite and >= 0")
+    if bool((stamps[:, 1:] < stamps[:, :-1]).any()):
+        raise ValueError(f"compressed video payload: {TIMESTAMPS} must not decrease")
+
+
+def check_payload(data: Mapping[str, Any], limits: PayloadLimits) -> None:
+    """Refuse a malformed payload (one request), naming the field (see `payload.py`'s
+    table); or one made with another backbone or CRAFT checkpoint than the server's."""
+    wanted = [*FIELDS, *([TIMESTAMPS] if limits.timed else [])]
+    missing = [k for k in wanted if k not in data]
+    unknown = sorted(set(data) - set(wanted))
+    if missing or unknown:
         raise ValueError(
-            f"compressed video payload: craft_num_kept {counts.tolist()} must give one count "
-            f"per video summing to the {rows.shape[0]} rows of video_embeds and craft_coords"
+            f"compressed video payload: missing field(s) {missing}, unknown field(s) {unknown}"
         )
-    if data[COORDS].shape[0] != rows.shape[0]:
-        raise ValueError(
-            f"compressed video payload: craft_coords has {data[COORDS].shape[0]} rows, "
-            f"craft_num_kept says {int(counts.sum())}"
-        )
+    videos = _check_counts(data, limits)
+    rows = _tensor(data, ROWS, "float", 2)
+    total = sum(v[3] for v in videos)
+    if tuple(rows.shape) != (total, limits.hidden_size):
+        raise _refuse(ROWS, f"[K = {total} ({COUNT}), {limits.hidden_size} (the width)]", rows)
+    coords = _tensor(data, COORDS, "int", 2)
+    if tuple(coords.shape) != (total, 3):
+        raise _refuse(COORDS, f"[K = {total} ({COUNT}), 3]", coords)
+    made = decode_made_with(data[MADE_WITH])
     start = 0
-    for (t, h, w), k in zip(grids.tolist(), counts.tolist()):
-        if h % merge or w % merge:
-            raise ValueError(f"compressed video payload: video_grid_thw {[t, h, w]} not / {merge}")
-        grid = (int(t), int(h) // merge, int(w) // merge)
-        end = start + int(k)
-        try:  # craft-adapters' checks: finite rows, integer coords inside the grid, in order
-            CompressedVideo(rows[start:end], data[COORDS][start:end], grid)
+    for t, h, w, k in videos:
+        try:  # craft-adapters' checks: integer coords inside the grid, in order
+            video = CompressedVideo(rows[start : start + k], coords[start : start + k], (t, h, w))
         except (TypeError, ValueError) as error:
-            raise ValueError(f"compressed video payload: {error}") from None
-        start = end
-    if timed:
-        _check_timestamps(data)
+            raise ValueError(f"compressed video payload: {COORDS}: {error}") from None
+        start += k
+        check_made_with(
+            CompressedVideo(video.features, video.coords, video.grid, made),
+            "compressed video payload",
+            **limits.made_with(),
+        )
+    _check_positions(videos, data[SECONDS], limits)
+    if limits.timed:
+        _check_timestamps(data, videos)
+
+
+def served_limits(model_config: Any, timed: bool) -> PayloadLimits:
+    """The `PayloadLimits` of the server whose vLLM `ModelConfig` is `model_config`."""
+    config = model_config.hf_config
+    text = config.get_text_config()
+    per_second = getattr(config.vision_config, "tokens_per_second", None)
+    folder = getattr(config, "craft_checkpoint", None)  # None: the settings check refuses it
+    return PayloadLimits(
+        merge=config.vision_config.spatial_merge_size,
+        hidden_size=text.hidden_size,
+        model_type=config.model_type,
+        craft_checkpoint=str(Path(str(folder)).expanduser()) if folder else "",
+        max_positions=text.max_position_embeddings,
+        max_model_len=model_config.max_model_len,
+        tokens_per_second=None if timed else per_second,
+        timed=timed,
+    )
 
 
 def field_factory(
@@ -130,11 +264,12 @@ def field_factory(
 
     def fields(data: Mapping[str, torch.Tensor]) -> Mapping[str, MultiModalFieldConfig]:
         out = dict(base(data))
-        counts = data[COUNT]  # check_payload ran first
+        counts = data[COUNT]  # [V] after check_payload (the chat path calls this before it)
         out["video_embeds"] = MultiModalFieldConfig.flat_from_sizes("video", counts)
         out[COORDS] = MultiModalFieldConfig.flat_from_sizes("video", counts, keep_on_cpu=True)
         out[COUNT] = MultiModalFieldConfig.batched("video", keep_on_cpu=True)
         out[SECONDS] = MultiModalFieldConfig.batched("video", keep_on_cpu=True)
+        out[MADE_WITH] = MultiModalFieldConfig.batched("video", keep_on_cpu=True)
         return out
 
     return fields
@@ -150,22 +285,22 @@ class CraftQwenDataParser(Qwen2VLMultiModalDataParser):
 
     craft_timed = False  # the payload carries frame timestamps (CraftQwen3DataParser)
 
-    def __init__(self, spatial_merge_size: int, hidden_size: int, **kwargs: Any) -> None:
-        self._craft_hidden = hidden_size
-        super().__init__(spatial_merge_size, **kwargs)
+    def __init__(self, limits: PayloadLimits, **kwargs: Any) -> None:
+        self._craft_limits = limits
+        super().__init__(limits.merge, **kwargs)
 
     def _parse_video_data(self, data: Any) -> Any:
         if not isinstance(data, dict):
             return super()._parse_video_data(data)
-        merge = self._spatial_merge_size
-        check_payload(data, merge, self._craft_hidden, self.craft_timed)
+        check_payload(data, self._craft_limits)
+        data = {k: v for k, v in data.items() if k != MADE_WITH}  # checked, not served
         required, optional = self.embedding_field_sets("video")
         return DictEmbeddingItems(
             data,
             modality="video",
-            required_fields=required,
+            required_fields=required - {MADE_WITH},
             optional_fields=optional,
-            fields_factory=field_factory(_create_qwen2vl_field_factory(merge)),
+            fields_factory=field_factory(_create_qwen2vl_field_factory(self._craft_limits.merge)),
         )
 
 
@@ -186,10 +321,9 @@ class PayloadProcessingInfo:
     parser: ClassVar[type[CraftQwenDataParser]]
 
     def get_data_parser(self) -> CraftQwenDataParser:
-        config = self.get_hf_config()  # type: ignore[attr-defined]
+        model_config = self.ctx.model_config  # type: ignore[attr-defined]
         return self.parser(
-            config.vision_config.spatial_merge_size,
-            config.get_text_config().hidden_size,
+            served_limits(model_config, self.parser.craft_timed),
             video_needs_metadata=True,
             expected_hidden_size=self._get_expected_hidden_size(),  # type: ignore[attr-defined]
             allow_missing_mm_embeddings=self.allow_missing_mm_embeddings,  # type: ignore[attr-defined]

@@ -1,0 +1,156 @@
+"""A compressed video in a request, as a client builds it (no vLLM import: torch and
+craft-adapters are enough on the client's side).
+
+Two forms of one payload (the fields below, one video):
+
+- Python (`LLM.generate`): `{"prompt": ..., "multi_modal_data": {"video": video_payload(v)}}`;
+- the OpenAI API of `vllm serve --enable-mm-embeds`: the content part `chat_part(v)`, vLLM's
+  own `video_embeds` part (a dict of base64 tensors, `torch.save` bytes; vLLM reads them with
+  `torch.load(weights_only=True)`). `python -m craft_vllm.payload FILE` prints a whole request.
+
+Fields (K kept rows of width D, a grid of T x H x W merged tokens):
+
+| field | Python `[V = 1, ...]` | chat part (one video) |
+| --- | --- | --- |
+| `video_embeds` | `[K, D]` floating | `[K, D]` |
+| `video_grid_thw` | `[1, 3]` int: T, H * merge, W * merge (patches) | `[3]` |
+| `craft_coords` | `[K, 3]` int: each row's original (t, h, w) | `[K, 3]` |
+| `craft_num_kept` | `[1]` int: K | `[]` |
+| `second_per_grid_ts` | `[1]` float: seconds per grid step | `[]` |
+| `craft_made_with` | `[1, L]` uint8: JSON of what made it (`MADE_WITH`) | `[L]` |
+| `timestamps` (Qwen3.5) | `[1, T]` float64: each frame run's seconds | `[T]` |
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import io
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from craft_adapters import CompressedVideo
+
+ROWS, GRID = "video_embeds", "video_grid_thw"
+COORDS, COUNT, SECONDS = "craft_coords", "craft_num_kept", "second_per_grid_ts"
+MADE_WITH = "craft_made_with"
+TIMESTAMPS = "timestamps"  # Qwen3-VL / Qwen3.5: each frame run's "<t seconds>" text
+PER_VIDEO = (GRID, COUNT, SECONDS, MADE_WITH, TIMESTAMPS)  # one entry per video (batched)
+MADE_WITH_KEYS = ("model_type", "hidden_size", "craft_sha256")
+"""What a server compares with its own (`craft_adapters.check_made_with`): the backbone's
+family and width, the CRAFT checkpoint's digest (`checkpoint_sha256`)."""
+
+
+def encode_made_with(metadata: dict[str, Any]) -> torch.Tensor:
+    """`[L]` uint8: the UTF-8 JSON of `metadata`'s `MADE_WITH_KEYS` (those it has)."""
+    made = {k: metadata[k] for k in MADE_WITH_KEYS if k in metadata}
+    text = json.dumps(made, sort_keys=True).encode()
+    return torch.frombuffer(bytearray(text), dtype=torch.uint8)
+
+
+def decode_made_with(value: Any) -> dict[str, Any]:
+    """The dict `encode_made_with` wrote (`[L]` or `[1, L]` uint8).
+
+    Raises:
+        ValueError: not a uint8 tensor of one video's UTF-8 JSON object (names the field).
+    """
+    ok = isinstance(value, torch.Tensor) and value.dtype == torch.uint8
+    if ok and value.dim() == 2 and value.shape[0] == 1:
+        value = value[0]
+    try:
+        if not ok or value.dim() != 1:
+            raise TypeError
+        made = json.loads(bytes(value.tolist()).decode())
+        if not isinstance(made, dict):
+            raise TypeError
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"compressed video payload: {MADE_WITH} must be one video's [L] uint8 UTF-8 JSON "
+            f"object (payload.encode_made_with), got {describe(value)}"
+        ) from None
+    return made
+
+
+def describe(value: Any) -> str:
+    """A field's shape and dtype (or type) for an error message."""
+    if isinstance(value, torch.Tensor):
+        return f"shape {tuple(value.shape)} dtype {str(value.dtype).removeprefix('torch.')}"
+    return type(value).__name__
+
+
+def video_payload(
+    video: CompressedVideo, merge: int = 2, timestamps: Sequence[float] | None = None
+) -> dict[str, torch.Tensor]:
+    """The `multi_modal_data["video"]` of a request carrying `video` (one video).
+
+    `merge`: the backbone's spatial merge size (2 for every Qwen): vLLM's
+    `video_grid_thw` counts patches, the compressed video's grid merged tokens.
+    `timestamps`: Qwen3.5 only (required there): the T seconds its frame runs are written
+    with, as its processor gives them (`processor._calculate_timestamps(indices, fps, 2)`).
+    """
+    t, h, w = video.grid
+    seconds = float(video.metadata.get("second_per_grid", 1.0))
+    out = {
+        ROWS: video.features,
+        GRID: torch.tensor([[t, h * merge, w * merge]]),
+        COORDS: video.coords,
+        COUNT: torch.tensor([video.features.shape[0]]),
+        SECONDS: torch.tensor([seconds]),
+        MADE_WITH: encode_made_with(video.metadata)[None],
+    }
+    if timestamps is not None:
+        out[TIMESTAMPS] = torch.tensor([list(timestamps)], dtype=torch.float64)
+    return out
+
+
+def tensor_base64(tensor: torch.Tensor) -> str:
+    """vLLM's base64 tensor: `torch.save` bytes (read with `torch.load(weights_only=True)`)."""
+    buffer = io.BytesIO()
+    torch.save(tensor.contiguous(), buffer)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def chat_part(
+    video: CompressedVideo, merge: int = 2, timestamps: Sequence[float] | None = None
+) -> dict[str, Any]:
+    """The OpenAI chat content part carrying `video`: `{"type": "video_embeds",
+    "video_embeds": {field: base64 tensor}}`, each per-video field without its batch row
+    (vLLM stacks one row per content part)."""
+    fields = video_payload(video, merge, timestamps)
+    one = {k: v[0] if k in PER_VIDEO else v for k, v in fields.items()}
+    return {"type": "video_embeds", "video_embeds": {k: tensor_base64(v) for k, v in one.items()}}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m craft_vllm.payload FILE --model NAME [--question Q]`: print a chat
+    completions request body (JSON) asking `Q` about the compressed video in FILE."""
+    from craft_adapters import load_compressed_video
+
+    parser = argparse.ArgumentParser(prog="python -m craft_vllm.payload", description=main.__doc__)
+    parser.add_argument("file", help="a *.craft.safetensors payload (craft-compress)")
+    parser.add_argument("--model", required=True, help="the served model's name")
+    parser.add_argument("--question", default="What happens in this video?")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    args = parser.parse_args(argv)
+    try:
+        video = load_compressed_video(args.file)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"python -m craft_vllm.payload: {error}", file=sys.stderr)
+        return 2
+    content = [chat_part(video), {"type": "text", "text": args.question}]
+    body = {
+        "model": args.model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": args.max_tokens,
+        "temperature": 0,
+    }
+    json.dump(body, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""Compressed videos through `vllm serve`'s OpenAI API (conftest's `server`: the multiprocess
+engine, `--enable-mm-embeds`), sent with the `openai` client as `payload.chat_part` builds
+them (vLLM's `video_embeds` content part, base64 tensors).
+
+- Equality: three videos compressed by craft-adapters in threshold mode (through a file) are
+  served with the first step's log-probs within `engine.GAP` of craft-adapters' threshold-mode
+  `generate()` and the same greedy tokens (engine.compare). Control: a fresh CRAFT module's
+  payloads (claiming the checkpoint's digest) are far in those log-probs.
+- Refusals: every field malformed (NaN / inf / negative / wrong dtype / wrong length / K = 0,
+  the made-with record) is a 400 naming the field; after all of them the same server process
+  answers the first payload again with the same tokens and log-probs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from typing import Any
+
+import engine
+import pytest
+import tiny
+import torch
+from conftest import small_config
+from craft_vllm.payload import (
+    COORDS,
+    COUNT,
+    GRID,
+    MADE_WITH,
+    ROWS,
+    SECONDS,
+    chat_part,
+    encode_made_with,
+    tensor_base64,
+)
+
+import craft_adapters
+from craft_core import CraftCompressor
+
+openai = pytest.importorskip("openai")
+THRESHOLD = 0.98  # as test_precompressed.py: keeps 58-62, 41, 59 of 128, 80, 96
+
+
+@pytest.fixture(scope="module")
+def videos() -> list:
+    return [tiny.video(16, seed=0), tiny.video(10, seed=1), tiny.video(12, seed=2)]
+
+
+@pytest.fixture(scope="module")
+def payloads(workdir, videos, tmp_path_factory) -> tuple[list, list]:
+    """(the checkpoint's compressed videos, a fresh module's claiming its digest)."""
+    folder = tmp_path_factory.mktemp("payloads")
+    loaded = CraftCompressor.from_pretrained(workdir / "craft")
+    made = engine.compress_payloads(workdir / "model", loaded, videos, folder / "trained")
+    torch.manual_seed(0)
+    fresh = CraftCompressor(small_config())
+    other = engine.compress_payloads(workdir / "model", fresh, videos, folder / "fresh")
+    return made, engine.made_as(other, made[0])
+
+
+def _client(base: str) -> Any:
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=300)
+
+
+def token_id(text: str) -> int:
+    """A token's id as `return_tokens_as_token_ids` writes it ("token_id:123")."""
+    return int(text.removeprefix("token_id:"))
+
+
+def _ask(base: str, model: str, part: dict[str, Any]) -> engine.Served:
+    """One greedy chat request carrying `part`, as `engine.Served` (token ids, prompt length,
+    the first step's top log-probs by token id)."""
+    reply = _client(base).chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": [part, {"type": "text", "text": engine.QUESTION}]}],
+        max_tokens=engine.NEW_TOKENS,
+        temperature=0.0,
+        logprobs=True,
+        top_logprobs=engine.LOGPROBS,
+        extra_body={"return_tokens_as_token_ids": True},
+    )
+    steps = reply.choices[0].logprobs.content
+
+    first = {token_id(t.token): float(t.logprob) for t in steps[0].top_logprobs}
+    return engine.Served([token_id(s.token) for s in steps], reply.usage.prompt_tokens, first)
+
+
+def test_payloads_served_as_threshold_generate(server, workdir, videos, payloads) -> None:
+    made, fresh = payloads
+    model = str(workdir / "model")
+    served = [_ask(server, model, chat_part(v)) for v in made]
+    loaded = CraftCompressor.from_pretrained(workdir / "craft")
+    reference = engine.adapters_generate(
+        workdir / "model", loaded, None, videos, threshold=THRESHOLD
+    )
+    engine.compare(served, reference)
+    kept = [v.features.shape[0] for v in made]
+    assert [s.length for s in served] == [engine.text_tokens() + k for k in kept]
+    engine.control_gaps([_ask(server, model, chat_part(v)) for v in fresh], reference)
+
+
+def _with(part: dict[str, Any], **fields: torch.Tensor | None) -> dict[str, Any]:
+    """`part` with each named field replaced by that tensor (None: left out)."""
+    sent = dict(part["video_embeds"])
+    for key, value in fields.items():
+        sent.pop(key, None)
+        if value is not None:
+            sent[key] = tensor_base64(value)
+    return {"type": "video_embeds", "video_embeds": sent}
+
+
+def malformed(video: Any) -> dict[str, tuple[dict[str, Any], str]]:
+    """Each malformed request: (its content part, a piece of the 400's message)."""
+    part, rows, coords = chat_part(video), video.features, video.coords
+    k, (t, h, w) = rows.shape[0], video.grid
+
+    def poke(tensor: torch.Tensor, index: tuple[int, ...], value: float) -> torch.Tensor:
+        out = tensor.clone()
+        out[index] = value
+        return out
+
+    swapped = coords.clone()
+    swapped[[0, 1]] = coords[[1, 0]]
+    grid = torch.tensor([t, 2 * h, 2 * w])
+    made = dict(video.metadata)
+    return {
+        "rows NaN": (
+            _with(part, **{ROWS: poke(rows, (0, 3), float("nan"))}),
+            "video_embeds holds NaN",
+        ),
+        "rows inf": (
+            _with(part, **{ROWS: poke(rows, (1, 0), float("inf"))}),
+            "video_embeds holds NaN",
+        ),
+        "rows int": (_with(part, **{ROWS: rows.long()}), "video_embeds must be a floating tensor"),
+        "rows short": (_with(part, **{ROWS: rows[:-1]}), f"video_embeds must be [K = {k}"),
+        "rows narrow": (_with(part, **{ROWS: rows[:, :64]}), f"video_embeds must be [K = {k}"),
+        "rows missing": (_with(part, **{ROWS: None}), "missing field(s) ['video_embeds']"),
+        "K = 0": (
+            _with(part, **{ROWS: rows[:0], COORDS: coords[:0], COUNT: torch.tensor(0)}),
+            "craft_num_kept must be >= 1",
+        ),
+        "coords negative": (
+            _with(part, **{COORDS: poke(coords, (0, 1), -1)}),
+            "craft_coords: coords must fit",
+        ),
+        "coords outside": (
+            _with(part, **{COORDS: poke(coords, (-1, 0), t)}),
+            "craft_coords: coords must fit",
+        ),
+        "coords float": (
+            _with(part, **{COORDS: coords.float()}),
+            "craft_coords must be an integer",
+        ),
+        "coords short": (_with(part, **{COORDS: coords[:-1]}), f"craft_coords must be [K = {k}"),
+        "coords order": (_with(part, **{COORDS: swapped}), "craft_coords: coords must be distinct"),
+        "count high": (_with(part, **{COUNT: torch.tensor(k + 1)}), "(craft_num_kept)"),
+        "count negative": (_with(part, **{COUNT: torch.tensor(-3)}), "craft_num_kept must be >= 1"),
+        "count float": (
+            _with(part, **{COUNT: torch.tensor(float(k))}),
+            "craft_num_kept must be an integer",
+        ),
+        "count NaN": (
+            _with(part, **{COUNT: torch.tensor(float("nan"))}),
+            "craft_num_kept must be an integer",
+        ),
+        "grid negative": (
+            _with(part, **{GRID: grid * torch.tensor([-1, 1, 1])}),
+            "video_grid_thw [-",
+        ),
+        "grid odd": (
+            _with(part, **{GRID: grid + torch.tensor([0, 1, 0])}),
+            "multiples of the merge size",
+        ),
+        "grid float": (_with(part, **{GRID: grid.float()}), "video_grid_thw must be an integer"),
+        "grid short": (_with(part, **{GRID: grid[:2]}), "video_grid_thw [V, 3]"),
+        "grid huge": (_with(part, **{GRID: torch.tensor([10**6, 2048, 2048])}), "over the 4194304"),
+        "seconds NaN": (
+            _with(part, **{SECONDS: torch.tensor(float("nan"))}),
+            "second_per_grid_ts holds NaN",
+        ),
+        "seconds inf": (
+            _with(part, **{SECONDS: torch.tensor(float("inf"))}),
+            "second_per_grid_ts holds NaN",
+        ),
+        "seconds 1e6": (
+            _with(part, **{SECONDS: torch.tensor(1e6)}),
+            "second_per_grid_ts [1000000.0] spreads",
+        ),
+        "seconds -1": (
+            _with(part, **{SECONDS: torch.tensor(-1.0)}),
+            "second_per_grid_ts must be > 0",
+        ),
+        "seconds 0": (
+            _with(part, **{SECONDS: torch.tensor(0.0)}),
+            "second_per_grid_ts must be > 0",
+        ),
+        "seconds bool": (
+            _with(part, **{SECONDS: torch.tensor(True)}),
+            "second_per_grid_ts must be a real",
+        ),
+        "seconds two": (
+            _with(part, **{SECONDS: torch.tensor([1.0, 1.0])}),
+            "second_per_grid_ts must be a real tensor of 1 dimension",
+        ),
+        "unknown field": (
+            _with(part, craft_extra=torch.zeros(1)),
+            "unknown field(s) ['craft_extra']",
+        ),
+        "other checkpoint": (
+            _with(part, **{MADE_WITH: encode_made_with({**made, "craft_sha256": "0" * 64})}),
+            "made with craft_sha256='0000",
+        ),
+        "other backbone": (
+            _with(part, **{MADE_WITH: encode_made_with({**made, "model_type": "qwen3_vl"})}),
+            "made with model_type='qwen3_vl'",
+        ),
+        "no record": (_with(part, **{MADE_WITH: encode_made_with({})}), "its metadata has no"),
+        "record float": (
+            _with(part, **{MADE_WITH: torch.zeros(4)}),
+            "craft_made_with must be one video's",
+        ),
+    }
+
+
+def _post(base: str, body: dict[str, Any]) -> engine.Served:
+    """`body` POSTed as curl does (no client library), as `engine.Served`."""
+    body = {**body, "max_tokens": engine.NEW_TOKENS, "logprobs": True}
+    body |= {"top_logprobs": engine.LOGPROBS, "return_tokens_as_token_ids": True}
+    request = urllib.request.Request(
+        f"{base}/v1/chat/completions",
+        json.dumps(body).encode(),
+        {"Content-Type": "application/json"},
+    )
+    reply = json.loads(urllib.request.urlopen(request, timeout=300).read())
+    steps = reply["choices"][0]["logprobs"]["content"]
+
+    first = {token_id(t["token"]): float(t["logprob"]) for t in steps[0]["top_logprobs"]}
+    return engine.Served(
+        [token_id(s["token"]) for s in steps], reply["usage"]["prompt_tokens"], first
+    )
+
+
+def test_malformed_payloads_get_a_400_naming_the_field(server, workdir, payloads, tmp_path) -> None:
+    model = str(workdir / "model")
+    video = payloads[0][0]
+    before = _ask(server, model, chat_part(video))
+    client = _client(server)
+    for name, (part, expected) in malformed(video).items():
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(
+                model=model,
+                messages=[{"role": "user", "content": [part, {"type": "text", "text": "Hi"}]}],
+                max_tokens=2,
+            )
+        assert expected in str(caught.value), (name, str(caught.value))
+    # the same process still serves: the README's request (python -m craft_vllm.payload's
+    # body, POSTed as curl does) gets the first answer again
+    assert server.process.poll() is None
+    file = craft_adapters.save_compressed_video(tmp_path / "clip.craft.safetensors", video)
+    command = [sys.executable, "-m", "craft_vllm.payload", str(file), "--model", model]
+    command += ["--question", engine.QUESTION]
+    body = json.loads(subprocess.run(command, capture_output=True, check=True, text=True).stdout)
+    after = _post(server, body)
+    assert (after.tokens, after.length) == (before.tokens, before.length)
+    assert max(abs(after.first[t] - lp) for t, lp in before.first.items()) <= 1e-5
+
+
+def test_payload_cli_refuses_a_bad_file(tmp_path) -> None:
+    """`python -m craft_vllm.payload` on a file that is not a payload: exit 2, one line."""
+    bad = tmp_path / "bad.craft.safetensors"
+    bad.write_bytes(b"not safetensors")
+    run = subprocess.run(
+        [sys.executable, "-m", "craft_vllm.payload", str(bad), "--model", "m"],
+        capture_output=True,
+        text=True,
+    )
+    assert run.returncode == 2 and run.stdout == ""
+    assert run.stderr.count("\n") == 1 and "is not a readable safetensors file" in run.stderr
