@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         help="craft-world's task families to train on (examples drawn from all)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backbone", help="the frozen world backbone (default: the shipped one)")
     parser.add_argument(
         "--set", nargs="*", default=[], help="config overrides: optim.lr=1e-3 (stage12: s1:/s2:)"
     )
@@ -59,17 +60,23 @@ def main(argv: list[str] | None = None) -> int:
     if args.method == "distill":
         final = work / "distill"
         manifests: list[str | Path] = [distill_manifest(r) for r in roots]
-        data = craft_train_config(manifests, final, stage="distill", seed=args.seed, **DISTILL)
+        data = craft_train_config(
+            manifests, final, stage="distill", seed=args.seed, backbone=args.backbone, **DISTILL
+        )
         train(load_config(data=data, stage="distill", overrides=args.set))
     else:
         s1, final = work / "stage1", work / "stage2"
         over1 = [o[3:] for o in args.set if o.startswith("s1:")]
         over2 = [o[3:] for o in args.set if o.startswith("s2:")]
         caps: list[str | Path] = [r / "captions.jsonl" for r in roots]
-        data = craft_train_config(caps, s1, stage=1, seed=args.seed, **STAGE1)
+        data = craft_train_config(
+            caps, s1, stage=1, seed=args.seed, backbone=args.backbone, **STAGE1
+        )
         train(load_config(data=data, overrides=over1))
         qas: list[str | Path] = [r / "qa.jsonl" for r in roots]
-        data = craft_train_config(qas, final, stage=2, init_from=s1, seed=args.seed, **STAGE2)
+        data = craft_train_config(
+            qas, final, stage=2, init_from=s1, seed=args.seed, backbone=args.backbone, **STAGE2
+        )
         train(load_config(data=data, overrides=over2))
     print(f"{args.method} done in {time.perf_counter() - t0:.0f} s", flush=True)
     if args.ship:

@@ -75,7 +75,7 @@ def sample_crowd(seed: int, split: str, index: int) -> CrowdScene:
     asked = names[int(rng.integers(len(names)))]
     others = [c for c in names if c != asked]
     present = bool(rng.random() < 0.5)
-    tiles = []
+    tiles: list[tuple[int, int, tuple[str | None, ...]]] = []
     for pair in range(FRAMES // 2):
         for cell in sorted(int(c) for c in rng.choice(_CELLS, TILES_PER_PAIR, replace=False)):
             dots = [others[int(i)] for i in rng.integers(0, len(others), 4)]
@@ -83,8 +83,8 @@ def sample_crowd(seed: int, split: str, index: int) -> CrowdScene:
             tiles.append((pair, cell, tuple(None if e else d for d, e in zip(dots, empty))))
     if present:
         k, q = int(rng.integers(len(tiles))), int(rng.integers(4))
-        pair, cell, dots = tiles[k]
-        tiles[k] = (pair, cell, tuple(asked if i == q else d for i, d in enumerate(dots)))
+        pair, cell, shown = tiles[k]
+        tiles[k] = (pair, cell, tuple(asked if i == q else d for i, d in enumerate(shown)))
     return CrowdScene(asked, present, tuple(tiles), int(rng.integers(2**31)))
 
 

@@ -90,7 +90,12 @@ def craft_train_config(
             "craft": dict(WORLD_CRAFT),
             "init_from": None if init_from is None else str(init_from),
         },
-        "data": {"manifests": [str(m) for m in manifests], "num_workers": 0, "max_frames": 8, "fps": 2.0},
+        "data": {
+            "manifests": [str(m) for m in manifests],
+            "num_workers": 0,
+            "max_frames": 8,
+            "fps": 2.0,
+        },
         "optim": {
             "lr": 4e-3,
             "bf16": False,

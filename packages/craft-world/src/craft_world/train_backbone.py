@@ -103,7 +103,6 @@ class TestBank:
         self, root: Path, n: int, seed: int, processor: Any, family: str = "squares"
     ) -> None:
         from craft_adapters import build_inputs, read_video
-
         from craft_world.crowd import crowd_question, sample_crowd
 
         make_clips(root, n, seed, split="test", family=family)
@@ -304,7 +303,8 @@ def _start_phase_c(folder: Path, recipe: Recipe, model: Any) -> int:
     differ = [
         k
         for k in ours
-        if k not in ("steps_c", "crowd_share") and made.get(k) != ours[k]
+        if k not in ("steps_c", "crowd_share")
+        and made.get(k) != ours[k]
         and not (isinstance(ours[k], tuple) and made.get(k) == list(ours[k]))
     ]
     if differ:
@@ -508,6 +508,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps-b", type=int, default=defaults.steps_b, help="phase B steps")
     parser.add_argument("--steps-c", type=int, default=defaults.steps_c, help="phase C steps")
     parser.add_argument(
+        "--crowd-share", type=float, default=defaults.crowd_share, help="phase C's crowd share"
+    )
+    parser.add_argument(
         "--start-from", default=None, help="a backbone of phases A+B of this recipe: start at C"
     )
     parser.add_argument("--batch", type=int, default=defaults.batch)
@@ -520,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
             steps_a=args.steps_a,
             steps_b=args.steps_b,
             steps_c=args.steps_c,
+            crowd_share=args.crowd_share,
             batch=args.batch,
             lr=args.lr,
         )
