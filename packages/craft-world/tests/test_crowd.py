@@ -101,8 +101,10 @@ def test_phase_c_starts_only_from_its_own_phases(tmp_path: Path) -> None:
 
     folder = tmp_path / "bb"
     folder.mkdir()
-    (folder / "world_recipe.json").write_text(json.dumps({"seed": 0, "steps_a": 1}))
     model, _, _ = _model_and_probe(0)
+    with pytest.raises(ValueError, match=r"world_recipe\.json"):
+        _start_phase_c(folder, Recipe(steps_c=10), model)
+    (folder / "world_recipe.json").write_text(json.dumps({"seed": 0, "steps_a": 1}))
     with pytest.raises(ValueError, match="steps_a"):
         _start_phase_c(folder, Recipe(steps_c=10), model)
     with pytest.raises(ValueError, match="crowd_share"):

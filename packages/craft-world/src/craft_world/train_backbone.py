@@ -293,11 +293,11 @@ def _banks_accuracy(
     return acc
 
 
-def _start_phase_c(folder: Path, recipe: Recipe, model: Any) -> int:
-    """Load the weights of a backbone that phases A and B of `recipe` made (its
-    `world_recipe.json` must agree on every field but the phase-C ones); returns phase 2."""
-    from transformers import AutoModelForImageTextToText
-
+def _check_phase_ab(folder: Path, recipe: Recipe) -> None:
+    """ValueError unless `folder` holds a backbone that phases A and B of `recipe` made (its
+    `world_recipe.json` agrees on every field but the phase-C ones)."""
+    if not (folder / "world_recipe.json").is_file():
+        raise ValueError(f"start_from: {folder} holds no world_recipe.json (not a saved backbone)")
     made = json.loads((folder / "world_recipe.json").read_text())
     ours = asdict(recipe)
     differ = [
@@ -309,6 +309,14 @@ def _start_phase_c(folder: Path, recipe: Recipe, model: Any) -> int:
     ]
     if differ:
         raise ValueError(f"{folder} was not made by phases A and B of this recipe: {differ}")
+
+
+def _start_phase_c(folder: Path, recipe: Recipe, model: Any) -> int:
+    """Load into `model` the weights of the backbone of phases A and B in `folder`
+    (`_check_phase_ab`); returns phase 2 (C)."""
+    from transformers import AutoModelForImageTextToText
+
+    _check_phase_ab(folder, recipe)
     trained = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
     model.load_state_dict(trained.state_dict())
     print(f"phase C starts from {folder}", flush=True)
@@ -347,6 +355,8 @@ def train_backbone(
     `state.pt`, phase C starts from its weights instead of retraining A and B.
     """
     torch.set_num_threads(1)
+    if start_from is not None:
+        _check_phase_ab(start_from, recipe)  # before anything is written
     work.mkdir(parents=True, exist_ok=True)
     processor = world_processor()
     pad = int(processor.tokenizer.pad_token_id)
