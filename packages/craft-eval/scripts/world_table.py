@@ -7,7 +7,8 @@ checkpoints at every ratio, first-token accuracy and KL to the uncompressed mode
 
 Every number comes from craft-eval's runner with `scoring.FirstTokenScorer` (first-token
 option-letter hits and KL to the uncompressed model, `scoring.paired_records`) on the same
-held-out items (split "test", both tasks, 2 questions a clip). Each method and ratio is a
+held-out items (split "test"; `--family squares`: both tasks, 2 questions a clip; `--family
+crowd`: craft-world's crowd, 1 question a clip). Each method and ratio is a
 run folder under `<out>.runs/` (JSONL records, written as items finish): a killed run
 resumes where it stopped. The markdown has the table (accuracy % +- binomial SE, KL +- SE)
 and, for every checkpoint, its paired difference to every other method at every ratio, with a verdict: "wins" (KL lower by
@@ -25,7 +26,8 @@ from typing import Any
 
 import torch
 
-TASKS = "object_existence,moving_count"  # the world's two question types
+TASKS = {"squares": "object_existence,moving_count", "crowd": "moving_attribute"}
+"""The MVBench tasks each of craft-world's families is filed under."""
 
 
 def verdict(kl_drop: float, kl_se: float, acc_gain: float) -> str:
@@ -85,7 +87,9 @@ def markdown(rows: dict[str, Any], ratios: list[float], names: list[str], mine: 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--clips", type=int, default=300, help="held-out clips (2 questions each)")
+    parser.add_argument("--clips", type=int, default=300, help="held-out clips")
+    parser.add_argument("--family", choices=list(TASKS), default="squares")
+    parser.add_argument("--backbone", help="a world backbone folder (default: the shipped one)")
     parser.add_argument("--ratios", nargs="+", type=float, default=[2.0, 4.0, 8.0, 16.0, 32.0])
     parser.add_argument("--methods", nargs="*", help="default: every registered method")
     parser.add_argument("--checkpoint", nargs="*", default=[], help="NAME=FOLDER (CRAFT modules)")
@@ -104,11 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     from craft_eval.methods import list_methods
     from craft_world import load_backbone, make_clips
 
-    model, processor = load_backbone()
+    model, processor = load_backbone(args.backbone)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    data = make_clips(out.parent / f"clips-{args.clips}", args.clips)
-    bench = Measure(model, processor, data, out.with_suffix(".runs"), subset=TASKS)
+    suffix = "" if args.family == "squares" else f"-{args.family}"
+    data = make_clips(out.parent / f"clips-{args.clips}{suffix}", args.clips, family=args.family)
+    bench = Measure(model, processor, data, out.with_suffix(".runs"), subset=TASKS[args.family])
     base = bench.run("none")
     rows = {"uncompressed": (base.scores, base.records)}
     names = args.methods if args.methods is not None else [m.name for m in list_methods()]

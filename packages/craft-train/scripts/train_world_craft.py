@@ -3,7 +3,8 @@
     uv run python packages/craft-train/scripts/train_world_craft.py --work /tmp/world-craft \
         [--method distill|stage12] [--ship packages/craft-world/src/craft_world/checkpoints/craft]
 
-Clips: split "craft" (disjoint from the backbone's and the held-out ones), `--clips` of them.
+Clips: split "craft" (disjoint from the backbone's and the held-out ones), `--clips` of each
+`--family` (craft-world's squares, its crowd, or both).
 `distill` (the shipped module): `craft_world.recipe.DISTILL`, the uncompressed backbone as
 teacher on each clip's describe and question prompts, no labels. `stage12`: stage 1
 (captions, `STAGE1`) then stage 2 (QA labels, `STAGE2`). One CPU thread; every run
@@ -26,8 +27,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", required=True)
     parser.add_argument("--method", choices=["distill", "stage12"], default="distill")
     parser.add_argument("--ship", help="copy the final craft/ folder here")
-    parser.add_argument("--clips", type=int, default=600)
+    parser.add_argument("--clips", type=int, default=600, help="clips of each family")
+    parser.add_argument(
+        "--family",
+        nargs="+",
+        choices=["squares", "crowd"],
+        default=["squares"],
+        help="craft-world's task families to train on (examples drawn from all)",
+    )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backbone", help="the frozen world backbone (default: the shipped one)")
     parser.add_argument(
         "--set", nargs="*", default=[], help="config overrides: optim.lr=1e-3 (stage12: s1:/s2:)"
     )
@@ -42,22 +51,31 @@ def main(argv: list[str] | None = None) -> int:
     from craft_world.recipe import DISTILL, STAGE1, STAGE2, craft_train_config, distill_manifest
 
     work = Path(args.work)
-    root = make_clips(work / "clips", args.clips, seed=0, split="craft")
+    roots = [
+        make_clips(work / ("clips" if f == "squares" else f"clips-{f}"), args.clips, seed=0,
+                   split="craft", family=f)
+        for f in args.family
+    ]  # fmt: skip
     t0 = time.perf_counter()
     if args.method == "distill":
         final = work / "distill"
+        manifests: list[str | Path] = [distill_manifest(r) for r in roots]
         data = craft_train_config(
-            distill_manifest(root), final, stage="distill", seed=args.seed, **DISTILL
+            manifests, final, stage="distill", seed=args.seed, backbone=args.backbone, **DISTILL
         )
         train(load_config(data=data, stage="distill", overrides=args.set))
     else:
         s1, final = work / "stage1", work / "stage2"
         over1 = [o[3:] for o in args.set if o.startswith("s1:")]
         over2 = [o[3:] for o in args.set if o.startswith("s2:")]
-        data = craft_train_config(root / "captions.jsonl", s1, stage=1, seed=args.seed, **STAGE1)
-        train(load_config(data=data, overrides=over1))
+        caps: list[str | Path] = [r / "captions.jsonl" for r in roots]
         data = craft_train_config(
-            root / "qa.jsonl", final, stage=2, init_from=s1, seed=args.seed, **STAGE2
+            caps, s1, stage=1, seed=args.seed, backbone=args.backbone, **STAGE1
+        )
+        train(load_config(data=data, overrides=over1))
+        qas: list[str | Path] = [r / "qa.jsonl" for r in roots]
+        data = craft_train_config(
+            qas, final, stage=2, init_from=s1, seed=args.seed, backbone=args.backbone, **STAGE2
         )
         train(load_config(data=data, overrides=over2))
     print(f"{args.method} done in {time.perf_counter() - t0:.0f} s", flush=True)

@@ -49,12 +49,13 @@ def craft_path() -> Path:
     return _shipped("craft", "python packages/craft-train/scripts/train_world_craft.py")
 
 
-def load_backbone() -> tuple[Any, Any]:
-    """`(model, processor)`: the world backbone in float32, eval mode, on the CPU."""
+def load_backbone(path: str | Path | None = None) -> tuple[Any, Any]:
+    """`(model, processor)`: the world backbone (default: the shipped one; `path`: a folder
+    `train_backbone` saved) in float32, eval mode, on the CPU."""
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    path = backbone_path()
+    path = backbone_path() if path is None else Path(path)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
     model.eval()
     return model, AutoProcessor.from_pretrained(path)

@@ -57,7 +57,7 @@ def distill_manifest(root: str | Path) -> Path:
 
 
 def craft_train_config(
-    manifest: str | Path,
+    manifest: str | Path | list[str | Path],
     output_dir: str | Path,
     *,
     stage: int | str = 1,
@@ -69,7 +69,8 @@ def craft_train_config(
     """A `craft_train.config.load_config(data=...)` dict for the world on one CPU process.
 
     Args:
-        manifest: captions.jsonl (stage 1) or qa.jsonl (stage 2) from `make_clips`.
+        manifest: captions.jsonl (stage 1) or qa.jsonl (stage 2) from `make_clips`, or a list
+            of them (several families: examples drawn from all).
         output_dir: the run's folder.
         stage: 1, 2 (needs `init_from`) or "distill" (a `distill_manifest`).
         backbone: the backbone folder (default: the shipped one).
@@ -79,6 +80,7 @@ def craft_train_config(
     """
     from craft_world import WORLD_CRAFT, backbone_path
 
+    manifests = manifest if isinstance(manifest, list) else [manifest]
     cfg: dict[str, Any] = {
         "stage": stage,
         "model": {
@@ -88,7 +90,12 @@ def craft_train_config(
             "craft": dict(WORLD_CRAFT),
             "init_from": None if init_from is None else str(init_from),
         },
-        "data": {"manifests": [str(manifest)], "num_workers": 0, "max_frames": 8, "fps": 2.0},
+        "data": {
+            "manifests": [str(m) for m in manifests],
+            "num_workers": 0,
+            "max_frames": 8,
+            "fps": 2.0,
+        },
         "optim": {
             "lr": 4e-3,
             "bf16": False,

@@ -77,27 +77,44 @@ class Recipe:
     curriculum: float = 0.3
     big_sides: tuple[int, int] = (14, 19)
     aux_weight: float = 1.0
+    steps_c: int = 0
+    crowd_share: float = 0.5
 
     def __post_init__(self) -> None:
         for name in ("steps_a", "batch"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.steps_b < 0 or self.lr <= 0 or not 0 <= self.curriculum <= 1:
-            raise ValueError(f"need steps_b >= 0, lr > 0, 0 <= curriculum <= 1: {self}")
+        if self.steps_b < 0 or self.steps_c < 0 or self.lr <= 0 or not 0 <= self.curriculum <= 1:
+            raise ValueError(f"need steps_b, steps_c >= 0, lr > 0, 0 <= curriculum <= 1: {self}")
+        if not 0 <= self.crowd_share <= 1:
+            raise ValueError(f"crowd_share must be in [0, 1], got {self.crowd_share}")
+
+    @property
+    def phase_steps(self) -> tuple[int, int, int]:
+        """Steps of phases A, B and C (C: both families, `craft_world.crowd`)."""
+        return self.steps_a, self.steps_b, self.steps_c
 
 
 class TestBank:
-    """Held-out clips read from their mp4 files: `pixels[i]` is float16 `[144, 1176]`."""
+    """Held-out clips of `family` read from their mp4 files: `pixels[i]` is float16
+    `[144, 1176]`, `questions[i]` clip i's questions."""
 
-    def __init__(self, root: Path, n: int, seed: int, processor: Any) -> None:
+    def __init__(
+        self, root: Path, n: int, seed: int, processor: Any, family: str = "squares"
+    ) -> None:
         from craft_adapters import build_inputs, read_video
+        from craft_world.crowd import crowd_question, sample_crowd
 
-        make_clips(root, n, seed, split="test")
-        scenes = [sample_scene(seed, "test", i) for i in range(n)]
-        self.questions = [questions_for(s, seed, "test", i) for i, s in enumerate(scenes)]
+        make_clips(root, n, seed, split="test", family=family)
+        if family == "crowd":
+            self.questions = [[crowd_question(sample_crowd(seed, "test", i))] for i in range(n)]
+        else:
+            scenes = [sample_scene(seed, "test", i) for i in range(n)]
+            self.questions = [questions_for(s, seed, "test", i) for i, s in enumerate(scenes)]
+        prefix = "crowd_" if family == "crowd" else ""
         pixels = []
         for i in range(n):
-            video = read_video(root / "video" / VIDEO_FOLDER / f"test_{i:06d}.mp4", fps=2.0)
+            video = read_video(root / "video" / VIDEO_FOLDER / f"{prefix}test_{i:06d}.mp4", fps=2.0)
             pixels.append(
                 build_inputs(processor, video.frames, video.fps, "x")["pixel_values_videos"]
             )
@@ -190,6 +207,31 @@ def sample_example(scene: Scene, rng: np.random.Generator) -> tuple[str, str]:
     return prompt, target
 
 
+def training_example(
+    recipe: Recipe, phase: int, step: int, j: int, rng: np.random.Generator
+) -> tuple[np.ndarray, torch.Tensor, tuple[str, str]]:
+    """Example `j` of `step` in `phase`: frames `[8, 84, 84, 3]`, the colour labels of its
+    tokens `[144, 6]` and `(prompt, target)`. In phase C (2) a share `crowd_share` of the
+    examples are crowd questions, the rest the first family's (as in phase B)."""
+    if phase == 2 and rng.random() < recipe.crowd_share:
+        from craft_world.crowd import (
+            crowd_question,
+            crowd_token_colours,
+            render_crowd,
+            sample_crowd,
+        )
+
+        crowd = sample_crowd(recipe.seed, "train", (phase * 10**8 + step) * recipe.batch + j)
+        q = crowd_question(crowd)
+        prompt = mvbench_prompt(q.question, q.candidates)
+        if rng.random() < 0.5:
+            prompt = prompt.strip()
+        target = "AB"[q.candidates.index(q.answer)]
+        return render_crowd(crowd), crowd_token_colours(crowd), (prompt, target)
+    scene = training_scene(recipe, phase, step, j)
+    return render(scene), token_colours(scene), sample_example(scene, rng)
+
+
 def make_batch(
     cache: PromptCache, pixels: torch.Tensor, examples: list[tuple[str, str]], pad: int
 ) -> dict[str, torch.Tensor]:
@@ -241,6 +283,46 @@ def heldout_accuracy(
     return out
 
 
+def _banks_accuracy(
+    model: Any, banks: dict[str, TestBank], cache: PromptCache, pad: int, clips: int
+) -> dict[str, float]:
+    """`heldout_accuracy` of the first family; the crowd's (`crowd`) beside it where tested."""
+    acc = heldout_accuracy(model, banks["squares"], cache, pad, clips)
+    if "crowd" in banks:
+        acc["crowd"] = heldout_accuracy(model, banks["crowd"], cache, pad, clips)["all"]
+    return acc
+
+
+def _check_phase_ab(folder: Path, recipe: Recipe) -> None:
+    """ValueError unless `folder` holds a backbone that phases A and B of `recipe` made (its
+    `world_recipe.json` agrees on every field but the phase-C ones)."""
+    if not (folder / "world_recipe.json").is_file():
+        raise ValueError(f"start_from: {folder} holds no world_recipe.json (not a saved backbone)")
+    made = json.loads((folder / "world_recipe.json").read_text())
+    ours = asdict(recipe)
+    differ = [
+        k
+        for k in ours
+        if k not in ("steps_c", "crowd_share")
+        and made.get(k) != ours[k]
+        and not (isinstance(ours[k], tuple) and made.get(k) == list(ours[k]))
+    ]
+    if differ:
+        raise ValueError(f"{folder} was not made by phases A and B of this recipe: {differ}")
+
+
+def _start_phase_c(folder: Path, recipe: Recipe, model: Any) -> int:
+    """Load into `model` the weights of the backbone of phases A and B in `folder`
+    (`_check_phase_ab`); returns phase 2 (C)."""
+    from transformers import AutoModelForImageTextToText
+
+    _check_phase_ab(folder, recipe)
+    trained = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    model.load_state_dict(trained.state_dict())
+    print(f"phase C starts from {folder}", flush=True)
+    return 2
+
+
 def _lr(step: int, steps: int, lr: float) -> float:
     warmup = max(1, steps // 20)
     if step < warmup:
@@ -262,27 +344,38 @@ def train_backbone(
     eval_clips: int = 50,
     final_clips: int = 300,
     stop_at: tuple[int, int] | None = None,
+    start_from: Path | None = None,
 ) -> dict[str, float]:
     """Train (or resume) the backbone; save it with its processor in `out`; return accuracy.
 
     `eval_clips` clips are scored every `eval_every` steps, `final_clips` at the end.
     `stop_at=(phase, step)`: return there without saving the model (what a kill leaves
-    behind: the last `state.pt`), for testing the resume.
+    behind: the last `state.pt`), for testing the resume. `start_from`: a backbone folder
+    saved by phases A and B of this recipe (its `world_recipe.json` says so): without a
+    `state.pt`, phase C starts from its weights instead of retraining A and B.
     """
     torch.set_num_threads(1)
+    if start_from is not None:
+        _check_phase_ab(start_from, recipe)  # before anything is written
     work.mkdir(parents=True, exist_ok=True)
     processor = world_processor()
     pad = int(processor.tokenizer.pad_token_id)
     test = TestBank(work / "test", max(eval_clips, final_clips), recipe.seed, processor)
+    banks = {"squares": test}
+    if recipe.steps_c:
+        clips = max(eval_clips, final_clips)
+        banks["crowd"] = TestBank(work / "test-crowd", clips, recipe.seed, processor, "crowd")
     cache = PromptCache(processor)
     model, probe, captured = _model_and_probe(recipe.seed)
     params = [*model.parameters(), *probe.parameters()]
     opt = _optimizer(params, recipe.lr)
     state_path, log_path = work / "state.pt", work / "log.jsonl"
     phase, step = _resume(state_path, recipe, model, probe, opt)
+    if (phase, step) == (0, 0) and start_from is not None:
+        phase = _start_phase_c(start_from, recipe, model)
     t0 = time.perf_counter()
-    while phase < 2:
-        steps = recipe.steps_a if phase == 0 else recipe.steps_b
+    while phase < 3:
+        steps = recipe.phase_steps[phase]
         if step >= steps:  # phase done: B starts from A's weights, fresh optimiser
             phase, step = phase + 1, 0
             opt = _optimizer(params, recipe.lr)
@@ -292,10 +385,10 @@ def train_backbone(
         step_parts = (model, probe, captured, params, opt)
         loss, aux = _train_step(step_parts, cache, pad, recipe, phase, step)
         step += 1
-        row: dict[str, Any] = {"phase": "AB"[phase], "step": step, "loss": round(loss, 5)}
+        row: dict[str, Any] = {"phase": "ABC"[phase], "step": step, "loss": round(loss, 5)}
         row["aux"] = round(aux, 5)
         if step % eval_every == 0 or step == steps:
-            row["heldout"] = heldout_accuracy(model, test, cache, pad, eval_clips)
+            row["heldout"] = _banks_accuracy(model, banks, cache, pad, eval_clips)
         if step % save_every == 0 or step == steps:
             state = {"model": model.state_dict(), "probe": probe.state_dict()}
             state |= {"optimizer": opt.state_dict(), "phase": phase, "step": step}
@@ -307,7 +400,7 @@ def train_backbone(
             print(json.dumps(row), flush=True)
         if stop_at is not None and (phase, step) >= stop_at:
             return {}
-    acc = heldout_accuracy(model, test, cache, pad, final_clips)
+    acc = _banks_accuracy(model, banks, cache, pad, final_clips)
     _save_backbone(out, model, processor, log_path, recipe, acc, final_clips)
     return acc
 
@@ -341,12 +434,11 @@ def _train_step(
     vision outputs, the trained parameters and the optimiser. Returns (loss, aux loss)."""
     model, probe, captured, params, opt = parts
     rng = np.random.default_rng([recipe.seed, 7, phase, step])
-    scenes = [training_scene(recipe, phase, step, j) for j in range(recipe.batch)]
-    examples = [sample_example(s, rng) for s in scenes]
-    pixels = torch.stack([cache.pixels(render(s)) for s in scenes])
+    drawn = [training_example(recipe, phase, step, j, rng) for j in range(recipe.batch)]
+    pixels = torch.stack([cache.pixels(frames) for frames, _, _ in drawn])
     captured.clear()
-    loss = model(**make_batch(cache, pixels, examples, pad)).loss
-    labels = torch.cat([token_colours(s) for s in scenes])  # [B * 144, 6]
+    loss = model(**make_batch(cache, pixels, [ex for _, _, ex in drawn], pad)).loss
+    labels = torch.cat([colours for _, colours, _ in drawn])  # [B * 144, 6]
     aux = torch.nn.functional.binary_cross_entropy_with_logits(probe(captured[0]), labels)
     (loss + recipe.aux_weight * aux).backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -377,7 +469,7 @@ def _resume(
     probe.load_state_dict(state["probe"])
     opt.load_state_dict(state["optimizer"])
     phase, step = int(state["phase"]), int(state["step"])
-    print(f"resumed at phase {'AB'[phase]} step {step}", flush=True)
+    print(f"resumed at phase {'ABC'[phase]} step {step}", flush=True)
     return phase, step
 
 
@@ -424,6 +516,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--steps-a", type=int, default=defaults.steps_a, help="phase A steps")
     parser.add_argument("--steps-b", type=int, default=defaults.steps_b, help="phase B steps")
+    parser.add_argument("--steps-c", type=int, default=defaults.steps_c, help="phase C steps")
+    parser.add_argument(
+        "--crowd-share", type=float, default=defaults.crowd_share, help="phase C's crowd share"
+    )
+    parser.add_argument(
+        "--start-from", default=None, help="a backbone of phases A+B of this recipe: start at C"
+    )
     parser.add_argument("--batch", type=int, default=defaults.batch)
     parser.add_argument("--lr", type=float, default=defaults.lr)
     parser.add_argument("--final-clips", type=int, default=300, help="held-out clips at the end")
@@ -433,12 +532,17 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             steps_a=args.steps_a,
             steps_b=args.steps_b,
+            steps_c=args.steps_c,
+            crowd_share=args.crowd_share,
             batch=args.batch,
             lr=args.lr,
         )
         if args.final_clips <= 0:
             raise ValueError(f"final_clips must be positive, got {args.final_clips}")
-        acc = train_backbone(Path(args.work), Path(args.out), recipe, final_clips=args.final_clips)
+        start = None if args.start_from is None else Path(args.start_from)
+        acc = train_backbone(
+            Path(args.work), Path(args.out), recipe, final_clips=args.final_clips, start_from=start
+        )
     except ValueError as err:
         parser.error(str(err))
     print(f"held-out accuracy {acc}; saved {args.out}")

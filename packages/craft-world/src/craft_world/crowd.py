@@ -1,0 +1,121 @@
+"""The crowd family: many small multi-coloured tiles, one question about a single dot.
+
+Why it needs fusion (issue 44): the first family's questions are answered by a handful of
+distinct tokens, which a selector keeps. Here a clip has 40 tiles (10 in each temporal
+patch pair, each tile inside one 14 x 14 patch: 40 of the 144 video tokens), more than the
+18 tokens kept at 8x or the 9 at 16x. Each tile is a 2 x 2 grid of 6 px dots, each dot
+(with probability 3/4) of one of the five colours OTHER than the clip's asked colour; with
+probability 1/2 one dot of one tile has the asked colour. So the tiles are mutually distinct
+(many colour arrangements), the asked dot is one quarter of one token among 40 alike, and a
+selector keeping 18 of them drops it about half the time (measured before training: DivPrune
+keeps it in 55% of clips at 8x, 30% at 16x), while a merge that folds its token into a
+neighbour can still carry its colour in the colour's channels.
+
+Question (MVBench's format, filed under `moving_attribute`, options fixed):
+
+    "Is there a red dot?"   (A) yes (B) no
+
+Everything is a pure function of `(seed, split, index)`, as in `craft_world.clips`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from craft_world.clips import FRAMES, PALETTE, SIZE, YES_NO, Question, Scene, _rng, render
+
+__all__ = [
+    "CROWD_TASK",
+    "TILES_PER_PAIR",
+    "CrowdScene",
+    "crowd_question",
+    "crowd_token_colours",
+    "render_crowd",
+    "sample_crowd",
+]
+
+CROWD_TASK = "moving_attribute"
+"""The MVBench task name the crowd questions are filed under (clevrer's video folder)."""
+TILES_PER_PAIR = 10
+"""Tiles per temporal patch pair (4 pairs: 40 of the 144 video tokens)."""
+DOT = 6
+"""Side of a dot in pixels; a tile is 2 x 2 dots at offsets 1 and 8 inside its 14 px patch."""
+P_EMPTY = 0.25
+"""Probability that a dot of a tile is left out (background)."""
+_CELLS = (SIZE // 14) ** 2
+_STREAM = 10  # rng streams of the crowd family, disjoint from clips' 0 and 1
+
+
+@dataclass(frozen=True)
+class CrowdScene:
+    """What a crowd clip shows.
+
+    Attributes:
+        asked: the colour the question asks about.
+        present: whether one dot has the asked colour.
+        tiles: per tile `(pair, cell, dots)`: temporal pair 0-3, patch cell 0-35 (row-major)
+            and the four dots' colour names (top-left, top-right, bottom-left, bottom-right;
+            None: no dot).
+        seed: seed of the background texture and noise.
+    """
+
+    asked: str
+    present: bool
+    tiles: tuple[tuple[int, int, tuple[str | None, ...]], ...]
+    seed: int
+
+
+def sample_crowd(seed: int, split: str, index: int) -> CrowdScene:
+    """The crowd scene of clip `index` of `split` (a pure function of its arguments)."""
+    rng = _rng(seed, split, index, stream=_STREAM)
+    names = list(PALETTE)
+    asked = names[int(rng.integers(len(names)))]
+    others = [c for c in names if c != asked]
+    present = bool(rng.random() < 0.5)
+    tiles: list[tuple[int, int, tuple[str | None, ...]]] = []
+    for pair in range(FRAMES // 2):
+        for cell in sorted(int(c) for c in rng.choice(_CELLS, TILES_PER_PAIR, replace=False)):
+            dots = [others[int(i)] for i in rng.integers(0, len(others), 4)]
+            empty = rng.random(4) < P_EMPTY
+            tiles.append((pair, cell, tuple(None if e else d for d, e in zip(dots, empty))))
+    if present:
+        k, q = int(rng.integers(len(tiles))), int(rng.integers(4))
+        pair, cell, shown = tiles[k]
+        tiles[k] = (pair, cell, tuple(asked if i == q else d for i, d in enumerate(shown)))
+    return CrowdScene(asked, present, tuple(tiles), int(rng.integers(2**31)))
+
+
+def render_crowd(scene: CrowdScene) -> np.ndarray:
+    """The clip's frames: uint8 `[FRAMES, SIZE, SIZE, 3]` (the first family's background)."""
+    frames = render(Scene((), (), (), (), scene.seed, ()))
+    for pair, cell, dots in scene.tiles:
+        row, col = divmod(cell, SIZE // 14)
+        for q, colour in enumerate(dots):
+            if colour is None:
+                continue
+            y = row * 14 + 1 + (q // 2) * (DOT + 1)
+            x = col * 14 + 1 + (q % 2) * (DOT + 1)
+            frames[2 * pair : 2 * pair + 2, y : y + DOT, x : x + DOT] = PALETTE[colour]
+    return frames
+
+
+def crowd_question(scene: CrowdScene) -> Question:
+    """The clip's one question: is there a dot of the asked colour?"""
+    answer = "yes" if scene.present else "no"
+    return Question(CROWD_TASK, f"Is there a {scene.asked} dot?", YES_NO, answer)
+
+
+def crowd_token_colours(scene: CrowdScene) -> torch.Tensor:
+    """Which colours each of the clip's 144 video tokens shows: float `[144, 6]` (0/1), in
+    Qwen2.5-VL's token order (temporal pair, patch row, patch column), as
+    `train_backbone.token_colours` for the first family."""
+    names = list(PALETTE)
+    out = torch.zeros(FRAMES // 2 * _CELLS, len(names))
+    for pair, cell, dots in scene.tiles:
+        for colour in dots:
+            if colour is not None:
+                out[pair * _CELLS + cell, names.index(colour)] = 1.0
+    return out

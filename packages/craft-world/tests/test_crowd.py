@@ -1,0 +1,111 @@
+"""The crowd family (issue 44): its clips show what their annotations say, its files are
+MVBench's, and phase C of the backbone recipe starts only from a backbone of its phases A+B."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+from craft_world import make_clips  # noqa: E402
+from craft_world.clips import FRAMES, PALETTE, SIZE, VIDEO_FOLDER  # noqa: E402
+from craft_world.crowd import (  # noqa: E402
+    CROWD_TASK,
+    DOT,
+    TILES_PER_PAIR,
+    crowd_question,
+    crowd_token_colours,
+    render_crowd,
+    sample_crowd,
+)
+
+
+def _reference_token_colours(frames: np.ndarray) -> np.ndarray:
+    """A slow, obvious reading of the pixels: token (pair, row, col) shows colour c when
+    some pixel of its 14 x 14 patch in either frame of its pair IS c's palette value (the
+    grey background with noise never is). `[144, 6]` bool."""
+    out = np.zeros((FRAMES // 2, SIZE // 14, SIZE // 14, len(PALETTE)), dtype=bool)
+    for t in range(FRAMES):
+        for r in range(SIZE // 14):
+            for c in range(SIZE // 14):
+                patch = frames[t, r * 14 : r * 14 + 14, c * 14 : c * 14 + 14].astype(int)
+                for k, rgb in enumerate(PALETTE.values()):
+                    if (np.abs(patch - np.array(rgb)).max(-1) == 0).any():
+                        out[t // 2, r, c, k] = True
+    return out.reshape(-1, len(PALETTE))
+
+
+def test_crowd_scenes_show_what_they_say() -> None:
+    presents = []
+    for i in range(6):
+        scene = sample_crowd(0, "test", i)
+        frames = render_crowd(scene)
+        assert frames.shape == (FRAMES, SIZE, SIZE, 3) and frames.dtype == np.uint8
+        assert len(scene.tiles) == 4 * TILES_PER_PAIR
+        labels = crowd_token_colours(scene)
+        assert np.array_equal(labels.numpy().astype(bool), _reference_token_colours(frames))
+        asked = list(PALETTE).index(scene.asked)
+        shown = int(labels[:, asked].sum())
+        assert shown == (1 if scene.present else 0), (i, scene.asked, shown)
+        exact = (np.abs(frames.astype(int) - np.array(PALETTE[scene.asked])).max(-1) == 0).sum()
+        assert exact == (2 * DOT * DOT if scene.present else 0)  # one dot, in two frames
+        q = crowd_question(scene)
+        assert q.question == f"Is there a {scene.asked} dot?" and q.task == CROWD_TASK
+        assert q.answer == ("yes" if scene.present else "no")
+        presents.append(scene.present)
+    assert sample_crowd(0, "test", 3) == sample_crowd(0, "test", 3)
+    assert sample_crowd(0, "test", 3) != sample_crowd(0, "craft", 3)
+    assert True in presents and False in presents
+
+
+def test_make_clips_crowd_family(tmp_path: Path) -> None:
+    from craft_adapters import read_video
+
+    root = make_clips(tmp_path / "c", 4, seed=0, family="crowd")
+    rows = json.loads((root / "json" / f"{CROWD_TASK}.json").read_text())
+    assert not (root / "json" / "object_existence.json").exists()
+    assert len(rows) == 4 and json.loads((root / "world.json").read_text())["family"] == "crowd"
+    for i, row in enumerate(rows):
+        scene = sample_crowd(0, "test", i)
+        assert row["video"] == f"crowd_test_{i:06d}.mp4" and row["candidates"] == ["yes", "no"]
+        assert row["answer"] == crowd_question(scene).answer
+        video = read_video(root / "video" / VIDEO_FOLDER / row["video"], fps=2.0)
+        assert video.frames.shape == (FRAMES, SIZE, SIZE, 3)
+        # the encoded clip keeps the dots' colours: the mean over each dot within 40 levels
+        for pair, cell, dots in scene.tiles[:8]:
+            r, c = divmod(cell, SIZE // 14)
+            for q, colour in enumerate(dots):
+                if colour is None:
+                    continue
+                y, x = r * 14 + 1 + (q // 2) * (DOT + 1), c * 14 + 1 + (q % 2) * (DOT + 1)
+                got = video.frames[2 * pair, y + 1 : y + DOT - 1, x + 1 : x + DOT - 1]
+                mean = got.reshape(-1, 3).astype(float).mean(0)
+                assert np.abs(mean - np.array(PALETTE[colour])).max() <= 40, (i, colour, mean)
+    qa = [json.loads(x) for x in (root / "qa.jsonl").read_text().splitlines()]
+    assert len(qa) == 4 and {r["answer"] for r in qa} <= {"A", "B"}
+    with pytest.raises(ValueError, match="family"):
+        make_clips(tmp_path / "bad", 2, family="dots")
+    assert not (tmp_path / "bad").exists()
+
+
+def test_phase_c_starts_only_from_its_own_phases(tmp_path: Path) -> None:
+    from craft_world.train_backbone import Recipe, _model_and_probe, _start_phase_c
+
+    folder = tmp_path / "bb"
+    folder.mkdir()
+    model, _, _ = _model_and_probe(0)
+    with pytest.raises(ValueError, match=r"world_recipe\.json"):
+        _start_phase_c(folder, Recipe(steps_c=10), model)
+    (folder / "world_recipe.json").write_text(json.dumps({"seed": 0, "steps_a": 1}))
+    with pytest.raises(ValueError, match="steps_a"):
+        _start_phase_c(folder, Recipe(steps_c=10), model)
+    with pytest.raises(ValueError, match="crowd_share"):
+        Recipe(crowd_share=1.5)
