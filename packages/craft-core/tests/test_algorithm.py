@@ -17,7 +17,7 @@ from core_testkit import (
 )
 
 from craft_core import resolve_budget
-from craft_core.algorithm import compress, select
+from craft_core.algorithm import compress, pair, select
 
 
 @pytest.mark.parametrize("pairing", ["incremental", "full", "dense"])
@@ -58,3 +58,13 @@ def test_select_drops_chains_and_keeps_one_target_per_source() -> None:
         [0, 1, 2, 3, 4, 5], [2, 2, 0, 4, 3, 4], [0.9, 0.8, 0.9, 0.5, 0.5, 0.4], norms, 0, None
     )
     assert edges == [(0, 2, 0.9)]
+
+
+def test_pairing_in_row_blocks_equals_one_product() -> None:
+    # Integer rows: every product is exact, and repeated rows make ties (to the smallest
+    # position). Blocks of 7 rows (a last one short) must give the one-product answer.
+    rows = torch.randint(-3, 4, (20, 5), generator=torch.Generator().manual_seed(0))
+    embed = torch.cat([rows, rows[:9]]).double()
+    whole = pair(embed, block=embed.shape[0])
+    for block in (1, 7, 16):
+        assert all(torch.equal(a, b) for a, b in zip(pair(embed, block=block), whole))

@@ -74,13 +74,21 @@ def retire(
     return redirect[owner], torch.sort(active.masked_fill(leaving, gone)).values
 
 
-def pair(embed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def pair(embed: torch.Tensor, block: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
     """`(similarity [n] float64, partner [n] position)` of every row of `embed` (`[n, d]`
     float64 exact embeddings, ascending ids): its most similar other row, ties to the
-    smallest position. One `[n, n]` product: every value is exact (`selection.py`)."""
-    sims = embed @ embed.T
-    sims.fill_diagonal_(float("-inf"))
-    return sims.max(dim=1)  # max returns the first maximum
+    smallest position. The `[n, n]` product, `block` rows at a time (65,536 tokens would
+    need 32 GiB at once); every value is exact (`selection.py`), so a block's rows are the
+    whole product's."""
+    values, partners = [], []
+    for start in range(0, embed.shape[0], block):
+        sims = embed[start : start + block] @ embed.T
+        rows = torch.arange(sims.shape[0], device=embed.device)
+        sims[rows, start + rows] = float("-inf")  # not its own partner
+        value, partner = sims.max(dim=1)  # max returns the first maximum
+        values.append(value)
+        partners.append(partner)
+    return torch.cat(values), torch.cat(partners)
 
 
 def select(
