@@ -76,9 +76,11 @@ def test_cuda_graph_loops_are_refused_on_a_cpu_server(workdir, key, name) -> Non
     with pytest.raises(CraftConfigError, match=rf"{key}.*CUDA only"):
         load_compressor(options, 64, "cpu")
     both = engine.overrides(workdir / "craft", CONTROL, craft_compile=True, craft_cuda_graphs=True)
-    with pytest.raises(CraftConfigError, match="craft_compile and craft_cuda_graphs: .*choose one"):
+    with pytest.raises(
+        CraftConfigError, match=r"craft_compile and craft_cuda_graphs: .*choose one"
+    ):
         read_options(type("HfConfig", (), both), arch)
-    with pytest.raises(CraftConfigError, match=f"{key} must be true or false"):
+    with pytest.raises(CraftConfigError, match=rf"{key} must be true or false"):
         read_options(
             type("HfConfig", (), engine.overrides(workdir / "craft", CONTROL, **{key: 1})), arch
         )

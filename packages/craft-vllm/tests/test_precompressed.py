@@ -25,6 +25,7 @@ from __future__ import annotations
 import engine
 import pytest
 import tiny
+import tiny_llava
 import tiny_qwen3_5
 import torch
 from conftest import small_config
@@ -174,3 +175,44 @@ def test_qwen3_5_threshold_mode_served_from_compressed_videos(workdir, tmp_path)
     assert all(torch.equal(r, v) for r, v in zip(rows, bf16[0]))
     assert all(torch.equal(r, v) for r, v in zip(fresh_rows, bf16[1]))
     assert not any(torch.equal(r, v) for r, v in zip(fresh_rows, bf16[0]))
+
+
+def test_llava_onevision_threshold_mode_served_from_compressed_videos(workdir, tmp_path) -> None:
+    """LLaVA-OneVision (float32): a payload holds the K pooled grid rows only; the server adds
+    its own newline row after them and gives each row its original 1-D position."""
+    kind, frames = tiny_llava, [16, 10, 12]
+    model = kind.build(tmp_path / "llava")
+    videos = [kind.video(n, seed=i) for i, n in enumerate(frames)]
+    loaded = CraftCompressor.from_pretrained(workdir / "craft")
+    compressed = engine.compress_payloads(model, loaded, videos, tmp_path / "trained", kind)
+    torch.manual_seed(0)
+    fresh = engine.compress_payloads(
+        model, CraftCompressor(small_config()), videos, tmp_path / "fresh", kind
+    )
+    kept = [v.features.shape[0] for v in compressed]
+    tokens = [kind.video_tokens(n) for n in frames]
+    assert [v.grid for v in compressed] == [(n, 4, 4) for n in frames]  # no newline row
+    assert all(1 <= k < n for k, n in zip(kept, tokens))
+    assert len({n / k for k, n in zip(kept, tokens)}) > 1
+
+    def work(llm):
+        payloads = [video_payload(v) for v in compressed]
+        wide = payloads[0]["video_grid_thw"] * torch.tensor([1, 2, 2])  # a Qwen-style grid
+        bad = [*_malformed(payloads[0]), ({**payloads[0], "video_grid_thw": wide}, "H = W = 4")]
+        for payload, field in bad:
+            with pytest.raises(Exception, match=field.replace("[", r"\[")):
+                _generate(llm, [payload], kind)
+        served = _generate(llm, payloads, kind)
+        control = _generate(
+            llm, [video_payload(v) for v in engine.made_as(fresh, compressed[0])], kind
+        )
+        return served, control
+
+    overrides = engine.overrides(workdir / "craft", 4, kind)
+    served, control = engine.run(model, overrides, work, enable_mm_embeds=True)
+    reference = engine.adapters_generate(model, loaded, None, videos, kind, threshold=THRESHOLD)
+    engine.compare(served, reference)
+    for (_, length, _), n, video, k in zip(served, frames, videos, kept):
+        inputs = craft_adapters.build_inputs(kind.processor(), video, engine.FPS, engine.QUESTION)
+        assert length == inputs["input_ids"].shape[1] - kind.video_tokens(n) + k
+    engine.control_gaps(control, reference)
