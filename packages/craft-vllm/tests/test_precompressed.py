@@ -22,10 +22,13 @@ lengths here and against a slow rule in test_options.py.
 
 from __future__ import annotations
 
+import dataclasses
+
 import engine
 import pytest
 import tiny
 import tiny_llava
+import tiny_qwen3
 import tiny_qwen3_5
 import torch
 from conftest import small_config
@@ -108,9 +111,10 @@ def test_threshold_mode_served_from_compressed_videos(workdir, videos, tmp_path)
     engine.control_gaps(control, reference)
 
 
-def _timestamps(frames: int) -> list[float]:
-    """Qwen3.5's frame-run seconds of a video sampled at engine.FPS (its processor's rule)."""
-    return tiny_qwen3_5.processor()._calculate_timestamps(list(range(frames)), engine.FPS, 2)
+def _timestamps(frames: int, kind=tiny_qwen3_5) -> list[float]:
+    """Qwen3.5's / Qwen3-VL's frame-run seconds of a video sampled at engine.FPS (its
+    processor's rule)."""
+    return kind.processor()._calculate_timestamps(list(range(frames)), engine.FPS, 2)
 
 
 def test_qwen3_5_threshold_mode_served_from_compressed_videos(workdir, tmp_path) -> None:
@@ -216,3 +220,48 @@ def test_llava_onevision_threshold_mode_served_from_compressed_videos(workdir, t
         inputs = craft_adapters.build_inputs(kind.processor(), video, engine.FPS, engine.QUESTION)
         assert length == inputs["input_ids"].shape[1] - kind.video_tokens(n) + k
     engine.control_gaps(control, reference)
+
+
+def test_qwen3_vl_threshold_mode_served_with_deepstack_rows(workdir, tmp_path) -> None:
+    """Qwen3-VL (float32): the payload's rows carry each kept token's deepstack rows beside
+    its main row (`[K, D + levels * D]`); K rows laid out per frame, timestamps kept.
+    Controls: a fresh module's payloads, and the right payloads with their deepstack rows
+    zeroed (the deepstack rows must reach the language model)."""
+    kind, frames = tiny_qwen3, [16, 10, 12]
+    model = kind.build(tmp_path / "qwen3_vl")
+    videos = [kind.video(n, seed=i) for i, n in enumerate(frames)]
+    loaded = CraftCompressor.from_pretrained(workdir / "craft")
+    compressed = engine.compress_payloads(model, loaded, videos, tmp_path / "trained", kind)
+    torch.manual_seed(0)
+    fresh = engine.compress_payloads(
+        model, CraftCompressor(small_config()), videos, tmp_path / "fresh", kind
+    )
+    fresh = engine.made_as(fresh, compressed[0])
+    flat = [dataclasses.replace(v, deepstack=torch.zeros_like(v.deepstack)) for v in compressed]
+    kept = [v.features.shape[0] for v in compressed]
+    tokens = [kind.video_tokens(n) for n in frames]
+    assert all(v.deepstack.shape == (k, kind.HIDDEN) for v, k in zip(compressed, kept))
+    assert all(1 <= k < n for k, n in zip(kept, tokens))
+    assert len({n / k for k, n in zip(kept, tokens)}) > 1
+
+    def payloads(vs: list) -> list:
+        return [video_payload(v, timestamps=_timestamps(n, kind)) for v, n in zip(vs, frames)]
+
+    def work(llm):
+        good = payloads(compressed)
+        main = good[0]["video_embeds"][:, : kind.HIDDEN]  # the deepstack rows left out
+        bad = [*_malformed(good[0]), ({**good[0], "video_embeds": main}, "deepstack levels")]
+        for payload, field in bad:
+            with pytest.raises(Exception, match=field.replace("[", r"\[")):
+                _generate(llm, [payload], kind)
+        return [_generate(llm, payloads(vs), kind) for vs in (compressed, fresh, flat)]
+
+    overrides = engine.overrides(workdir / "craft", 4, kind)
+    served, control, no_deepstack = engine.run(model, overrides, work, enable_mm_embeds=True)
+    reference = engine.adapters_generate(model, loaded, None, videos, kind, threshold=THRESHOLD)
+    engine.compare(served, reference)
+    for (_, length, _), n, video, k in zip(served, frames, videos, kept):
+        inputs = craft_adapters.build_inputs(kind.processor(), video, engine.FPS, engine.QUESTION)
+        assert length == inputs["input_ids"].shape[1] - kind.video_tokens(n) + k
+    engine.control_gaps(control, reference)
+    engine.control_gaps(no_deepstack, reference)

@@ -90,6 +90,8 @@ class PayloadLimits:
             the rows are placed by `t * P * P + h * P + w`).
         flat: 1-D positions (LLaVA-OneVision): the text after a video of N tokens starts
             N + 1 positions after its start, whatever was kept.
+        deepstack_levels: Qwen3-VL's deepstack levels L: each row is `[D + L * D]`, the
+            main row and the kept token's deepstack rows side by side.
     """
 
     merge: int
@@ -102,6 +104,7 @@ class PayloadLimits:
     timed: bool = False
     side: int | None = None
     flat: bool = False
+    deepstack_levels: int = 0
 
     def made_with(self) -> dict[str, Any]:
         """The values of `MADE_WITH_KEYS` this server has."""
@@ -231,8 +234,16 @@ def check_payload(data: Mapping[str, Any], limits: PayloadLimits) -> None:
     videos = _check_counts(data, limits)
     rows = _tensor(data, ROWS, "float", 2)
     total = sum(v[3] for v in videos)
-    if tuple(rows.shape) != (total, limits.hidden_size):
-        raise _refuse(ROWS, f"[K = {total} ({COUNT}), {limits.hidden_size} (the width)]", rows)
+    width = limits.hidden_size * (1 + limits.deepstack_levels)
+    if tuple(rows.shape) != (total, width):
+        what = (
+            "the width"
+            if not limits.deepstack_levels
+            else (
+                f"the width {limits.hidden_size} x (1 + {limits.deepstack_levels} deepstack levels)"
+            )
+        )
+        raise _refuse(ROWS, f"[K = {total} ({COUNT}), {width} ({what})]", rows)
     coords = _tensor(data, COORDS, "int", 2)
     if tuple(coords.shape) != (total, 3):
         raise _refuse(COORDS, f"[K = {total} ({COUNT}), 3]", coords)
@@ -263,6 +274,7 @@ def served_limits(model_config: Any, timed: bool, flat: bool = False) -> Payload
     per_second = getattr(vision, "tokens_per_second", None)
     folder = getattr(config, "craft_checkpoint", None)  # None: the settings check refuses it
     side = -(-(vision.image_size // vision.patch_size) // 2) if flat else None  # ceil(S / 2)
+    levels = len(getattr(vision, "deepstack_visual_indexes", None) or [])  # vLLM's rule
     return PayloadLimits(
         merge=getattr(vision, "spatial_merge_size", 1),
         hidden_size=text.hidden_size,
@@ -274,6 +286,7 @@ def served_limits(model_config: Any, timed: bool, flat: bool = False) -> Payload
         timed=timed,
         side=side,
         flat=flat,
+        deepstack_levels=levels,
     )
 
 
