@@ -9,7 +9,7 @@ import torch
 from adapters_conformance import RuleCompressor, keep_rule
 from qwen_conformance import QwenConformance, assert_frame_timestamps, timestamp_t
 
-from craft_adapters import wrap
+from craft_adapters import load_compressed_video, save_compressed_video, wrap
 
 
 class TestQwen3VL(QwenConformance):
@@ -41,6 +41,32 @@ class TestQwen3VL(QwenConformance):
         for deep_full, deep_comp in zip(full, compressed):
             want = torch.stack([deep_full[assign == j].mean(0) for j in range(kept.numel())])
             torch.testing.assert_close(deep_comp, want, rtol=0, atol=1e-6)
+
+    @torch.no_grad()
+    def test_saved_video_carries_the_deepstack_rows(self, case: tuple[Any, Any], tmp_path) -> None:
+        """`compress_videos` -> file -> load: each kept token's deepstack rows (levels side by
+        side, what craft-vllm serves) are the mean of its group's (slow loop here)."""
+        model, processor = case
+        inputs = self.inputs(processor)
+        seen: list[Any] = []
+        hook = model.model.language_model.register_forward_pre_hook(
+            lambda _m, a, k: seen.append(k["deepstack_visual_embeds"]), with_kwargs=True
+        )
+        try:
+            model(**inputs)
+        finally:
+            hook.remove()
+        comp = RuleCompressor()
+        (video,) = wrap(model, comp, ratio=2.0).compress_videos(**inputs)
+        path = save_compressed_video(tmp_path / "v.craft.safetensors", video)
+        loaded = load_compressed_video(path)
+        kept, assign = keep_rule(comp.coords[0])
+        want = [
+            torch.stack([level[assign == j].mean(0) for j in range(kept.numel())])
+            for level in seen[0]
+        ]
+        assert loaded.deepstack is not None and len(want) >= 1
+        torch.testing.assert_close(loaded.deepstack, torch.cat(want, 1), rtol=0, atol=1e-6)
 
     def test_missing_mm_token_type_ids_is_named(self, case: tuple[Any, Any]) -> None:
         model, processor = case

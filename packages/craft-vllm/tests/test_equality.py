@@ -60,16 +60,30 @@ def test_craft_equals_craft_adapters(workdir, videos, ratio) -> None:
         engine.control_gaps(served, control)
 
 
-def test_compiled_loop_is_refused_on_a_cpu_server(workdir) -> None:
-    """craft-core's compiled loop is a server option (`craft_compile`), CUDA only: a CPU
-    server refuses it by name before serving."""
+@pytest.mark.parametrize(
+    ("key", "name"), [("craft_compile", "compile"), ("craft_cuda_graphs", "cuda_graphs")]
+)
+def test_cuda_graph_loops_are_refused_on_a_cpu_server(workdir, key, name) -> None:
+    """craft-core's padded loops are server options (`craft_compile`, `craft_cuda_graphs`),
+    CUDA only: a CPU server refuses each by name before serving; both at once, or a value
+    that is not a boolean, are refused by name when the settings are read."""
     from craft_vllm.options import CraftConfigError, load_compressor, read_options
 
-    config = type("HfConfig", (), engine.overrides(workdir / "craft", CONTROL, craft_compile=True))
-    options = read_options(config, "CraftQwen2_5_VLForConditionalGeneration")
-    assert options.compile
-    with pytest.raises(CraftConfigError, match=r"craft_compile.*CUDA only"):
+    arch = "CraftQwen2_5_VLForConditionalGeneration"
+    config = type("HfConfig", (), engine.overrides(workdir / "craft", CONTROL, **{key: True}))
+    options = read_options(config, arch)
+    assert options.run == {name: True}
+    with pytest.raises(CraftConfigError, match=rf"{key}.*CUDA only"):
         load_compressor(options, 64, "cpu")
+    both = engine.overrides(workdir / "craft", CONTROL, craft_compile=True, craft_cuda_graphs=True)
+    with pytest.raises(
+        CraftConfigError, match=r"craft_compile and craft_cuda_graphs: .*choose one"
+    ):
+        read_options(type("HfConfig", (), both), arch)
+    with pytest.raises(CraftConfigError, match=rf"{key} must be true or false"):
+        read_options(
+            type("HfConfig", (), engine.overrides(workdir / "craft", CONTROL, **{key: 1})), arch
+        )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="craft_compile is CUDA only")

@@ -22,9 +22,15 @@ lengths here and against a slow rule in test_options.py.
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+from typing import NamedTuple
+
 import engine
 import pytest
 import tiny
+import tiny_llava
+import tiny_qwen3
 import tiny_qwen3_5
 import torch
 from conftest import small_config
@@ -107,15 +113,27 @@ def test_threshold_mode_served_from_compressed_videos(workdir, videos, tmp_path)
     engine.control_gaps(control, reference)
 
 
-def _timestamps(frames: int) -> list[float]:
-    """Qwen3.5's frame-run seconds of a video sampled at engine.FPS (its processor's rule)."""
-    return tiny_qwen3_5.processor()._calculate_timestamps(list(range(frames)), engine.FPS, 2)
+def _timestamps(frames: int, kind=tiny_qwen3_5) -> list[float]:
+    """Qwen3.5's / Qwen3-VL's frame-run seconds of a video sampled at engine.FPS (its
+    processor's rule)."""
+    return kind.processor()._calculate_timestamps(list(range(frames)), engine.FPS, 2)
 
 
-def test_qwen3_5_threshold_mode_served_from_compressed_videos(workdir, tmp_path) -> None:
-    """The same on Qwen3.5 (bfloat16 both sides): K rows laid out per frame, timestamps kept."""
-    kind, frames = tiny_qwen3_5, [16, 10, 12]
-    model = kind.build(tmp_path / "qwen3_5")
+class Case(NamedTuple):
+    """A tiny backbone's videos and their payloads (threshold mode, read back from files)."""
+
+    model: Path
+    videos: list
+    loaded: CraftCompressor  # the checkpoint's module
+    compressed: list  # its CompressedVideos
+    fresh: list  # a fresh module's, claiming the checkpoint's digest (the control)
+    kept: list[int]  # K of each video
+
+
+def _case(kind, frames: list[int], workdir: Path, tmp_path: Path) -> Case:
+    """Build `kind`'s tiny model and compress its videos of `frames` frames with the
+    checkpoint and with a fresh module; the threshold decides each count (not one ratio)."""
+    model = kind.build(tmp_path / kind.__name__)
     videos = [kind.video(n, seed=i) for i, n in enumerate(frames)]
     loaded = CraftCompressor.from_pretrained(workdir / "craft")
     compressed = engine.compress_payloads(model, loaded, videos, tmp_path / "trained", kind)
@@ -123,12 +141,28 @@ def test_qwen3_5_threshold_mode_served_from_compressed_videos(workdir, tmp_path)
     fresh = engine.compress_payloads(
         model, CraftCompressor(small_config()), videos, tmp_path / "fresh", kind
     )
-    fresh = engine.made_as(fresh, compressed[0])
-    uneven = engine.compress_payloads(model, loaded, videos, tmp_path / "low", kind, LOW)
     kept = [v.features.shape[0] for v in compressed]
     tokens = [kind.video_tokens(n) for n in frames]
     assert all(1 <= k < n for k, n in zip(kept, tokens))
     assert len({n / k for k, n in zip(kept, tokens)}) > 1
+    fresh = engine.made_as(fresh, compressed[0])
+    return Case(model, videos, loaded, compressed, fresh, kept)
+
+
+def _assert_lengths(served: list, kind, frames: list[int], case: Case) -> None:
+    """Each prompt is the uncompressed one with N video tokens replaced by the payload's K
+    (the timestamps, frame markers and newline row all stay)."""
+    for (_, length, _), n, video, k in zip(served, frames, case.videos, case.kept):
+        inputs = craft_adapters.build_inputs(kind.processor(), video, engine.FPS, engine.QUESTION)
+        assert length == inputs["input_ids"].shape[1] - kind.video_tokens(n) + k
+
+
+def test_qwen3_5_threshold_mode_served_from_compressed_videos(workdir, tmp_path) -> None:
+    """The same on Qwen3.5 (bfloat16 both sides): K rows laid out per frame, timestamps kept."""
+    kind, frames = tiny_qwen3_5, [16, 10, 12]
+    case = _case(kind, frames, workdir, tmp_path)
+    model, videos, loaded, compressed, fresh, kept = case
+    uneven = engine.compress_payloads(model, loaded, videos, tmp_path / "low", kind, LOW)
 
     def payloads(vs: list) -> list:
         return [video_payload(v, timestamps=_timestamps(n)) for v, n in zip(vs, frames)]
@@ -165,12 +199,73 @@ def test_qwen3_5_threshold_mode_served_from_compressed_videos(workdir, tmp_path)
     )
     engine.compare(low, reference_low, kind.DTYPE)
     engine.compare(served, reference, kind.DTYPE)
-    for (_, length, _), n, video, k in zip(served, frames, videos, kept):
-        inputs = craft_adapters.build_inputs(kind.processor(), video, engine.FPS, engine.QUESTION)
-        assert length == inputs["input_ids"].shape[1] - kind.video_tokens(n) + k
+    _assert_lengths(served, kind, frames, case)
     # the engine embedded each payload's rows bit for bit; the control's rows are others
     bf16 = [[v.features.to(torch.bfloat16) for v in vs] for vs in (compressed, fresh)]
     assert [r.shape[0] for r in rows] == kept
     assert all(torch.equal(r, v) for r, v in zip(rows, bf16[0]))
     assert all(torch.equal(r, v) for r, v in zip(fresh_rows, bf16[1]))
     assert not any(torch.equal(r, v) for r, v in zip(fresh_rows, bf16[0]))
+
+
+def test_llava_onevision_threshold_mode_served_from_compressed_videos(workdir, tmp_path) -> None:
+    """LLaVA-OneVision (float32): a payload holds the K pooled grid rows only; the server adds
+    its own newline row after them and gives each row its original 1-D position."""
+    kind, frames = tiny_llava, [16, 10, 12]
+    case = _case(kind, frames, workdir, tmp_path)
+    assert [v.grid for v in case.compressed] == [(n, 4, 4) for n in frames]  # no newline row
+
+    def work(llm):
+        payloads = [video_payload(v) for v in case.compressed]
+        wide = payloads[0]["video_grid_thw"] * torch.tensor([1, 2, 2])  # a Qwen-style grid
+        bad = [*_malformed(payloads[0]), ({**payloads[0], "video_grid_thw": wide}, "H = W = 4")]
+        for payload, field in bad:
+            with pytest.raises(Exception, match=field.replace("[", r"\[")):
+                _generate(llm, [payload], kind)
+        return [
+            _generate(llm, [video_payload(v) for v in vs], kind)
+            for vs in (case.compressed, case.fresh)
+        ]
+
+    overrides = engine.overrides(workdir / "craft", 4, kind)
+    served, control = engine.run(case.model, overrides, work, enable_mm_embeds=True)
+    reference = engine.adapters_generate(
+        case.model, case.loaded, None, case.videos, kind, threshold=THRESHOLD
+    )
+    engine.compare(served, reference)
+    _assert_lengths(served, kind, frames, case)
+    engine.control_gaps(control, reference)
+
+
+def test_qwen3_vl_threshold_mode_served_with_deepstack_rows(workdir, tmp_path) -> None:
+    """Qwen3-VL (float32): the payload's rows carry each kept token's deepstack rows beside
+    its main row (`[K, D + levels * D]`); K rows laid out per frame, timestamps kept.
+    Controls: a fresh module's payloads, and the right payloads with their deepstack rows
+    zeroed (the deepstack rows must reach the language model)."""
+    kind, frames = tiny_qwen3, [16, 10, 12]
+    case = _case(kind, frames, workdir, tmp_path)
+    compressed = case.compressed
+    flat = [dataclasses.replace(v, deepstack=torch.zeros_like(v.deepstack)) for v in compressed]
+    assert all(v.deepstack.shape == (k, kind.HIDDEN) for v, k in zip(compressed, case.kept))
+
+    def payloads(vs: list) -> list:
+        return [video_payload(v, timestamps=_timestamps(n, kind)) for v, n in zip(vs, frames)]
+
+    def work(llm):
+        good = payloads(compressed)
+        main = good[0]["video_embeds"][:, : kind.HIDDEN]  # the deepstack rows left out
+        bad = [*_malformed(good[0]), ({**good[0], "video_embeds": main}, "deepstack levels")]
+        for payload, field in bad:
+            with pytest.raises(Exception, match=field.replace("[", r"\[")):
+                _generate(llm, [payload], kind)
+        return [_generate(llm, payloads(vs), kind) for vs in (compressed, case.fresh, flat)]
+
+    overrides = engine.overrides(workdir / "craft", 4, kind)
+    served, control, no_deepstack = engine.run(case.model, overrides, work, enable_mm_embeds=True)
+    reference = engine.adapters_generate(
+        case.model, case.loaded, None, case.videos, kind, threshold=THRESHOLD
+    )
+    engine.compare(served, reference)
+    _assert_lengths(served, kind, frames, case)
+    engine.control_gaps(control, reference)
+    engine.control_gaps(no_deepstack, reference)

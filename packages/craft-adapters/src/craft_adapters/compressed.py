@@ -9,7 +9,8 @@ each kept token's ORIGINAL `(t, h, w)` in the video's grid of merged tokens, plu
 itself: what a server needs to place the rows at their positions without running the vision
 tower or the compressor again (craft-vllm serves it; that is how the threshold mode, whose
 token count depends on the content, is served). The file is safetensors (no pickle): tensors
-`features` and `coords`, and the grid and free-form metadata as JSON in the header.
+`features` and `coords` (and `deepstack` where the backbone has deepstack rows: Qwen3-VL),
+and the grid and free-form metadata as JSON in the header.
 
 What the video was made with travels in the metadata, so a server can refuse a mismatch
 (`check_made_with`): `model_type` (since 0.4, `compress_videos`), and from `craft-compress`
@@ -50,12 +51,16 @@ class CompressedVideo:
             row-major order (strictly ascending `kept_index`).
         grid: `(T, H, W)` of the uncompressed video in merged tokens (N = T * H * W).
         metadata: JSON-able extras (backbone, budget, `second_per_grid`, ...).
+        deepstack: `[K, levels * D]` floating, finite, or None: Qwen3-VL's deepstack rows of
+            each kept token (the mean over the tokens merged into it, craft-adapters' rule),
+            its levels side by side (vLLM's layout of Qwen3-VL's embedding inputs).
     """
 
     features: torch.Tensor
     coords: torch.Tensor
     grid: tuple[int, int, int]
     metadata: dict[str, Any] = field(default_factory=dict)
+    deepstack: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         f, c = self.features, self.coords
@@ -63,6 +68,19 @@ class CompressedVideo:
             raise ValueError(f"features must be a [K, D] floating tensor, got {_describe(f)}")
         if f.shape[0] < 1 or not bool(torch.isfinite(f).all()):
             raise ValueError("features must hold at least one row, all finite (NaN/inf found)")
+        deep = self.deepstack
+        if deep is not None and (
+            not isinstance(deep, torch.Tensor)
+            or deep.dim() != 2
+            or not deep.is_floating_point()
+            or deep.shape[0] != f.shape[0]
+            or deep.shape[1] % f.shape[1]
+            or not bool(torch.isfinite(deep).all())
+        ):
+            raise ValueError(
+                f"deepstack must be a [K = {f.shape[0]}, levels * {f.shape[1]}] finite floating "
+                f"tensor or None, got {_describe(deep)}"
+            )
         check_index_tensor("coords", c, dim=2)
         if c.shape[1] != 3 or c.shape[0] != f.shape[0]:
             raise ValueError(
@@ -116,6 +134,8 @@ def save_compressed_video(path: str | Path, video: CompressedVideo) -> Path:
     header["metadata"] = json.dumps(video.metadata)  # refuses what JSON cannot hold
     tensors = {"features": video.features.detach().cpu().contiguous()}
     tensors["coords"] = video.coords.detach().cpu().contiguous()
+    if video.deepstack is not None:
+        tensors["deepstack"] = video.deepstack.detach().cpu().contiguous()
     path.write_bytes(_sorted_header(save(tensors, metadata=header)))
     return path
 
@@ -149,7 +169,7 @@ def load_compressed_video(path: str | Path) -> CompressedVideo:
             tensors = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
     except Exception as error:  # safetensors raises its own error types
         raise ValueError(f"{path} is not a readable safetensors file: {error}") from None
-    if header.get("format") != FORMAT or set(tensors) != {"features", "coords"}:
+    if header.get("format") != FORMAT or set(tensors) - {"deepstack"} != {"features", "coords"}:
         raise ValueError(
             f"{path} is not a compressed video (format {header.get('format')!r}, tensors "
             f"{sorted(tensors)}); write one with save_compressed_video"
@@ -157,7 +177,8 @@ def load_compressed_video(path: str | Path) -> CompressedVideo:
     try:
         grid = tuple(json.loads(header["grid"]))
         metadata = json.loads(header.get("metadata", "{}"))
-        return CompressedVideo(tensors["features"], tensors["coords"], grid, metadata)
+        deep = tensors.get("deepstack")
+        return CompressedVideo(tensors["features"], tensors["coords"], grid, metadata, deep)
     except (KeyError, TypeError, ValueError) as error:
         raise ValueError(f"{path}: {error}") from None
 

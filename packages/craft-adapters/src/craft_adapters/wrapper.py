@@ -326,10 +326,12 @@ class CraftModel(torch.nn.Module):
     def compress_videos(self, **inputs: Any) -> list[CompressedVideo]:
         """Each video of a processor batch as CRAFT leaves it, to save or serve later
         (`craft_adapters.save_compressed_video`; craft-vllm serves them), on a backbone
-        whose adapter sets `saves_compressed_videos` (the Qwen backbones).
+        whose adapter sets `saves_compressed_videos` (the Qwen backbones, LLaVA-OneVision).
 
-        -> one `CompressedVideo` per video: kept rows `[K, D]`, their original `(t, h, w)`
-        in the merged grid, the grid, and metadata (model_type, hidden_size, craft_sha256:
+        -> one `CompressedVideo` per video: kept rows `[K, D]` (LLaVA-OneVision: the grid's
+        rows only, not the newline row that the model adds after them), Qwen3-VL's deepstack
+        rows `[K, levels * D]`, their original `(t, h, w)`
+        in the merged grid (LLaVA-OneVision: frame, row, column of the pooled grid), the grid, and metadata (model_type, hidden_size, craft_sha256:
         what a server checks with `check_made_with`; budget, seconds per grid step).
         """
         adapter = self.adapter
@@ -349,12 +351,19 @@ class CraftModel(torch.nn.Module):
         }
         if isinstance(self.compressor, torch.nn.Module):  # a module's weights (not a stub's)
             made["craft_sha256"] = checkpoint_sha256(self.compressor)
-        for (rows, feats), (grid, extra) in zip(prep.video_rows, adapter.video_grids(inputs)):
-            coords = torch.stack(torch.unravel_index(rows.cpu(), grid), dim=1)
+        # Qwen3-VL: per level, per video, the kept tokens' deepstack rows (shrink_video_output)
+        deep = getattr(prep.encoder_outputs[adapter.encoder_output_key], "deepstack_features", None)
+        fixed = adapter.fixed_rows_per_video  # rows the server adds itself (LLaVA-OV's newline)
+        grids = adapter.video_grids(inputs)
+        for i, ((rows, feats), (grid, extra)) in enumerate(zip(prep.video_rows, grids)):
+            k = int(rows.shape[0]) - fixed  # the fixed rows are the last ones (largest index)
+            coords = torch.stack(torch.unravel_index(rows[:k].cpu(), grid), dim=1)
             meta: dict[str, Any] = {**made, **extra}
             if self.token_budget is not None:
                 meta["budget"] = self.token_budget.describe()
-            out.append(CompressedVideo(feats.detach().cpu(), coords, grid, meta))
+            stack = torch.cat([level[i] for level in deep], 1).detach().cpu() if deep else None
+            video = CompressedVideo(feats[:k].detach().cpu(), coords, grid, meta, stack)
+            out.append(video)
         return out
 
     @torch.no_grad()

@@ -20,11 +20,18 @@ brings its own, on vLLM's M-RoPE machinery (the only way a model can set its own
   runner scheduled (idempotent: the start is read from row 1).
 
 Images pass through uncompressed (their rows get their own indices).
+
+A video that arrives ALREADY compressed (`precompressed.py`, the threshold mode: a payload of
+K grid rows, their `(frame, row, column)` coords and the `(F, P, P)` grid, as craft-adapters'
+`compress_videos` writes it) skips the vision tower and CRAFT: the processor reserves K + 1
+placeholders, and the rows get the served model's own newline row after them and their
+original indices (`t * P * P + h * P + w`; the newline `F * P * P`), as above.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,7 +46,9 @@ from vllm.model_executor.models.llava_onevision import (
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
 from craft_vllm.common import CraftModel, CraftProcessor
+from craft_vllm.payload import COORDS, COUNT, GRID
 from craft_vllm.positions import prompt_positions
+from craft_vllm.precompressed import CraftLlavaDataParser, PayloadFields, PayloadProcessingInfo
 
 ARCHITECTURE = "CraftLlavaOnevisionForConditionalGeneration"
 BASE = 256  # index = hi * BASE + lo; integers up to 256 are exact in bfloat16
@@ -70,8 +79,10 @@ def index_columns(index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.stack([index // BASE, index % BASE], dim=1).to(dtype)
 
 
-class CraftLlavaOnevisionMultiModalProcessor(CraftProcessor, LlavaOnevisionMultiModalProcessor):
-    """Reserves `floor(N / ratio)` kept rows + the newline per video."""
+class CraftLlavaOnevisionMultiModalProcessor(
+    PayloadFields, CraftProcessor, LlavaOnevisionMultiModalProcessor
+):
+    """Reserves `floor(N / ratio)` kept rows + the newline per video (a payload: K + 1)."""
 
     architecture = ARCHITECTURE
 
@@ -83,9 +94,41 @@ class CraftLlavaOnevisionMultiModalProcessor(CraftProcessor, LlavaOnevisionMulti
         return [self.info.get_hf_config().video_token_index] * (kept + 1)
 
 
+class CraftLlavaOnevisionProcessingInfo(PayloadProcessingInfo, LlavaOnevisionProcessingInfo):
+    """LLaVA-OneVision's, with a parser that also takes compressed videos (precompressed.py)."""
+
+    parser = CraftLlavaDataParser
+
+
+@dataclass
+class PayloadInput:
+    """Compressed videos of one batch (`precompressed.py`): rows `[sum K, D]`, coords
+    `[sum K, 3]`, counts `[V]`, grids `[V, 3]` (F, P, P)."""
+
+    rows: torch.Tensor
+    coords: torch.Tensor
+    counts: list[int]
+    grids: list[list[int]]
+
+
+def _flat(value: Any) -> torch.Tensor:
+    """A flat field as the runner hands it: one tensor, or one per video."""
+    if isinstance(value, (list, tuple)):
+        return torch.cat([torch.as_tensor(v) for v in value])
+    return torch.as_tensor(value)
+
+
+def _video_tokens(feature: Any, side: int) -> int:
+    """N of one video feature: F * P * P (raw frames or a payload's grid)."""
+    if GRID in feature.data:
+        t, h, w = (int(x) for x in feature.data[GRID].data.tolist())
+        return t * h * w
+    return int(feature.data["pixel_values_videos"].data.shape[0]) * side * side
+
+
 @MULTIMODAL_REGISTRY.register_processor(
     CraftLlavaOnevisionMultiModalProcessor,
-    info=LlavaOnevisionProcessingInfo,
+    info=CraftLlavaOnevisionProcessingInfo,
     dummy_inputs=LlavaOnevisionDummyInputsBuilder,
 )
 class CraftLlavaOnevisionForConditionalGeneration(
@@ -95,9 +138,34 @@ class CraftLlavaOnevisionForConditionalGeneration(
 
     architecture = ARCHITECTURE
 
+    def _parse_and_validate_video_input(self, **kwargs: Any) -> Any:
+        if kwargs.get(COUNT) is None:
+            return super()._parse_and_validate_video_input(**kwargs)
+        counts = [int(k) for k in _flat(kwargs[COUNT]).reshape(-1)]
+        grids = _flat(kwargs[GRID]).reshape(-1, 3).tolist()
+        rows, coords = _flat(kwargs["video_embeds"]), _flat(kwargs[COORDS]).long()
+        return PayloadInput(rows.reshape(-1, rows.shape[-1]), coords.reshape(-1, 3), counts, grids)
+
+    def _payload_rows(self, inputs: PayloadInput) -> list[torch.Tensor]:
+        """Each compressed video's `[K, D]` rows -> `[K + 1, D + 2]`: its rows, the served
+        model's newline row, each row's original index (`index_columns`)."""
+        newline = self.image_newline[None]
+        out = []
+        for rows, coords, (t, h, w) in zip(
+            inputs.rows.split(inputs.counts), inputs.coords.split(inputs.counts), inputs.grids
+        ):
+            rows = torch.cat([rows.to(newline.device, newline.dtype), newline])
+            index = (coords[:, 0] * h + coords[:, 1]) * w + coords[:, 2]
+            index = torch.cat([index, index.new_tensor([t * h * w])]).to(rows.device)
+            out.append(torch.cat([rows, index_columns(index, rows.dtype)], dim=1))
+        return out
+
     def _process_video_pixels(self, inputs: Any) -> list[torch.Tensor]:
         """vLLM's `[F * P * P + 1, D]` per video -> `[floor(N / ratio) + 1, D + 2]`: CRAFT's
-        rows, the newline, each row's original index (`index_columns`)."""
+        rows, the newline, each row's original index (`index_columns`); a payload's rows
+        as they arrived (`_payload_rows`)."""
+        if isinstance(inputs, PayloadInput):
+            return self._payload_rows(inputs)
         side = pooled_side(self.config)
         per_frame = side * side
         options = self.craft_options
@@ -135,7 +203,7 @@ class CraftLlavaOnevisionForConditionalGeneration(
             count = f.mm_position.length
             full = count
             if f.modality == "video":
-                full = int(f.data["pixel_values_videos"].data.shape[0]) * side * side + 1
+                full = _video_tokens(f, side) + 1
             line = np.broadcast_to(np.arange(full), (3, full)).copy()
             line[1:] = 0  # rows 1, 2: the start, on every placeholder
             items.append((f.mm_position.offset, count, line))

@@ -11,16 +11,19 @@ the same values from the same config. Everything is checked here, before a reque
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from craft_core import TokenBudget
 
 KEYS = ("craft_checkpoint", "craft_ratio")
-OPTIONAL_KEYS = ("craft_compile",)
-"""Run options of the server (not of the checkpoint): `craft_compile` true runs craft-core's
-compiled loop (one CUDA graph a round; CUDA only)."""
+RUN_KEYS = {"craft_compile": "compile", "craft_cuda_graphs": "cuda_graphs"}
+"""Run options of the server (not of the checkpoint), each craft-core's `RunOptions` field of
+that name: `craft_compile` true runs craft-core's compiled loop (Inductor, replayed as one CUDA
+graph a round), `craft_cuda_graphs` true its padded rounds captured as CUDA graphs without
+Inductor. CUDA only, one of the two."""
+OPTIONAL_KEYS = tuple(RUN_KEYS)
 REFUSED = {
     "craft_threshold": "the threshold mode is refused: vLLM reserves each video's token count "
     "when it preprocesses the prompt, before the compressor runs, and a threshold makes that "
@@ -45,12 +48,18 @@ class CraftOptions:
         budget: craft-core's fixed-ratio budget (`ratio` >= 1), checked once here and
             handed to the compressor as it is: a video of N tokens keeps exactly
             `floor(N / ratio)` (`kept`).
-        compile: run craft-core's compiled loop (`craft_compile`; CUDA only).
+        run: craft-core's run options the server asked for (`RUN_KEYS`: `{"compile": True}`
+            from `craft_compile`, `{"cuda_graphs": True}` from `craft_cuda_graphs`); CUDA only.
     """
 
     checkpoint: Path
     budget: TokenBudget
-    compile: bool = False
+    run: dict[str, bool] = field(default_factory=dict)
+
+    @property
+    def compile(self) -> bool:
+        """`craft_compile` was asked for."""
+        return bool(self.run.get("compile"))
 
     @property
     def ratio(self) -> float:
@@ -98,27 +107,48 @@ def read_options(hf_config: Any, architecture: str) -> CraftOptions:
             f"craft_checkpoint: folder {folder} does not exist (give the folder that "
             "CraftCompressor.save_pretrained / craft-train wrote: config.json + model.safetensors)"
         )
-    compile = _get(hf_config, "craft_compile")
-    if compile is not None and not isinstance(compile, bool):
-        raise CraftConfigError(f"craft_compile must be true or false, got {compile!r}")
-    return CraftOptions(checkpoint=folder, budget=budget, compile=bool(compile))
+    return CraftOptions(checkpoint=folder, budget=budget, run=_run_options(hf_config))
+
+
+def _run_options(hf_config: Any) -> dict[str, bool]:
+    """The `RUN_KEYS` set to true, as craft-core's `RunOptions` fields (checked by it: one
+    rule for every package, e.g. not both)."""
+    from pydantic import ValidationError
+
+    from craft_core.runtime import RunOptions
+
+    run = {}
+    for key, name in RUN_KEYS.items():
+        value = _get(hf_config, key)
+        if value is not None and not isinstance(value, bool):
+            raise CraftConfigError(f"{key} must be true or false, got {value!r}")
+        if value:
+            run[name] = True
+    try:
+        RunOptions(**run)
+    except ValidationError as error:
+        keys = " and ".join(k for k, name in RUN_KEYS.items() if name in run)
+        why = error.errors()[0]["msg"].removeprefix("Value error, ")
+        raise CraftConfigError(f"{keys}: {why}") from None
+    return run
 
 
 def load_compressor(options: CraftOptions, hidden_size: int, device: Any) -> Any:
     """The `CraftCompressor` of `options.checkpoint`, checked against the LLM width, run
-    compiled if `craft_compile` asked for it (CUDA only)."""
+    with the run options the server asked for (`craft_compile`, `craft_cuda_graphs`: CUDA only)."""
     import torch
 
     from craft_core import CraftCompressor
 
-    if options.compile and torch.device(device).type != "cuda":
+    asked = [k for k, name in RUN_KEYS.items() if name in options.run]
+    if asked and torch.device(device).type != "cuda":
         raise CraftConfigError(
-            f"craft_compile: craft-core's compiled loop runs on CUDA only (on a CPU it is "
-            f"slower than eager), but this server runs on {device}; leave craft_compile out"
+            f"{asked[0]}: craft-core's padded CUDA-graph loop runs on CUDA only (on a CPU it "
+            f"is slower than eager), but this server runs on {device}; leave {asked[0]} out"
         )
     try:
         compressor = CraftCompressor.from_pretrained(
-            options.checkpoint, device=device, compile=options.compile
+            options.checkpoint, device=device, **options.run
         )
     except (FileNotFoundError, ValueError) as error:
         raise CraftConfigError(f"craft_checkpoint: {error}") from None

@@ -12,8 +12,8 @@ Fields (K kept rows of width D, a grid of T x H x W merged tokens):
 
 | field | Python `[V = 1, ...]` | chat part (one video) |
 | --- | --- | --- |
-| `video_embeds` | `[K, D]` floating | `[K, D]` |
-| `video_grid_thw` | `[1, 3]` int: T, H * merge, W * merge (patches) | `[3]` |
+| `video_embeds` | `[K, D]` floating (Qwen3-VL: `[K, D + levels * D]`, the deepstack rows after) | `[K, D]` |
+| `video_grid_thw` | `[1, 3]` int: T, H * merge, W * merge (patches; LLaVA-OneVision: F, P, P) | `[3]` |
 | `craft_coords` | `[K, 3]` int: each row's original (t, h, w) | `[K, 3]` |
 | `craft_num_kept` | `[1]` int: K | `[]` |
 | `second_per_grid_ts` | `[1]` float: seconds per grid step | `[]` |
@@ -82,20 +82,32 @@ def describe(value: Any) -> str:
     return type(value).__name__
 
 
+FLAT_GRID = ("llava_onevision",)
+"""Backbones whose `video_grid_thw` is the compressed video's grid itself (merge size 1)."""
+
+
 def video_payload(
-    video: CompressedVideo, merge: int = 2, timestamps: Sequence[float] | None = None
+    video: CompressedVideo, merge: int | None = None, timestamps: Sequence[float] | None = None
 ) -> dict[str, torch.Tensor]:
     """The `multi_modal_data["video"]` of a request carrying `video` (one video).
 
-    `merge`: the backbone's spatial merge size (2 for every Qwen): vLLM's
-    `video_grid_thw` counts patches, the compressed video's grid merged tokens.
+    `merge`: the backbone's spatial merge size: vLLM's `video_grid_thw` counts patches, the
+    compressed video's grid merged tokens. None: from the video's `model_type` (1 for
+    LLaVA-OneVision, whose grid is its pooled frames; else 2, every Qwen's).
+    Qwen3-VL: the rows are the main rows and the deepstack rows side by side (`[K, D +
+    levels * D]`, vLLM's layout of Qwen3-VL's embedding inputs).
     `timestamps`: Qwen3.5 only (required there): the T seconds its frame runs are written
     with, as its processor gives them (`processor._calculate_timestamps(indices, fps, 2)`).
     """
     t, h, w = video.grid
+    if merge is None:
+        merge = 1 if video.metadata.get("model_type") in FLAT_GRID else 2
     seconds = float(video.metadata.get("second_per_grid", 1.0))
+    rows = video.features
+    if video.deepstack is not None:
+        rows = torch.cat([rows, video.deepstack.to(rows.dtype)], dim=1)
     out = {
-        ROWS: video.features,
+        ROWS: rows,
         GRID: torch.tensor([[t, h * merge, w * merge]]),
         COORDS: video.coords,
         COUNT: torch.tensor([video.features.shape[0]]),
@@ -115,7 +127,7 @@ def tensor_base64(tensor: torch.Tensor) -> str:
 
 
 def chat_part(
-    video: CompressedVideo, merge: int = 2, timestamps: Sequence[float] | None = None
+    video: CompressedVideo, merge: int | None = None, timestamps: Sequence[float] | None = None
 ) -> dict[str, Any]:
     """The OpenAI chat content part carrying `video`: `{"type": "video_embeds",
     "video_embeds": {field: base64 tensor}}`, each per-video field without its batch row

@@ -37,7 +37,7 @@ from vllm.model_executor.models.qwen2_vl import (
     _create_qwen2vl_field_factory,
 )
 from vllm.multimodal.inputs import MultiModalFieldConfig
-from vllm.multimodal.parse import DictEmbeddingItems
+from vllm.multimodal.parse import DictEmbeddingItems, MultiModalDataParser
 
 from craft_adapters import CompressedVideo
 from craft_adapters.compressed import check_made_with, checkpoint_sha256
@@ -86,6 +86,12 @@ class PayloadLimits:
         tokens_per_second: Qwen2.5-VL's temporal position step per second, else None (the
             temporal positions do not follow `second_per_grid_ts`).
         timed: the backbone writes frame timestamps (Qwen3.5): `timestamps` is required.
+        side: the merged grid's fixed H = W, else None (LLaVA-OneVision: its pooled side P;
+            the rows are placed by `t * P * P + h * P + w`).
+        flat: 1-D positions (LLaVA-OneVision): the text after a video of N tokens starts
+            N + 1 positions after its start, whatever was kept.
+        deepstack_levels: Qwen3-VL's deepstack levels L: each row is `[D + L * D]`, the
+            main row and the kept token's deepstack rows side by side.
     """
 
     merge: int
@@ -96,6 +102,9 @@ class PayloadLimits:
     max_model_len: int
     tokens_per_second: float | None = None
     timed: bool = False
+    side: int | None = None
+    flat: bool = False
+    deepstack_levels: int = 0
 
     def made_with(self) -> dict[str, Any]:
         """The values of `MADE_WITH_KEYS` this server has."""
@@ -154,6 +163,11 @@ def _check_counts(data: Mapping[str, Any], limits: PayloadLimits) -> list[tuple[
                 f"multiples of the merge size {limits.merge}"
             )
         grid = (t, h // limits.merge, w // limits.merge)
+        if limits.side is not None and grid[1:] != (limits.side, limits.side):
+            raise ValueError(
+                f"compressed video payload: {GRID} {[t, h, w]} must have H = W = "
+                f"{limits.side} (this backbone's pooled frame side; merge size {limits.merge})"
+            )
         if grid[0] * grid[1] * grid[2] > MAX_GRID_TOKENS:
             raise ValueError(
                 f"compressed video payload: {GRID} {[t, h, w]} is a video of "
@@ -170,13 +184,17 @@ def _check_positions(
     """Refuse payloads whose positions could run past the rotary table (vLLM's worker would
     index out of it and die): a video at grid extent E (the text after it starts E positions
     after its start) and K rows moves every later position by E - K; with prompt + output at
-    most `max_model_len` tokens, the largest position is below max_model_len + sum(E - K)."""
-    if limits.tokens_per_second is None:
+    most `max_model_len` tokens, the largest position is below max_model_len + sum(E - K).
+    1-D positions (`limits.flat`): E = N = T * H * W."""
+    if limits.tokens_per_second is None and not limits.flat:
         return
     shift = 0
     for (t, h, w, k), second in zip(videos, seconds.tolist()):
-        factor = limits.tokens_per_second * float(second)
-        extent = max(int((t - 1) * factor), h - 1, w - 1) + 1
+        if limits.flat:
+            extent = t * h * w
+        else:
+            factor = float(limits.tokens_per_second or 0.0) * float(second)
+            extent = max(int((t - 1) * factor), h - 1, w - 1) + 1
         shift += max(0, extent - k)
     room = limits.max_positions - limits.max_model_len
     if shift > room:
@@ -216,8 +234,16 @@ def check_payload(data: Mapping[str, Any], limits: PayloadLimits) -> None:
     videos = _check_counts(data, limits)
     rows = _tensor(data, ROWS, "float", 2)
     total = sum(v[3] for v in videos)
-    if tuple(rows.shape) != (total, limits.hidden_size):
-        raise _refuse(ROWS, f"[K = {total} ({COUNT}), {limits.hidden_size} (the width)]", rows)
+    width = limits.hidden_size * (1 + limits.deepstack_levels)
+    if tuple(rows.shape) != (total, width):
+        what = (
+            "the width"
+            if not limits.deepstack_levels
+            else (
+                f"the width {limits.hidden_size} x (1 + {limits.deepstack_levels} deepstack levels)"
+            )
+        )
+        raise _refuse(ROWS, f"[K = {total} ({COUNT}), {width} ({what})]", rows)
     coords = _tensor(data, COORDS, "int", 2)
     if tuple(coords.shape) != (total, 3):
         raise _refuse(COORDS, f"[K = {total} ({COUNT}), 3]", coords)
@@ -239,21 +265,28 @@ def check_payload(data: Mapping[str, Any], limits: PayloadLimits) -> None:
         _check_timestamps(data, videos)
 
 
-def served_limits(model_config: Any, timed: bool) -> PayloadLimits:
-    """The `PayloadLimits` of the server whose vLLM `ModelConfig` is `model_config`."""
+def served_limits(model_config: Any, timed: bool, flat: bool = False) -> PayloadLimits:
+    """The `PayloadLimits` of the server whose vLLM `ModelConfig` is `model_config` (`flat`:
+    LLaVA-OneVision's pooled frames and 1-D positions)."""
     config = model_config.hf_config
     text = config.get_text_config()
-    per_second = getattr(config.vision_config, "tokens_per_second", None)
+    vision = config.vision_config
+    per_second = getattr(vision, "tokens_per_second", None)
     folder = getattr(config, "craft_checkpoint", None)  # None: the settings check refuses it
+    side = -(-(vision.image_size // vision.patch_size) // 2) if flat else None  # ceil(S / 2)
+    levels = len(getattr(vision, "deepstack_visual_indexes", None) or [])  # vLLM's rule
     return PayloadLimits(
-        merge=config.vision_config.spatial_merge_size,
+        merge=getattr(vision, "spatial_merge_size", 1),
         hidden_size=text.hidden_size,
         model_type=config.model_type,
         craft_checkpoint=str(Path(str(folder)).expanduser()) if folder else "",
         max_positions=text.max_position_embeddings,
         max_model_len=model_config.max_model_len,
-        tokens_per_second=None if timed else per_second,
+        tokens_per_second=None if timed or flat else per_second,
         timed=timed,
+        side=side,
+        flat=flat,
+        deepstack_levels=levels,
     )
 
 
@@ -267,41 +300,67 @@ def field_factory(
         counts = data[COUNT]  # [V] after check_payload (the chat path calls this before it)
         out["video_embeds"] = MultiModalFieldConfig.flat_from_sizes("video", counts)
         out[COORDS] = MultiModalFieldConfig.flat_from_sizes("video", counts, keep_on_cpu=True)
-        out[COUNT] = MultiModalFieldConfig.batched("video", keep_on_cpu=True)
-        out[SECONDS] = MultiModalFieldConfig.batched("video", keep_on_cpu=True)
-        out[MADE_WITH] = MultiModalFieldConfig.batched("video", keep_on_cpu=True)
+        for key in (GRID, COUNT, SECONDS, MADE_WITH):  # GRID: vLLM's own where it has one
+            if key not in out or key != GRID:
+                out[key] = MultiModalFieldConfig.batched("video", keep_on_cpu=True)
         return out
 
     return fields
 
 
-class CraftQwenDataParser(Qwen2VLMultiModalDataParser):
+def _no_fields(data: Mapping[str, torch.Tensor]) -> Mapping[str, MultiModalFieldConfig]:
+    """A backbone without an embedding-input layout of its own (LLaVA-OneVision)."""
+    return {}
+
+
+class PayloadParser:
+    """Mixin of a vLLM data parser (first base): a video given as a dict is a
+    compressed-video payload, checked (`check_payload`) before it becomes embedding items."""
+
+    embedding_fields: ClassVar[Mapping[str, Mapping[str, Any]]]
+    craft_timed = False  # the payload carries frame timestamps (Qwen3.5)
+    craft_flat = False  # pooled frames, 1-D positions (LLaVA-OneVision)
+    craft_parser_kwargs: ClassVar[dict[str, Any]] = {}  # vLLM parser options of the backbone
+    _craft_limits: PayloadLimits
+
+    def craft_base_fields(
+        self,
+    ) -> Callable[[Mapping[str, torch.Tensor]], Mapping[str, MultiModalFieldConfig]]:
+        """vLLM's own field layout of this backbone's embedding inputs."""
+        return _no_fields
+
+    def _parse_video_data(self, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return super()._parse_video_data(data)  # type: ignore[misc]
+        check_payload(data, self._craft_limits)
+        data = {k: v for k, v in data.items() if k != MADE_WITH}  # checked, not served
+        required, optional = self.embedding_field_sets("video")  # type: ignore[attr-defined]
+        return DictEmbeddingItems(
+            data,
+            modality="video",
+            required_fields=required - {MADE_WITH},
+            optional_fields=optional,
+            fields_factory=field_factory(self.craft_base_fields()),
+        )
+
+
+class CraftQwenDataParser(PayloadParser, Qwen2VLMultiModalDataParser):
     """vLLM's Qwen data parser; a video given as a dict is a compressed-video payload."""
 
     embedding_fields: ClassVar[dict[str, dict[str, str]]] = {
         **Qwen2VLMultiModalDataParser.embedding_fields,
         "video": FIELDS,
     }
-
-    craft_timed = False  # the payload carries frame timestamps (CraftQwen3DataParser)
+    craft_parser_kwargs: ClassVar[dict[str, Any]] = {"video_needs_metadata": True}
 
     def __init__(self, limits: PayloadLimits, **kwargs: Any) -> None:
         self._craft_limits = limits
         super().__init__(limits.merge, **kwargs)
 
-    def _parse_video_data(self, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return super()._parse_video_data(data)
-        check_payload(data, self._craft_limits)
-        data = {k: v for k, v in data.items() if k != MADE_WITH}  # checked, not served
-        required, optional = self.embedding_field_sets("video")
-        return DictEmbeddingItems(
-            data,
-            modality="video",
-            required_fields=required - {MADE_WITH},
-            optional_fields=optional,
-            fields_factory=field_factory(_create_qwen2vl_field_factory(self._craft_limits.merge)),
-        )
+    def craft_base_fields(
+        self,
+    ) -> Callable[[Mapping[str, torch.Tensor]], Mapping[str, MultiModalFieldConfig]]:
+        return _create_qwen2vl_field_factory(self._craft_limits.merge)  # type: ignore[no-any-return]
 
 
 class CraftQwen3DataParser(CraftQwenDataParser):
@@ -314,17 +373,32 @@ class CraftQwen3DataParser(CraftQwenDataParser):
     }
 
 
+class CraftLlavaDataParser(PayloadParser, MultiModalDataParser):
+    """vLLM's default parser (LLaVA-OneVision's); a video given as a dict is a payload."""
+
+    craft_flat = True
+    embedding_fields: ClassVar[dict[str, dict[str, str]]] = {
+        **MultiModalDataParser.embedding_fields,
+        "video": FIELDS,
+    }
+
+    def __init__(self, limits: PayloadLimits, **kwargs: Any) -> None:
+        self._craft_limits = limits
+        super().__init__(**kwargs)
+
+
 class PayloadProcessingInfo:
     """A vLLM ProcessingInfo mixin (first base): its data parser, `parser`, also takes
     compressed videos."""
 
-    parser: ClassVar[type[CraftQwenDataParser]]
+    parser: ClassVar[type[CraftQwenDataParser] | type[CraftLlavaDataParser]]
 
-    def get_data_parser(self) -> CraftQwenDataParser:
+    def get_data_parser(self) -> PayloadParser:
         model_config = self.ctx.model_config  # type: ignore[attr-defined]
-        return self.parser(
-            served_limits(model_config, self.parser.craft_timed),
-            video_needs_metadata=True,
+        parser = self.parser
+        return parser(
+            served_limits(model_config, parser.craft_timed, parser.craft_flat),
+            **parser.craft_parser_kwargs,
             expected_hidden_size=self._get_expected_hidden_size(),  # type: ignore[attr-defined]
             allow_missing_mm_embeddings=self.allow_missing_mm_embeddings,  # type: ignore[attr-defined]
         )

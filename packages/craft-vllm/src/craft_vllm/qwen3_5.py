@@ -21,12 +21,7 @@ from vllm.model_executor.models.qwen3_5 import (
 from vllm.model_executor.models.qwen3_vl import Qwen3VLDummyInputsBuilder
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
-from craft_vllm.precompressed import (
-    CraftQwen3DataParser,
-    PayloadFields,
-    PayloadProcessingInfo,
-    PayloadVideoInput,
-)
+from craft_vllm.precompressed import CraftQwen3DataParser, PayloadProcessingInfo
 from craft_vllm.qwen3_vl import (
     CraftQwen3VLForConditionalGeneration,
     CraftQwen3VLMultiModalProcessor,
@@ -38,7 +33,7 @@ ARCHITECTURE = "CraftQwen3_5ForConditionalGeneration"
 patch_positions_factor(qwen3_5)  # Qwen3.5 imports vLLM's rule by name
 
 
-class CraftQwen3_5MultiModalProcessor(PayloadFields, CraftQwen3VLMultiModalProcessor):
+class CraftQwen3_5MultiModalProcessor(CraftQwen3VLMultiModalProcessor):
     """Qwen3-VL's CRAFT placeholder (all kept tokens in frame 0's run; a compressed video's
     K likewise, its rows laid out per frame when embedded)."""
 
@@ -57,7 +52,7 @@ class CraftQwen3_5ProcessingInfo(PayloadProcessingInfo, Qwen3_5ProcessingInfo):
     dummy_inputs=Qwen3VLDummyInputsBuilder,
 )
 class CraftQwen3_5ForConditionalGeneration(
-    PayloadVideoInput, CraftQwen3VLForConditionalGeneration, Qwen3_5ForConditionalGeneration
+    CraftQwen3VLForConditionalGeneration, Qwen3_5ForConditionalGeneration
 ):
     """Qwen3.5 whose video tokens go through a CRAFT checkpoint at a fixed ratio (Qwen3-VL's
     CRAFT methods; vLLM's Qwen3.5 `__init__`, language model and weights)."""

@@ -46,12 +46,19 @@ from vllm.multimodal.inputs import (
 from craft_adapters import group_mean
 from craft_adapters.backbones.qwen3_vl import timestamp_coords
 from craft_vllm.common import CraftModel, CraftProcessor
+from craft_vllm.precompressed import (
+    CraftQwen3DataParser,
+    PayloadFields,
+    PayloadProcessingInfo,
+    PayloadVideoInput,
+)
 
 ARCHITECTURE = "CraftQwen3VLForConditionalGeneration"
 
 
-class CraftQwen3VLMultiModalProcessor(CraftProcessor, Qwen3VLMultiModalProcessor):
-    """Reserves `floor(N / ratio)` `<|video_pad|>` per video, all in frame 0's run."""
+class CraftQwen3VLMultiModalProcessor(PayloadFields, CraftProcessor, Qwen3VLMultiModalProcessor):
+    """Reserves `floor(N / ratio)` `<|video_pad|>` per video, all in frame 0's run (a
+    compressed video's K likewise, its rows laid out per frame when embedded)."""
 
     architecture = ARCHITECTURE
 
@@ -86,12 +93,21 @@ def patch_positions_factor(module: Any) -> None:
 patch_positions_factor(qwen3_vl)
 
 
+class CraftQwen3VLProcessingInfo(PayloadProcessingInfo, Qwen3VLProcessingInfo):
+    """Qwen3-VL's, with a parser that also takes compressed videos (precompressed.py; the
+    payload carries the frame timestamps and, in its rows, the deepstack rows)."""
+
+    parser = CraftQwen3DataParser
+
+
 @MULTIMODAL_REGISTRY.register_processor(
     CraftQwen3VLMultiModalProcessor,
-    info=Qwen3VLProcessingInfo,
+    info=CraftQwen3VLProcessingInfo,
     dummy_inputs=Qwen3VLDummyInputsBuilder,
 )
-class CraftQwen3VLForConditionalGeneration(CraftModel, Qwen3VLForConditionalGeneration):
+class CraftQwen3VLForConditionalGeneration(
+    PayloadVideoInput, CraftModel, Qwen3VLForConditionalGeneration
+):
     """Qwen3-VL whose video tokens go through a CRAFT checkpoint at a fixed ratio."""
 
     architecture = ARCHITECTURE

@@ -62,6 +62,18 @@ class LlavaOnevisionAdapter(BackboneAdapter):
         n = num_frames * pooled * pooled + 1
         return text.replace(processor.video_token, processor.video_token * n, 1)
 
+    saves_compressed_videos = True  # the grid rows; the newline row is the model's own
+
+    def video_grids(
+        self, inputs: dict[str, Any]
+    ) -> list[tuple[tuple[int, int, int], dict[str, Any]]]:
+        """Each video's `(F, P, P)` pooled grid (the newline row is not in it)."""
+        pv = inputs["pixel_values_videos"]
+        frames = [int(v.shape[-4]) for v in pv] if isinstance(pv, (list, tuple)) else None
+        if frames is None:
+            frames = [int(pv.shape[1])] * int(pv.shape[0])
+        return [((f, self.pooled_side, self.pooled_side), {}) for f in frames]
+
     @property
     def pooled_side(self) -> int:
         vc = self.config.vision_config
