@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from craft_world.clips import make_clips
+from craft_world.files import make_clips
 
 __version__ = "0.5.0"
 

@@ -55,12 +55,12 @@ from craft_world.clips import (
     VIDEO_FOLDER,
     YES_NO,
     Scene,
-    make_clips,
     mvbench_prompt,
     questions_for,
     render,
     sample_scene,
 )
+from craft_world.files import make_clips
 
 __all__ = ["Recipe", "TestBank", "main", "token_colours", "train_backbone"]
 
