@@ -8,7 +8,8 @@ part writing its JSON to `--out` as soon as it is done (a run cut short keeps wh
 
 Part 1, compression alone: video-like bf16 tokens (`bench_compressor.video_like`), ratio 8,
 N x D from `--sizes` x `--dims`. Each `--variant NAME=opt=value,...` is a `CraftCompressor`
-built with those run options (`exact` and `fast` by default; `compile=true` variants run only
+built with those run options (`exact` and `fast` by default; `--variant graphs=cuda_graphs=true`
+for the captured round; `compile=true` variants run only
 at `--compile-size`, since each new video length pays a compile). Per variant: the first
 call (context, cuBLAS and any compile or capture), the median warm time, and the host launch
 calls of one video (the profiler's count of kernel, graph, copy and memset launches). Beside
@@ -35,21 +36,11 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "craft-core" / "benchmarks"))
-from bench_compressor import video_like
+from bench_compiled import launch_calls
+from bench_compressor import timed_pair, video_like
 
 from craft_core import CraftCompressor, CraftConfig
 from craft_eval.baselines.divprune import divprune
-
-LAUNCHES = (
-    "cudaLaunchKernel",
-    "cudaLaunchKernelExC",
-    "cuLaunchKernel",
-    "cuLaunchKernelEx",
-    "cudaGraphLaunch",
-    "cudaMemcpyAsync",
-    "cudaMemsetAsync",
-)
-"""The CUDA runtime and driver calls that each start work on the GPU (a graph launch is one)."""
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
@@ -73,27 +64,13 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
     return name, options
 
 
-def clock(fn: Any, device: torch.device) -> float:
-    """Seconds of one `fn()`, the device drained before and after."""
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+def first_call(fn: Any, device: torch.device) -> float:
+    """Seconds of the first `fn()` (context, cuBLAS, any compile or capture)."""
     start = time.perf_counter()
     fn()
     if device.type == "cuda":
         torch.cuda.synchronize()
     return time.perf_counter() - start
-
-
-def launch_calls(fn: Any, device: torch.device) -> int | None:
-    """Host calls of `LAUNCHES` that one `fn()` makes (CUDA only)."""
-    if device.type != "cuda":
-        return None
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return sum(e.count for e in prof.key_averages() if e.key in LAUNCHES)
 
 
 def pairing_pass(features: torch.Tensor, block: int = 4096) -> None:
@@ -127,10 +104,10 @@ def compression_rows(args: argparse.Namespace, device: torch.device) -> list[dic
                 runners[name] = lambda m=module, f=features, c=coords: m(f, c, ratio=8.0)
             for name, fn in runners.items():
                 with torch.inference_mode():
-                    first = clock(fn, device)
-                    times = [clock(fn, device) for _ in range(args.repeats)]
+                    first = first_call(fn, device)
+                    times = timed_pair(fn, lambda: None, args.repeats, device)[0]
                     out = fn()
-                    launches = launch_calls(fn, device)
+                    launches = launch_calls(fn) if device.type == "cuda" else None
                 if hasattr(out, "kept_index") and name not in ("DivPrune",):
                     kept[name] = out.kept_index.cpu()
                 row = {
