@@ -69,9 +69,7 @@ def make_clips(
     Returns:
         `out_dir`, ready for `craft_eval.tasks.get_benchmark("mvbench").load(out_dir)`.
     """
-    _check_clip_args(n, seed, split, start)
-    if family not in FAMILIES:
-        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    _check_clip_args(n, seed, split, start, family)
     out = Path(out_dir)
     old = out / "world.json"
     stale = old.is_file() and json.loads(old.read_text()).get("generator") != GENERATOR
@@ -92,14 +90,25 @@ def make_clips(
         for q in questions:
             records.setdefault(q.task, []).append(_mvbench_record(q, name))
             qa.append(_qa_row(q, rel))
+    meta = {"seed": seed, "split": split, "start": start, "n": n, "generator": GENERATOR}
+    _write_manifests(out, records, captions, qa, {**meta, "family": family})
+    return out
+
+
+def _write_manifests(
+    out: Path,
+    records: dict[str, list[dict[str, Any]]],
+    captions: list[dict[str, Any]],
+    qa: list[dict[str, Any]],
+    meta: dict[str, Any],
+) -> None:
+    """MVBench's `json/<task>.json`, craft-train's captions.jsonl and qa.jsonl, then
+    world.json (`meta`)."""
     for task, rows in records.items():
         (out / "json" / f"{task}.json").write_text(json.dumps(rows, indent=1))
     (out / "captions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in captions))
     (out / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in qa))
-    meta = {"seed": seed, "split": split, "start": start, "n": n, "generator": GENERATOR}
-    meta["family"] = family
     (out / "world.json").write_text(json.dumps(meta))
-    return out
 
 
 def _clip(
@@ -118,8 +127,9 @@ def _clip(
     return f"{split}_{index:06d}.mp4", lambda: render(scene), scene.caption, questions
 
 
-def _check_clip_args(n: int, seed: int, split: str, start: int) -> None:
-    """`make_clips`' arguments: whole numbers (True is not 1 clip), n > 0, a known split."""
+def _check_clip_args(n: int, seed: int, split: str, start: int, family: str) -> None:
+    """`make_clips`' arguments: whole numbers (True is not 1 clip), n > 0, a known split
+    and family."""
     for name, value in (("n", n), ("seed", seed), ("start", start)):
         check_int(name, value)
     if n <= 0:
@@ -128,6 +138,8 @@ def _check_clip_args(n: int, seed: int, split: str, start: int) -> None:
         raise ValueError(f"seed and start must be >= 0, got seed={seed} start={start}")
     if split not in SPLITS:
         raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
 
 
 def _mvbench_record(q: Question, video: str) -> dict[str, Any]:

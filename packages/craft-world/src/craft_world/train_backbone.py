@@ -360,11 +360,7 @@ def train_backbone(
     work.mkdir(parents=True, exist_ok=True)
     processor = world_processor()
     pad = int(processor.tokenizer.pad_token_id)
-    test = TestBank(work / "test", max(eval_clips, final_clips), recipe.seed, processor)
-    banks = {"squares": test}
-    if recipe.steps_c:
-        clips = max(eval_clips, final_clips)
-        banks["crowd"] = TestBank(work / "test-crowd", clips, recipe.seed, processor, "crowd")
+    banks = _test_banks(work, recipe, processor, max(eval_clips, final_clips))
     cache = PromptCache(processor)
     model, probe, captured = _model_and_probe(recipe.seed)
     params = [*model.parameters(), *probe.parameters()]
@@ -390,19 +386,29 @@ def train_backbone(
         if step % eval_every == 0 or step == steps:
             row["heldout"] = _banks_accuracy(model, banks, cache, pad, eval_clips)
         if step % save_every == 0 or step == steps:
-            state = {"model": model.state_dict(), "probe": probe.state_dict()}
-            state |= {"optimizer": opt.state_dict(), "phase": phase, "step": step}
-            _save_state(state_path, recipe, state)
+            _save_state(state_path, recipe, (model, probe, opt), phase, step)
         if step % 20 == 0 or "heldout" in row:
-            row["s"] = round(time.perf_counter() - t0, 1)
-            with log_path.open("a") as handle:
-                handle.write(json.dumps(row) + "\n")
-            print(json.dumps(row), flush=True)
+            _log(log_path, {**row, "s": round(time.perf_counter() - t0, 1)})
         if stop_at is not None and (phase, step) >= stop_at:
             return {}
     acc = _banks_accuracy(model, banks, cache, pad, final_clips)
     _save_backbone(out, model, processor, log_path, recipe, acc, final_clips)
     return acc
+
+
+def _test_banks(work: Path, recipe: Recipe, processor: Any, clips: int) -> dict[str, TestBank]:
+    """The held-out banks of `clips` clips: the squares, and the crowd when phase C trains."""
+    banks = {"squares": TestBank(work / "test", clips, recipe.seed, processor)}
+    if recipe.steps_c:
+        banks["crowd"] = TestBank(work / "test-crowd", clips, recipe.seed, processor, "crowd")
+    return banks
+
+
+def _log(log_path: Path, row: dict[str, Any]) -> None:
+    """One row of the training log: appended to `log_path` and printed."""
+    with log_path.open("a") as handle:
+        handle.write(json.dumps(row) + "\n")
+    print(json.dumps(row), flush=True)
 
 
 def _model_and_probe(seed: int) -> tuple[Any, torch.nn.Linear, list[torch.Tensor]]:
@@ -473,8 +479,14 @@ def _resume(
     return phase, step
 
 
-def _save_state(path: Path, recipe: Recipe, state: dict[str, Any]) -> None:
-    """Write the resume state atomically (a kill mid-write leaves the previous one)."""
+def _save_state(
+    path: Path, recipe: Recipe, parts: tuple[Any, torch.nn.Module, Any], phase: int, step: int
+) -> None:
+    """Write the resume state (`parts`: model, probe, optimizer) atomically: a kill
+    mid-write leaves the previous one."""
+    model, probe, opt = parts
+    state = {"model": model.state_dict(), "probe": probe.state_dict()}
+    state |= {"optimizer": opt.state_dict(), "phase": phase, "step": step}
     tmp = path.with_suffix(".tmp")
     torch.save({"recipe": asdict(recipe), **state}, tmp)
     tmp.replace(path)
