@@ -19,7 +19,7 @@ SIDE = 4  # tiny tiles: 112 px / 14 px patches = 8, pixel-shuffled to 4 x 4 toke
 class TestInternVL(BackboneConformance):
     model_type = "internvl"
     batch_frames = (3, 3)  # the processor stacks a batch's frames: equal lengths only
-    saves_compressed_videos = False  # craft-vllm serves Qwen files only
+    saves_compressed_videos = True  # every frame token (craft-vllm serves them)
     images_beside_video = False  # the processor does not tell images from frames
 
     def expected_videos(self, model: Any, inputs: Any, positions: torch.Tensor) -> list[Video]:

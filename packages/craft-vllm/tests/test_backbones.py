@@ -1,4 +1,4 @@
-"""Qwen3-VL, Qwen3.5 and LLaVA-OneVision in vLLM == craft-adapters' `generate()`, at ratios
+"""Qwen3-VL, Qwen3.5, LLaVA-OneVision and InternVL in vLLM == craft-adapters' `generate()`, at ratios
 2, 4, 8, 16 and uncompressed.
 
 The same check as test_equality.py on a tiny Qwen3-VL with deepstack (`tiny_qwen3.py`,
@@ -6,7 +6,9 @@ float32) and a tiny Qwen3.5 (`tiny_qwen3_5.py`: Gated DeltaNet + full attention,
 on both sides, the only dtype vLLM's CPU Gated DeltaNet kernel runs): per-frame timestamp
 runs rebuilt from the kept tokens, deepstack rows fused with the main rows' assignment
 (Qwen3-VL), original M-RoPE positions; a tiny LLaVA-OneVision (`tiny_llava.py`, float32):
-pooled grid rows compressed, the newline row kept, original 1-D positions. Control: the engine's CRAFT module holds the
+pooled grid rows compressed, the newline row kept, original 1-D positions; a tiny InternVL
+(`tiny_internvl.py`, float32): every frame token compressed, the `Frame{i}: <img> ... </img>`
+text kept around each frame's kept rows, original 1-D positions. Control: the engine's CRAFT module holds the
 checkpoint's weights bit for bit and not a fresh module's (read from vLLM's worker). Besides
 the greedy tokens, the first step's log-probs are compared (`engine.compare`), and the rows
 the served CRAFT module kept (recorded in vLLM's worker) equal craft-adapters'. In bfloat16
@@ -22,6 +24,7 @@ from typing import Any
 
 import engine
 import pytest
+import tiny_internvl
 import tiny_llava
 import tiny_qwen3
 import tiny_qwen3_5
@@ -37,8 +40,8 @@ FRAMES = [16, 10, 12]
 
 @pytest.fixture(
     scope="module",
-    params=[tiny_qwen3, tiny_qwen3_5, tiny_llava],
-    ids=["qwen3_vl", "qwen3_5", "llava_onevision"],
+    params=[tiny_qwen3, tiny_qwen3_5, tiny_llava, tiny_internvl],
+    ids=["qwen3_vl", "qwen3_5", "llava_onevision", "internvl"],
 )
 def kind(request):
     return request.param

@@ -326,12 +326,13 @@ class CraftModel(torch.nn.Module):
     def compress_videos(self, **inputs: Any) -> list[CompressedVideo]:
         """Each video of a processor batch as CRAFT leaves it, to save or serve later
         (`craft_adapters.save_compressed_video`; craft-vllm serves them), on a backbone
-        whose adapter sets `saves_compressed_videos` (the Qwen backbones, LLaVA-OneVision).
+        whose adapter sets `saves_compressed_videos` (the Qwen backbones,
+        LLaVA-OneVision, InternVL).
 
         -> one `CompressedVideo` per video: kept rows `[K, D]` (LLaVA-OneVision: the grid's
         rows only, not the newline row that the model adds after them), Qwen3-VL's deepstack
         rows `[K, levels * D]`, their original `(t, h, w)`
-        in the merged grid (LLaVA-OneVision: frame, row, column of the pooled grid), the grid, and metadata (model_type, hidden_size, craft_sha256:
+        in the merged grid (LLaVA-OneVision, InternVL: frame, row, column of a frame's grid), the grid, and metadata (model_type, hidden_size, craft_sha256:
         what a server checks with `check_made_with`; budget, seconds per grid step).
         """
         adapter = self.adapter

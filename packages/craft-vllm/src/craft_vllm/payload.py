@@ -82,7 +82,7 @@ def describe(value: Any) -> str:
     return type(value).__name__
 
 
-FLAT_GRID = ("llava_onevision",)
+FLAT_GRID = ("llava_onevision", "internvl")
 """Backbones whose `video_grid_thw` is the compressed video's grid itself (merge size 1)."""
 
 
@@ -93,7 +93,7 @@ def video_payload(
 
     `merge`: the backbone's spatial merge size: vLLM's `video_grid_thw` counts patches, the
     compressed video's grid merged tokens. None: from the video's `model_type` (1 for
-    LLaVA-OneVision, whose grid is its pooled frames; else 2, every Qwen's).
+    LLaVA-OneVision and InternVL, whose grid is their frames' token grid; else 2, every Qwen's).
     Qwen3-VL: the rows are the main rows and the deepstack rows side by side (`[K, D +
     levels * D]`, vLLM's layout of Qwen3-VL's embedding inputs).
     `timestamps`: Qwen3.5 only (required there): the T seconds its frame runs are written

@@ -11,7 +11,7 @@ everything here is idempotent. Two runner patches, both applied after `load_mode
    error (`[n, D + 4]` into `[n, D]`). Guarded by version: applied for vLLM < 0.33 only,
    where the bug is known; a later vLLM runs its own code.
 
-`register()` also gives LLaVA-OneVision's variant its M-RoPE layout (vLLM's per-architecture
+`register()` also gives the 1-D RoPE variants (LLaVA-OneVision, InternVL) their M-RoPE layout (vLLM's per-architecture
 config hook, `MODELS_CONFIG_MAP`), which must be in the config before the runner is built.
 
 A config holding `craft_*` keys served by an architecture that is not a CRAFT one is refused
@@ -41,8 +41,14 @@ ARCHITECTURES = {
     "CraftLlavaOnevisionForConditionalGeneration": (
         "craft_vllm.llava_onevision:CraftLlavaOnevisionForConditionalGeneration"
     ),
+    "CraftInternVLForConditionalGeneration": (
+        "craft_vllm.internvl:CraftInternVLForConditionalGeneration"
+    ),
 }
-ONE_D = "CraftLlavaOnevisionForConditionalGeneration"  # 1-D RoPE served as M-RoPE row 0
+ONE_D = (  # 1-D RoPE served as M-RoPE row 0 (flat.py)
+    "CraftLlavaOnevisionForConditionalGeneration",
+    "CraftInternVLForConditionalGeneration",
+)
 CPU_PRUNING_BUG = ((0, 32), (0, 33))  # [first, first fixed) (major, minor) of the CPU bug
 
 
@@ -122,18 +128,19 @@ def patch_runners() -> None:
 
 
 def register_config_update() -> None:
-    """Have vLLM's model config give LLaVA-OneVision's variant the M-RoPE layout it needs
-    (`llava_onevision.update_model_config`), before the runner reads `uses_mrope`."""
+    """Have vLLM's model config give the 1-D RoPE variants the M-RoPE layout they need
+    (`flat.update_model_config`), before the runner reads `uses_mrope`."""
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP, VerifyAndUpdateConfig
 
     class OneDimensionalAsMRoPE(VerifyAndUpdateConfig):
         @staticmethod
         def verify_and_update_model_config(model_config: Any) -> None:
-            from craft_vllm.llava_onevision import update_model_config
+            from craft_vllm.flat import update_model_config
 
             update_model_config(model_config)
 
-    MODELS_CONFIG_MAP.setdefault(ONE_D, OneDimensionalAsMRoPE)
+    for name in ONE_D:
+        MODELS_CONFIG_MAP.setdefault(name, OneDimensionalAsMRoPE)
 
 
 def register() -> None:

@@ -273,7 +273,7 @@ def served_limits(model_config: Any, timed: bool, flat: bool = False) -> Payload
     vision = config.vision_config
     per_second = getattr(vision, "tokens_per_second", None)
     folder = getattr(config, "craft_checkpoint", None)  # None: the settings check refuses it
-    side = -(-(vision.image_size // vision.patch_size) // 2) if flat else None  # ceil(S / 2)
+    side = flat_side(config) if flat else None
     levels = len(getattr(vision, "deepstack_visual_indexes", None) or [])  # vLLM's rule
     return PayloadLimits(
         merge=getattr(vision, "spatial_merge_size", 1),
@@ -288,6 +288,17 @@ def served_limits(model_config: Any, timed: bool, flat: bool = False) -> Payload
         flat=flat,
         deepstack_levels=levels,
     )
+
+
+def flat_side(config: Any) -> int:
+    """The side of a frame's token grid of a 1-D RoPE backbone: InternVL's pixel-shuffled
+    `S * downsample_ratio` (its sizes are `[H, W]` lists), LLaVA-OneVision's pooled
+    `ceil(S / 2)` (S: patches per side)."""
+    vision = config.vision_config
+    size, patch = vision.image_size, vision.patch_size
+    if isinstance(size, (list, tuple)):
+        return int(size[0] // patch[0] * config.downsample_ratio)
+    return int(-(-(size // patch) // 2))
 
 
 def field_factory(
@@ -374,7 +385,8 @@ class CraftQwen3DataParser(CraftQwenDataParser):
 
 
 class CraftLlavaDataParser(PayloadParser, MultiModalDataParser):
-    """vLLM's default parser (LLaVA-OneVision's); a video given as a dict is a payload."""
+    """vLLM's default parser (LLaVA-OneVision's, InternVL's); a video given as a dict is a
+    payload."""
 
     craft_flat = True
     embedding_fields: ClassVar[dict[str, dict[str, str]]] = {

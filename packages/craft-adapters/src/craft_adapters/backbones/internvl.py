@@ -56,6 +56,17 @@ class InternVLAdapter(registry.BackboneAdapter):
         "internvl_hf", chat="chat.internvl_hf:InternVLHf"
     )  # no simple
 
+    saves_compressed_videos = True  # every frame token (craft-vllm serves them)
+
+    def video_grids(
+        self, inputs: dict[str, Any]
+    ) -> list[tuple[tuple[int, int, int], dict[str, Any]]]:
+        """Each video's `(F, side, side)` grid: one video per prompt row, F its frames."""
+        per_frame = self.grid_side**2
+        counts = (inputs["input_ids"] == self.video_token_id).sum(dim=1)
+        side = self.grid_side
+        return [((int(n) // per_frame, side, side), {}) for n in counts if int(n) > 0]
+
     @property
     def video_token_id(self) -> int:
         return int(self.config.image_token_id)
