@@ -1,14 +1,12 @@
-"""InternVL served from payloads (threshold mode), and its layout and positions against
-craft-adapters' without an engine. (At a ratio: test_backbones.py, `internvl`.)
+"""InternVL's layout and positions against craft-adapters', without an engine. (Served at a
+ratio: test_backbones.py, `internvl`; from payloads: test_precompressed.py, `internvl`.)
 
 craft-adapters keeps, per frame, `Frame{i}: <img>` + the frame's kept tokens + `</img>`,
 every token at its ORIGINAL position, and continues decoding from the uncompressed length.
 The variant reserves the layout's length before the encoder runs and fills every slot
 after it (`internvl.py`): `test_layout_and_positions_equal_craft_adapters` checks the slots'
 ids, rows and row-0 positions against transformers' processor output with craft-adapters'
-rule, in one prefill and in chunks. The engine test serves craft-adapters' threshold-mode
-payloads; control: a fresh CRAFT module's payloads (claiming the checkpoint's digest) are
-far from the reference in first-step log-probs (`engine.CONTROL_GAP`).
+rule, in one prefill and in chunks.
 """
 
 from __future__ import annotations
@@ -22,12 +20,9 @@ import torch
 from craft_vllm.flat import BASE
 from craft_vllm.internvl import CraftInternVLForConditionalGeneration as Model
 from craft_vllm.internvl import _layout
-from craft_vllm.precompressed import video_payload
-from test_precompressed import THRESHOLD, _assert_lengths, _case, _generate, _malformed
 
 import craft_adapters
 
-FRAMES = [16, 10, 12]
 WIDTH = 8  # the fake embedding's width
 
 
@@ -102,31 +97,3 @@ def test_layout_and_positions_equal_craft_adapters(cut: int | None) -> None:
     assert torch.equal(new[0], want_pos)
     assert len(ids) + delta == hf.shape[0]  # decoding continues from the uncompressed length
     assert int(out[:, -2:].max()) < BASE  # both index columns exact
-
-
-def test_internvl_threshold_mode_served_from_compressed_videos(workdir, tmp_path) -> None:
-    """InternVL (float32): a payload holds the K frame-token rows; the server lays them out
-    per frame between each frame's text, at their original 1-D positions."""
-    case = _case(kind, FRAMES, workdir, tmp_path)
-    assert [v.grid for v in case.compressed] == [(n, 4, 4) for n in FRAMES]
-
-    def work(llm):
-        payloads = [video_payload(v) for v in case.compressed]
-        wide = payloads[0]["video_grid_thw"] * torch.tensor([1, 2, 2])  # a Qwen-style grid
-        bad = [*_malformed(payloads[0]), ({**payloads[0], "video_grid_thw": wide}, "H = W = 4")]
-        for payload, field in bad:
-            with pytest.raises(Exception, match=field.replace("[", r"\[")):
-                _generate(llm, [payload], kind)
-        return [
-            _generate(llm, [video_payload(v) for v in vs], kind)
-            for vs in (case.compressed, case.fresh)
-        ]
-
-    overrides = engine.overrides(workdir / "craft", 4, kind)
-    served, control = engine.run(case.model, overrides, work, enable_mm_embeds=True)
-    reference = engine.adapters_generate(
-        case.model, case.loaded, None, case.videos, kind, threshold=THRESHOLD
-    )
-    engine.compare(served, reference)
-    _assert_lengths(served, kind, FRAMES, case)
-    engine.control_gaps(control, reference)

@@ -14,10 +14,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import torch
+from craft_vllm.flat import index_columns, update_model_config
 from craft_vllm.llava_onevision import (
     CraftLlavaOnevisionForConditionalGeneration as Model,
 )
-from craft_vllm.llava_onevision import index_columns, update_model_config
 
 VIDEO, IMAGE, TEXT = 7, 8, 1
 FRAMES, SIDE = 4, 4  # 112 / 14 = 8 patches, pooled to 4
@@ -27,7 +27,10 @@ BEFORE, AFTER = 5, 4
 def _fake() -> SimpleNamespace:
     vision = SimpleNamespace(image_size=112, patch_size=14)
     config = SimpleNamespace(video_token_index=VIDEO, image_token_index=IMAGE, vision_config=vision)
-    return SimpleNamespace(config=config)
+    fake = SimpleNamespace(config=config)
+    fake.craft_full_length = lambda f: Model.craft_full_length(fake, f)
+    fake.craft_media_ids = lambda: Model.craft_media_ids(fake)
+    return fake
 
 
 def _case(seed: int) -> tuple[list[int], torch.Tensor, torch.Tensor, SimpleNamespace]:

@@ -29,6 +29,7 @@ from typing import NamedTuple
 import engine
 import pytest
 import tiny
+import tiny_internvl
 import tiny_llava
 import tiny_qwen3
 import tiny_qwen3_5
@@ -208,10 +209,13 @@ def test_qwen3_5_threshold_mode_served_from_compressed_videos(workdir, tmp_path)
     assert not any(torch.equal(r, v) for r, v in zip(fresh_rows, bf16[0]))
 
 
-def test_llava_onevision_threshold_mode_served_from_compressed_videos(workdir, tmp_path) -> None:
-    """LLaVA-OneVision (float32): a payload holds the K pooled grid rows only; the server adds
-    its own newline row after them and gives each row its original 1-D position."""
-    kind, frames = tiny_llava, [16, 10, 12]
+@pytest.mark.parametrize("kind", [tiny_llava, tiny_internvl], ids=["llava_onevision", "internvl"])
+def test_1d_rope_threshold_mode_served_from_compressed_videos(workdir, tmp_path, kind) -> None:
+    """The 1-D RoPE backbones (float32), each row at its original 1-D position. LLaVA-OneVision:
+    a payload holds the K pooled grid rows only, the server adds its own newline row after
+    them. InternVL: a payload holds the K frame-token rows, the server lays them out per frame
+    between each frame's `Frame{i}: <img>` and `</img>` (test_internvl.py: the layout)."""
+    frames = [16, 10, 12]
     case = _case(kind, frames, workdir, tmp_path)
     assert [v.grid for v in case.compressed] == [(n, 4, 4) for n in frames]  # no newline row
 

@@ -39,11 +39,8 @@ from craft_vllm.flat import (
     grid_tokens,
     index_columns,
     payload_input,
-    update_model_config,
 )
 from craft_vllm.precompressed import CraftLlavaDataParser, PayloadFields, PayloadProcessingInfo
-
-__all__ = ["CraftLlavaOnevisionForConditionalGeneration", "update_model_config"]
 
 ARCHITECTURE = "CraftLlavaOnevisionForConditionalGeneration"
 
