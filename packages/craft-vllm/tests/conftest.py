@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -85,42 +86,55 @@ class Server(str):
     process: subprocess.Popen[bytes]
 
 
-@pytest.fixture(scope="session")
-def server(workdir: Path) -> Iterator[Server]:
-    """`python -m craft_vllm serve` of the tiny model at `RATIO`, on 127.0.0.1, with vLLM's
-    MULTIPROCESS engine (as users run it): raw videos and compressed payloads
-    (`--enable-mm-embeds`). One process for the session (its start is the slow part)."""
+@contextmanager
+def serve(
+    model: Path, overrides: dict, log: Path, *args: str, dtype: str = "float32"
+) -> Iterator[Server]:
+    """`python -m craft_vllm serve model` with `overrides` on 127.0.0.1, vLLM's MULTIPROCESS
+    engine (as users run it), `--enable-mm-embeds` (compressed payloads) and vLLM's `args`;
+    its output to `log`. Yields once `/health` answers; stopped on exit."""
     port = free_port()
-    overrides = engine.overrides(workdir / "craft", RATIO)
     command = [
-        sys.executable, "-m", "craft_vllm", "serve", str(workdir / "model"),
+        sys.executable, "-m", "craft_vllm", "serve", str(model),
         "--host", "127.0.0.1", "--port", str(port),
         "--hf-overrides", json.dumps(overrides),
-        "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
-        "--allowed-local-media-path", str(workdir),
-        "--media-io-kwargs", json.dumps({"video": {"num_frames": -1, "max_frames": MAX_FRAMES}}),
-        "--limit-mm-per-prompt", '{"video": 1, "image": 0}', "--enable-mm-embeds",
-        "--enable-prompt-tokens-details", "--block-size", str(BLOCK),
+        "--dtype", dtype, "--enforce-eager", "--max-model-len", "2048",
+        "--enable-mm-embeds", "--block-size", str(BLOCK), *args,
     ]  # fmt: skip
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    log = open(workdir / "serve.log", "w")  # noqa: SIM115 - closed below
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = Server(f"http://127.0.0.1:{port}")
-    base.process = process
-    deadline = time.monotonic() + 300
-    try:
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"vllm serve exited: {(workdir / 'serve.log').read_text()[-3000:]}")
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=2)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("vllm serve did not start in 300 s")
-                time.sleep(1)
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        base = Server(f"http://127.0.0.1:{port}")
+        base.process = process
+        deadline = time.monotonic() + 300
+        try:
+            while True:
+                if process.poll() is not None:
+                    pytest.fail(f"vllm serve exited: {log.read_text()[-3000:]}")
+                try:
+                    urllib.request.urlopen(f"{base}/health", timeout=2)
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        pytest.fail("vllm serve did not start in 300 s")
+                    time.sleep(1)
+            yield base
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def server(workdir: Path) -> Iterator[Server]:
+    """The tiny model at `RATIO` served (`serve`): raw videos and compressed payloads. One
+    process for the session (its start is the slow part)."""
+    with serve(
+        workdir / "model",
+        engine.overrides(workdir / "craft", RATIO),
+        workdir / "serve.log",
+        "--allowed-local-media-path", str(workdir),
+        "--media-io-kwargs", json.dumps({"video": {"num_frames": -1, "max_frames": MAX_FRAMES}}),
+        "--limit-mm-per-prompt", '{"video": 1, "image": 0}',
+        "--enable-prompt-tokens-details",
+    ) as base:  # fmt: skip
         yield base
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
-        log.close()
