@@ -33,12 +33,13 @@ import engine
 import pytest
 import tiny_llava
 import tiny_qwen3
+import tiny_qwen3_5
 import torch
 from conftest import serve
 from craft_vllm import payload
 from craft_vllm.payload import COORDS, COUNT, GRID, ROWS, TIMESTAMPS, chat_part
 from test_openai_payloads import THRESHOLD, ask, openai_client, post, with_fields
-from test_precompressed import Case, build_case
+from test_precompressed import Case, build_case, processor_timestamps
 
 import craft_adapters
 from craft_adapters import CompressedVideo
@@ -71,9 +72,7 @@ def backbone(request, workdir, tmp_path_factory) -> Iterator[Backbone]:
 def timestamps(kind: Any, frames: int) -> list[float] | None:
     """The frame runs' seconds of a video of `frames` frames sampled at engine.FPS, by the
     backbone's processor (None: a backbone without them)."""
-    if kind is tiny_llava:
-        return None
-    return kind.processor()._calculate_timestamps(list(range(frames)), engine.FPS, 2)
+    return None if kind is tiny_llava else processor_timestamps(frames, kind)
 
 
 def parts(backbone: Backbone, videos: list[CompressedVideo]) -> list[dict[str, Any]]:
@@ -195,16 +194,18 @@ def cli_body(path: Path, model: str, question: str) -> dict[str, Any]:
     return json.loads(run.stdout)  # type: ignore[no-any-return]
 
 
-def test_payload_cli_writes_qwen3_timestamps(tmp_path, capsys) -> None:
-    """The CLI's (`payload.main`, in process) Qwen3-VL body carries the frame runs' seconds
-    the processor would write (odd frame counts too: the last frame repeated); a file
-    without its rate is refused unless `--fps` gives it, and a rate or frame count that does
-    not fit the grid is refused: exit 2, one line."""
-    d = tiny_qwen3.HIDDEN
-    grid = (6, 3, 3)
+@pytest.mark.parametrize("kind", [tiny_qwen3, tiny_qwen3_5], ids=["qwen3_vl", "qwen3_5"])
+def test_payload_cli_writes_qwen3_timestamps(kind, tmp_path, capsys) -> None:
+    """The CLI's (`payload.main`, in process) Qwen3-VL / Qwen3.5 body carries the frame runs'
+    seconds the processor would write (odd frame counts too: the last frame repeated); a
+    file without its rate is refused unless `--fps` gives it, and a rate or frame count that
+    does not fit the grid is refused, as is `--fps` for a LLaVA-OneVision file: exit 2, one
+    line."""
+    d, grid = kind.HIDDEN, (6, 3, 3)
     coords = torch.tensor([[0, 0, 0], [2, 1, 1], [5, 2, 2]])
-    made = {"model_type": "qwen3_vl", "hidden_size": d}
-    video = CompressedVideo(torch.ones(3, d), coords, grid, made, torch.ones(3, d))
+    made = {"model_type": kind.config().model_type, "hidden_size": d}
+    deep = torch.ones(3, d) if kind is tiny_qwen3 else None
+    video = CompressedVideo(torch.ones(3, d), coords, grid, made, deep)
 
     def save(name: str, **meta: Any) -> str:
         path = tmp_path / f"{name}.craft.safetensors"
@@ -216,7 +217,7 @@ def test_payload_cli_writes_qwen3_timestamps(tmp_path, capsys) -> None:
         out = capsys.readouterr()
         return code, out.out, out.err
 
-    processor = tiny_qwen3.processor()
+    processor = kind.processor()
     for fps, frames, args in [
         (2.0, 12, ()),
         (3.0, 11, ()),
@@ -236,6 +237,7 @@ def test_payload_cli_writes_qwen3_timestamps(tmp_path, capsys) -> None:
         ([bare, "--fps", "0"], "fps must be > 0 and finite"),
         ([bare, "--fps", "nan"], "fps must be > 0 and finite"),
         ([save("long", fps=2.0, frames=14)], "14 frames make 7 frame runs"),
+        ([save("llava", model_type="llava_onevision"), "--fps", "2"], "fps is for qwen3_vl"),
     ]:
         code, out, err = cli(*args)
         assert code == 2 and out == "", (code, out)

@@ -113,7 +113,7 @@ def test_threshold_mode_served_from_compressed_videos(workdir, videos, tmp_path)
     engine.control_gaps(control, reference)
 
 
-def _timestamps(frames: int, kind=tiny_qwen3_5) -> list[float]:
+def processor_timestamps(frames: int, kind=tiny_qwen3_5) -> list[float]:
     """Qwen3.5's / Qwen3-VL's frame-run seconds of a video sampled at engine.FPS (its
     processor's rule)."""
     return kind.processor()._calculate_timestamps(list(range(frames)), engine.FPS, 2)
@@ -165,7 +165,7 @@ def test_qwen3_5_threshold_mode_served_from_compressed_videos(workdir, tmp_path)
     uneven = engine.compress_payloads(model, loaded, videos, tmp_path / "low", kind, LOW)
 
     def payloads(vs: list) -> list:
-        return [video_payload(v, timestamps=_timestamps(n)) for v, n in zip(vs, frames)]
+        return [video_payload(v, timestamps=processor_timestamps(n)) for v, n in zip(vs, frames)]
 
     def work(llm):
         good = payloads(compressed)
@@ -249,7 +249,9 @@ def test_qwen3_vl_threshold_mode_served_with_deepstack_rows(workdir, tmp_path) -
     assert all(v.deepstack.shape == (k, kind.HIDDEN) for v, k in zip(compressed, case.kept))
 
     def payloads(vs: list) -> list:
-        return [video_payload(v, timestamps=_timestamps(n, kind)) for v, n in zip(vs, frames)]
+        return [
+            video_payload(v, timestamps=processor_timestamps(n, kind)) for v, n in zip(vs, frames)
+        ]
 
     def work(llm):
         good = payloads(compressed)

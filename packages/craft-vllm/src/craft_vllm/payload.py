@@ -122,9 +122,14 @@ def video_timestamps(video: CompressedVideo, fps: float | None = None) -> list[f
 
     Raises:
         ValueError: the rate is unknown (no `fps` recorded or given), or it and the frame
-            count do not fit the grid.
+            count do not fit the grid; `fps` given for another backbone.
     """
     if video.metadata.get("model_type") not in TIMED:
+        if fps is not None:  # not ignored: the caller thinks it matters
+            raise ValueError(
+                f"fps is for {' / '.join(TIMED)} payloads only (their frame runs' timestamps), "
+                f"this one is {video.metadata.get('model_type')!r}"
+            )
         return None
     rate = fps if fps is not None else video.metadata.get("fps")
     if rate is None:
