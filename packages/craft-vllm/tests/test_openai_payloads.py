@@ -17,6 +17,7 @@ import json
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import engine
@@ -267,12 +268,11 @@ def post(base: str, body: dict[str, Any]) -> engine.Served:
     )
 
 
-def test_malformed_payloads_get_a_400_naming_the_field(server, workdir, payloads, tmp_path) -> None:
-    model = str(workdir / "model")
-    video = payloads[0][0]
-    before = ask(server, model, chat_part(video))
-    client = openai_client(server)
-    for name, (part, expected) in malformed(video).items():
+def assert_refused(base: str, model: str, cases: dict[str, tuple[dict[str, Any], str]]) -> None:
+    """Each of `cases` (name: its content part, a piece of the message) is a 400 naming it,
+    and the server process is still running after them."""
+    client = openai_client(base)
+    for name, (part, expected) in cases.items():
         with pytest.raises(openai.BadRequestError) as caught:
             client.chat.completions.create(
                 model=model,
@@ -280,16 +280,33 @@ def test_malformed_payloads_get_a_400_naming_the_field(server, workdir, payloads
                 max_tokens=2,
             )
         assert expected in str(caught.value), (name, str(caught.value))
-    # the same process still serves: the README's request (python -m craft_vllm.payload's
-    # body, POSTed as curl does) gets the first answer again
-    assert server.process.poll() is None
-    file = craft_adapters.save_compressed_video(tmp_path / "clip.craft.safetensors", video)
-    command = [sys.executable, "-m", "craft_vllm.payload", str(file), "--model", model]
+    assert base.process.poll() is None  # type: ignore[attr-defined]
+
+
+def cli_body(path: Path, model: str) -> dict[str, Any]:
+    """`python -m craft_vllm.payload path`'s request body (the README's, for curl), asking
+    `engine.QUESTION`."""
+    command = [sys.executable, "-m", "craft_vllm.payload", str(path), "--model", model]
     command += ["--question", engine.QUESTION]
-    body = json.loads(subprocess.run(command, capture_output=True, check=True, text=True).stdout)
-    after = post(server, body)
+    run = subprocess.run(command, capture_output=True, check=True, text=True)
+    return json.loads(run.stdout)  # type: ignore[no-any-return]
+
+
+def assert_same_answer(after: engine.Served, before: engine.Served) -> None:
+    """The same request answered again: tokens, prompt length, log-probs within 1e-5."""
     assert (after.tokens, after.length) == (before.tokens, before.length)
     assert max(abs(after.first[t] - lp) for t, lp in before.first.items()) <= 1e-5
+
+
+def test_malformed_payloads_get_a_400_naming_the_field(server, workdir, payloads, tmp_path) -> None:
+    model = str(workdir / "model")
+    video = payloads[0][0]
+    before = ask(server, model, chat_part(video))
+    assert_refused(server, model, malformed(video))
+    # the same process still serves: the README's request (python -m craft_vllm.payload's
+    # body, POSTed as curl does) gets the first answer again
+    file = craft_adapters.save_compressed_video(tmp_path / "clip.craft.safetensors", video)
+    assert_same_answer(post(server, cli_body(file, model)), before)
 
 
 def test_payload_cli_refuses_a_bad_file(tmp_path) -> None:

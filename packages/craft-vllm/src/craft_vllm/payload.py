@@ -99,7 +99,7 @@ def frame_timestamps(frames: int, fps: float, grid_frames: int) -> list[float]:
     Raises:
         ValueError: `fps` not > 0 and finite, or `frames` not the `grid_frames` runs' frames.
     """
-    if not (isinstance(fps, (int, float)) and 0 < fps < float("inf")):
+    if isinstance(fps, bool) or not (isinstance(fps, (int, float)) and 0 < fps < float("inf")):
         raise ValueError(f"fps must be > 0 and finite, got {fps!r}")
     if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
         raise ValueError(f"frames must be an int >= 1, got {frames!r}")
@@ -210,8 +210,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--fps",
         type=float,
-        help="Qwen3-VL / Qwen3.5: the rate the video's frames were sampled at, where the "
-        "file does not record it (craft-compress does)",
+        help="Qwen3-VL / Qwen3.5: the rate the video's frames were sampled at, for a file "
+        "that does not record it (craft-compress does; given, it overrides the file's)",
     )
     args = parser.parse_args(argv)
     try:
