@@ -1,6 +1,6 @@
 """Compressed videos of LLaVA-OneVision and Qwen3-VL through `vllm serve`'s OpenAI API, as
-test_openai_payloads.py does for Qwen2.5-VL: one server per backbone (`backbone`, module
-scope, the multiprocess engine), payloads sent with the `openai` client as
+test_openai_payloads.py does for Qwen2.5-VL: one server per backbone (`servers`, module
+scope, started together; the multiprocess engine), payloads sent with the `openai` client as
 `payload.chat_part` builds them.
 
 - Equality: three videos compressed by craft-adapters in threshold mode (through a file) are
@@ -32,7 +32,7 @@ import tiny_llava
 import tiny_qwen3
 import tiny_qwen3_5
 import torch
-from conftest import serve
+from conftest import serve_all
 from craft_vllm import payload
 from craft_vllm.payload import COORDS, COUNT, GRID, ROWS, TIMESTAMPS, chat_part
 from test_openai_payloads import (
@@ -62,16 +62,28 @@ class Backbone(NamedTuple):
     base: str  # the server's URL
 
 
-@pytest.fixture(scope="module", params=list(KINDS))
-def backbone(request, workdir, tmp_path_factory) -> Iterator[Backbone]:
-    """`KINDS[param]` built, its videos compressed, and served at ratio 4 (payloads only)."""
-    kind = KINDS[request.param]
-    folder = tmp_path_factory.mktemp(request.param)
-    case = build_case(kind, FRAMES, workdir, folder)
-    overrides = engine.overrides(workdir / "craft", 4, kind)
-    limit = ("--limit-mm-per-prompt", '{"video": 1, "image": 0}')
-    with serve(case.model, overrides, folder / "serve.log", *limit, dtype=kind.DTYPE) as base:
-        yield Backbone(kind, case, base)
+@pytest.fixture(scope="module")
+def servers(workdir, tmp_path_factory) -> Iterator[dict[str, Backbone]]:
+    """Each of `KINDS` built, its videos compressed, and served at ratio 4 (payloads only);
+    the servers start together (`serve_all`: their start-ups overlap)."""
+    cases, specs = {}, []
+    for name, kind in KINDS.items():
+        folder = tmp_path_factory.mktemp(name)
+        cases[name] = build_case(kind, FRAMES, workdir, folder)
+        overrides = engine.overrides(workdir / "craft", 4, kind)
+        limit = ("--limit-mm-per-prompt", '{"video": 1, "image": 0}')
+        specs.append((cases[name].model, overrides, folder / "serve.log", limit, kind.DTYPE))
+    with serve_all(specs) as bases:
+        yield {
+            name: Backbone(kind, cases[name], base)
+            for (name, kind), base in zip(KINDS.items(), bases)
+        }
+
+
+@pytest.fixture(params=list(KINDS))
+def backbone(request, servers) -> Backbone:
+    """One backbone of `servers`."""
+    return servers[request.param]  # type: ignore[no-any-return]
 
 
 def timestamps(kind: Any, frames: int) -> list[float] | None:
