@@ -231,7 +231,7 @@ def test_payload_cli_writes_qwen3_timestamps(kind, tmp_path, capsys) -> None:
         assert stamps.tolist() == pytest.approx(want, abs=1e-12)
     bare = save("bare")
     for args, message in [
-        ([bare], "has no fps (give the rate its frames were sampled at: --fps)"),
+        ([bare], "has no fps (give the rate its frames were sampled at: --fps"),
         ([bare, "--fps", "0"], "fps must be > 0 and finite"),
         ([bare, "--fps", "nan"], "fps must be > 0 and finite"),
         ([save("long", fps=2.0, frames=14)], "14 frames make 7 frame runs"),

@@ -135,7 +135,8 @@ def video_timestamps(video: CompressedVideo, fps: float | None = None) -> list[f
     if rate is None:
         raise ValueError(
             f"a {video.metadata['model_type']} payload needs its frame runs' timestamps: the "
-            "video's metadata has no fps (give the rate its frames were sampled at: --fps)"
+            "video's metadata has no fps (give the rate its frames were sampled at: --fps, "
+            "or the timestamps: video_payload / chat_part's timestamps=)"
         )
     frames = video.metadata.get("frames", video.grid[0] * TEMPORAL_PATCH)
     return frame_timestamps(frames, rate, video.grid[0])
