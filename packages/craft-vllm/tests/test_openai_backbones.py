@@ -44,7 +44,9 @@ from test_openai_payloads import (
     post,
     with_fields,
 )
-from test_precompressed import Case, build_case, processor_timestamps
+from test_precompressed import Case
+from test_precompressed import _case as build_case
+from test_precompressed import _timestamps as processor_timestamps
 
 import craft_adapters
 from craft_adapters import CompressedVideo

@@ -113,7 +113,7 @@ def test_threshold_mode_served_from_compressed_videos(workdir, videos, tmp_path)
     engine.control_gaps(control, reference)
 
 
-def processor_timestamps(frames: int, kind=tiny_qwen3_5) -> list[float]:
+def _timestamps(frames: int, kind=tiny_qwen3_5) -> list[float]:
     """Qwen3.5's / Qwen3-VL's frame-run seconds of a video sampled at engine.FPS (its
     processor's rule)."""
     return kind.processor()._calculate_timestamps(list(range(frames)), engine.FPS, 2)
@@ -130,7 +130,7 @@ class Case(NamedTuple):
     kept: list[int]  # K of each video
 
 
-def build_case(kind, frames: list[int], workdir: Path, tmp_path: Path) -> Case:
+def _case(kind, frames: list[int], workdir: Path, tmp_path: Path) -> Case:
     """Build `kind`'s tiny model and compress its videos of `frames` frames with the
     checkpoint and with a fresh module; the threshold decides each count (not one ratio)."""
     model = kind.build(tmp_path / kind.__name__)
@@ -160,12 +160,12 @@ def _assert_lengths(served: list, kind, frames: list[int], case: Case) -> None:
 def test_qwen3_5_threshold_mode_served_from_compressed_videos(workdir, tmp_path) -> None:
     """The same on Qwen3.5 (bfloat16 both sides): K rows laid out per frame, timestamps kept."""
     kind, frames = tiny_qwen3_5, [16, 10, 12]
-    case = build_case(kind, frames, workdir, tmp_path)
+    case = _case(kind, frames, workdir, tmp_path)
     model, videos, loaded, compressed, fresh, kept = case
     uneven = engine.compress_payloads(model, loaded, videos, tmp_path / "low", kind, LOW)
 
     def payloads(vs: list) -> list:
-        return [video_payload(v, timestamps=processor_timestamps(n)) for v, n in zip(vs, frames)]
+        return [video_payload(v, timestamps=_timestamps(n)) for v, n in zip(vs, frames)]
 
     def work(llm):
         good = payloads(compressed)
@@ -212,7 +212,7 @@ def test_llava_onevision_threshold_mode_served_from_compressed_videos(workdir, t
     """LLaVA-OneVision (float32): a payload holds the K pooled grid rows only; the server adds
     its own newline row after them and gives each row its original 1-D position."""
     kind, frames = tiny_llava, [16, 10, 12]
-    case = build_case(kind, frames, workdir, tmp_path)
+    case = _case(kind, frames, workdir, tmp_path)
     assert [v.grid for v in case.compressed] == [(n, 4, 4) for n in frames]  # no newline row
 
     def work(llm):
@@ -243,15 +243,13 @@ def test_qwen3_vl_threshold_mode_served_with_deepstack_rows(workdir, tmp_path) -
     Controls: a fresh module's payloads, and the right payloads with their deepstack rows
     zeroed (the deepstack rows must reach the language model)."""
     kind, frames = tiny_qwen3, [16, 10, 12]
-    case = build_case(kind, frames, workdir, tmp_path)
+    case = _case(kind, frames, workdir, tmp_path)
     compressed = case.compressed
     flat = [dataclasses.replace(v, deepstack=torch.zeros_like(v.deepstack)) for v in compressed]
     assert all(v.deepstack.shape == (k, kind.HIDDEN) for v, k in zip(compressed, case.kept))
 
     def payloads(vs: list) -> list:
-        return [
-            video_payload(v, timestamps=processor_timestamps(n, kind)) for v, n in zip(vs, frames)
-        ]
+        return [video_payload(v, timestamps=_timestamps(n, kind)) for v, n in zip(vs, frames)]
 
     def work(llm):
         good = payloads(compressed)
