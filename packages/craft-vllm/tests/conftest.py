@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -85,42 +86,70 @@ class Server(str):
     process: subprocess.Popen[bytes]
 
 
+Spec = tuple[Path, dict, Path, tuple[str, ...], str]
+"""One server to start: (model folder, hf_overrides, log file, vLLM's extra args, dtype)."""
+
+
+@contextmanager
+def serve_all(specs: list[Spec]) -> Iterator[list[Server]]:
+    """`python -m craft_vllm serve` of each spec on 127.0.0.1, all started at once (their
+    start-ups, the slow part, overlap): vLLM's MULTIPROCESS engine (as users run it),
+    `--enable-mm-embeds` (compressed payloads), output to the spec's log. Yields once every
+    `/health` answers; all stopped on exit."""
+    servers: list[Server] = []
+    with ExitStack() as stack:
+        for model, overrides, log, args, dtype in specs:
+            port = free_port()
+            command = [
+                sys.executable, "-m", "craft_vllm", "serve", str(model),
+                "--host", "127.0.0.1", "--port", str(port),
+                "--hf-overrides", json.dumps(overrides),
+                "--dtype", dtype, "--enforce-eager", "--max-model-len", "2048",
+                "--enable-mm-embeds", "--block-size", str(BLOCK), *args,
+            ]  # fmt: skip
+            env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+            out = stack.enter_context(open(log, "w"))  # closed by the stack
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+            stack.callback(_stop, process)
+            base = Server(f"http://127.0.0.1:{port}")
+            base.process = process
+            servers.append(base)
+        deadline = time.monotonic() + 300 * len(specs)
+        for base, spec in zip(servers, specs):
+            _wait(base, spec[2], deadline)
+        yield servers
+
+
+def _wait(base: Server, log: Path, deadline: float) -> None:
+    """Until `base`'s `/health` answers (fail: the process exited, or `deadline` passed)."""
+    while True:
+        if base.process.poll() is not None:
+            pytest.fail(f"vllm serve exited: {log.read_text()[-3000:]}")
+        try:
+            urllib.request.urlopen(f"{base}/health", timeout=2)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                pytest.fail(f"vllm serve did not start in time ({log})")
+            time.sleep(1)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    process.wait(timeout=60)
+
+
 @pytest.fixture(scope="session")
 def server(workdir: Path) -> Iterator[Server]:
-    """`python -m craft_vllm serve` of the tiny model at `RATIO`, on 127.0.0.1, with vLLM's
-    MULTIPROCESS engine (as users run it): raw videos and compressed payloads
-    (`--enable-mm-embeds`). One process for the session (its start is the slow part)."""
-    port = free_port()
-    overrides = engine.overrides(workdir / "craft", RATIO)
-    command = [
-        sys.executable, "-m", "craft_vllm", "serve", str(workdir / "model"),
-        "--host", "127.0.0.1", "--port", str(port),
-        "--hf-overrides", json.dumps(overrides),
-        "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
+    """The tiny model at `RATIO` served (`serve_all`): raw videos and compressed payloads.
+    One process for the session (its start is the slow part)."""
+    args = (
         "--allowed-local-media-path", str(workdir),
         "--media-io-kwargs", json.dumps({"video": {"num_frames": -1, "max_frames": MAX_FRAMES}}),
-        "--limit-mm-per-prompt", '{"video": 1, "image": 0}', "--enable-mm-embeds",
-        "--enable-prompt-tokens-details", "--block-size", str(BLOCK),
-    ]  # fmt: skip
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    log = open(workdir / "serve.log", "w")  # noqa: SIM115 - closed below
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-    base = Server(f"http://127.0.0.1:{port}")
-    base.process = process
-    deadline = time.monotonic() + 300
-    try:
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"vllm serve exited: {(workdir / 'serve.log').read_text()[-3000:]}")
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=2)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("vllm serve did not start in 300 s")
-                time.sleep(1)
-        yield base
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
-        log.close()
+        "--limit-mm-per-prompt", '{"video": 1, "image": 0}',
+        "--enable-prompt-tokens-details",
+    )  # fmt: skip
+    overrides = engine.overrides(workdir / "craft", RATIO)
+    spec = (workdir / "model", overrides, workdir / "serve.log", args, "float32")
+    with serve_all([spec]) as bases:
+        yield bases[0]

@@ -17,6 +17,7 @@ import json
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import engine
@@ -60,7 +61,7 @@ def payloads(workdir, videos, tmp_path_factory) -> tuple[list, list]:
     return made, engine.made_as(other, made[0])
 
 
-def _client(base: str) -> Any:
+def openai_client(base: str) -> Any:
     return openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0, timeout=300)
 
 
@@ -69,10 +70,10 @@ def token_id(text: str) -> int:
     return int(text.removeprefix("token_id:"))
 
 
-def _ask(base: str, model: str, part: dict[str, Any]) -> engine.Served:
+def ask(base: str, model: str, part: dict[str, Any]) -> engine.Served:
     """One greedy chat request carrying `part`, as `engine.Served` (token ids, prompt length,
     the first step's top log-probs by token id)."""
-    reply = _client(base).chat.completions.create(
+    reply = openai_client(base).chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": [part, {"type": "text", "text": engine.QUESTION}]}],
         max_tokens=engine.NEW_TOKENS,
@@ -90,7 +91,7 @@ def _ask(base: str, model: str, part: dict[str, Any]) -> engine.Served:
 def test_payloads_served_as_threshold_generate(server, workdir, videos, payloads) -> None:
     made, fresh = payloads
     model = str(workdir / "model")
-    served = [_ask(server, model, chat_part(v)) for v in made]
+    served = [ask(server, model, chat_part(v)) for v in made]
     loaded = CraftCompressor.from_pretrained(workdir / "craft")
     reference = engine.adapters_generate(
         workdir / "model", loaded, None, videos, threshold=THRESHOLD
@@ -98,10 +99,10 @@ def test_payloads_served_as_threshold_generate(server, workdir, videos, payloads
     engine.compare(served, reference)
     kept = [v.features.shape[0] for v in made]
     assert [s.length for s in served] == [engine.text_tokens() + k for k in kept]
-    engine.control_gaps([_ask(server, model, chat_part(v)) for v in fresh], reference)
+    engine.control_gaps([ask(server, model, chat_part(v)) for v in fresh], reference)
 
 
-def _with(part: dict[str, Any], **fields: torch.Tensor | None) -> dict[str, Any]:
+def with_fields(part: dict[str, Any], **fields: torch.Tensor | None) -> dict[str, Any]:
     """`part` with each named field replaced by that tensor (None: left out)."""
     sent = dict(part["video_embeds"])
     for key, value in fields.items():
@@ -127,105 +128,129 @@ def malformed(video: Any) -> dict[str, tuple[dict[str, Any], str]]:
     made = dict(video.metadata)
     return {
         "rows NaN": (
-            _with(part, **{ROWS: poke(rows, (0, 3), float("nan"))}),
+            with_fields(part, **{ROWS: poke(rows, (0, 3), float("nan"))}),
             "video_embeds holds NaN",
         ),
         "rows inf": (
-            _with(part, **{ROWS: poke(rows, (1, 0), float("inf"))}),
+            with_fields(part, **{ROWS: poke(rows, (1, 0), float("inf"))}),
             "video_embeds holds NaN",
         ),
-        "rows int": (_with(part, **{ROWS: rows.long()}), "video_embeds must be a floating tensor"),
-        "rows short": (_with(part, **{ROWS: rows[:-1]}), f"video_embeds must be [K = {k}"),
-        "rows narrow": (_with(part, **{ROWS: rows[:, :64]}), f"video_embeds must be [K = {k}"),
-        "rows missing": (_with(part, **{ROWS: None}), "missing field(s) ['video_embeds']"),
+        "rows int": (
+            with_fields(part, **{ROWS: rows.long()}),
+            "video_embeds must be a floating tensor",
+        ),
+        "rows short": (with_fields(part, **{ROWS: rows[:-1]}), f"video_embeds must be [K = {k}"),
+        "rows narrow": (
+            with_fields(part, **{ROWS: rows[:, :64]}),
+            f"video_embeds must be [K = {k}",
+        ),
+        "rows missing": (with_fields(part, **{ROWS: None}), "missing field(s) ['video_embeds']"),
         "K = 0": (
-            _with(part, **{ROWS: rows[:0], COORDS: coords[:0], COUNT: torch.tensor(0)}),
+            with_fields(part, **{ROWS: rows[:0], COORDS: coords[:0], COUNT: torch.tensor(0)}),
             "craft_num_kept must be >= 1",
         ),
         "coords negative": (
-            _with(part, **{COORDS: poke(coords, (0, 1), -1)}),
+            with_fields(part, **{COORDS: poke(coords, (0, 1), -1)}),
             "craft_coords: coords must fit",
         ),
         "coords outside": (
-            _with(part, **{COORDS: poke(coords, (-1, 0), t)}),
+            with_fields(part, **{COORDS: poke(coords, (-1, 0), t)}),
             "craft_coords: coords must fit",
         ),
         "coords float": (
-            _with(part, **{COORDS: coords.float()}),
+            with_fields(part, **{COORDS: coords.float()}),
             "craft_coords must be an integer",
         ),
-        "coords short": (_with(part, **{COORDS: coords[:-1]}), f"craft_coords must be [K = {k}"),
-        "coords order": (_with(part, **{COORDS: swapped}), "craft_coords: coords must be distinct"),
-        "count high": (_with(part, **{COUNT: torch.tensor(k + 1)}), "(craft_num_kept)"),
-        "count negative": (_with(part, **{COUNT: torch.tensor(-3)}), "craft_num_kept must be >= 1"),
+        "coords short": (
+            with_fields(part, **{COORDS: coords[:-1]}),
+            f"craft_coords must be [K = {k}",
+        ),
+        "coords order": (
+            with_fields(part, **{COORDS: swapped}),
+            "craft_coords: coords must be distinct",
+        ),
+        "count high": (with_fields(part, **{COUNT: torch.tensor(k + 1)}), "(craft_num_kept)"),
+        "count negative": (
+            with_fields(part, **{COUNT: torch.tensor(-3)}),
+            "craft_num_kept must be >= 1",
+        ),
         "count float": (
-            _with(part, **{COUNT: torch.tensor(float(k))}),
+            with_fields(part, **{COUNT: torch.tensor(float(k))}),
             "craft_num_kept must be an integer",
         ),
         "count NaN": (
-            _with(part, **{COUNT: torch.tensor(float("nan"))}),
+            with_fields(part, **{COUNT: torch.tensor(float("nan"))}),
             "craft_num_kept must be an integer",
         ),
         "grid negative": (
-            _with(part, **{GRID: grid * torch.tensor([-1, 1, 1])}),
+            with_fields(part, **{GRID: grid * torch.tensor([-1, 1, 1])}),
             "video_grid_thw [-",
         ),
         "grid odd": (
-            _with(part, **{GRID: grid + torch.tensor([0, 1, 0])}),
+            with_fields(part, **{GRID: grid + torch.tensor([0, 1, 0])}),
             "multiples of the merge size",
         ),
-        "grid float": (_with(part, **{GRID: grid.float()}), "video_grid_thw must be an integer"),
-        "grid short": (_with(part, **{GRID: grid[:2]}), "video_grid_thw [V, 3]"),
-        "grid huge": (_with(part, **{GRID: torch.tensor([10**6, 2048, 2048])}), "over the 4194304"),
+        "grid float": (
+            with_fields(part, **{GRID: grid.float()}),
+            "video_grid_thw must be an integer",
+        ),
+        "grid short": (with_fields(part, **{GRID: grid[:2]}), "video_grid_thw [V, 3]"),
+        "grid huge": (
+            with_fields(part, **{GRID: torch.tensor([10**6, 2048, 2048])}),
+            "over the 4194304",
+        ),
         "seconds NaN": (
-            _with(part, **{SECONDS: torch.tensor(float("nan"))}),
+            with_fields(part, **{SECONDS: torch.tensor(float("nan"))}),
             "second_per_grid_ts holds NaN",
         ),
         "seconds inf": (
-            _with(part, **{SECONDS: torch.tensor(float("inf"))}),
+            with_fields(part, **{SECONDS: torch.tensor(float("inf"))}),
             "second_per_grid_ts holds NaN",
         ),
         "seconds 1e6": (
-            _with(part, **{SECONDS: torch.tensor(1e6)}),
+            with_fields(part, **{SECONDS: torch.tensor(1e6)}),
             "second_per_grid_ts [1000000.0] spreads",
         ),
         "seconds -1": (
-            _with(part, **{SECONDS: torch.tensor(-1.0)}),
+            with_fields(part, **{SECONDS: torch.tensor(-1.0)}),
             "second_per_grid_ts must be > 0",
         ),
         "seconds 0": (
-            _with(part, **{SECONDS: torch.tensor(0.0)}),
+            with_fields(part, **{SECONDS: torch.tensor(0.0)}),
             "second_per_grid_ts must be > 0",
         ),
         "seconds bool": (
-            _with(part, **{SECONDS: torch.tensor(True)}),
+            with_fields(part, **{SECONDS: torch.tensor(True)}),
             "second_per_grid_ts must be a real",
         ),
         "seconds two": (
-            _with(part, **{SECONDS: torch.tensor([1.0, 1.0])}),
+            with_fields(part, **{SECONDS: torch.tensor([1.0, 1.0])}),
             "second_per_grid_ts must be a real tensor of 1 dimension",
         ),
         "unknown field": (
-            _with(part, craft_extra=torch.zeros(1)),
+            with_fields(part, craft_extra=torch.zeros(1)),
             "unknown field(s) ['craft_extra']",
         ),
         "other checkpoint": (
-            _with(part, **{MADE_WITH: encode_made_with({**made, "craft_sha256": "0" * 64})}),
+            with_fields(part, **{MADE_WITH: encode_made_with({**made, "craft_sha256": "0" * 64})}),
             "made with craft_sha256='0000",
         ),
         "other backbone": (
-            _with(part, **{MADE_WITH: encode_made_with({**made, "model_type": "qwen3_vl"})}),
+            with_fields(part, **{MADE_WITH: encode_made_with({**made, "model_type": "qwen3_vl"})}),
             "made with model_type='qwen3_vl'",
         ),
-        "no record": (_with(part, **{MADE_WITH: encode_made_with({})}), "its metadata has no"),
+        "no record": (
+            with_fields(part, **{MADE_WITH: encode_made_with({})}),
+            "its metadata has no",
+        ),
         "record float": (
-            _with(part, **{MADE_WITH: torch.zeros(4)}),
+            with_fields(part, **{MADE_WITH: torch.zeros(4)}),
             "craft_made_with must be one video's",
         ),
     }
 
 
-def _post(base: str, body: dict[str, Any]) -> engine.Served:
+def post(base: str, body: dict[str, Any]) -> engine.Served:
     """`body` POSTed as curl does (no client library), as `engine.Served`."""
     body = {**body, "max_tokens": engine.NEW_TOKENS, "logprobs": True}
     body |= {"top_logprobs": engine.LOGPROBS, "return_tokens_as_token_ids": True}
@@ -243,12 +268,11 @@ def _post(base: str, body: dict[str, Any]) -> engine.Served:
     )
 
 
-def test_malformed_payloads_get_a_400_naming_the_field(server, workdir, payloads, tmp_path) -> None:
-    model = str(workdir / "model")
-    video = payloads[0][0]
-    before = _ask(server, model, chat_part(video))
-    client = _client(server)
-    for name, (part, expected) in malformed(video).items():
+def assert_refused(base: str, model: str, cases: dict[str, tuple[dict[str, Any], str]]) -> None:
+    """Each of `cases` (name: its content part, a piece of the message) is a 400 naming it,
+    and the server process is still running after them."""
+    client = openai_client(base)
+    for name, (part, expected) in cases.items():
         with pytest.raises(openai.BadRequestError) as caught:
             client.chat.completions.create(
                 model=model,
@@ -256,16 +280,33 @@ def test_malformed_payloads_get_a_400_naming_the_field(server, workdir, payloads
                 max_tokens=2,
             )
         assert expected in str(caught.value), (name, str(caught.value))
-    # the same process still serves: the README's request (python -m craft_vllm.payload's
-    # body, POSTed as curl does) gets the first answer again
-    assert server.process.poll() is None
-    file = craft_adapters.save_compressed_video(tmp_path / "clip.craft.safetensors", video)
-    command = [sys.executable, "-m", "craft_vllm.payload", str(file), "--model", model]
+    assert base.process.poll() is None  # type: ignore[attr-defined]
+
+
+def cli_body(path: Path, model: str) -> dict[str, Any]:
+    """`python -m craft_vllm.payload path`'s request body (the README's, for curl), asking
+    `engine.QUESTION`."""
+    command = [sys.executable, "-m", "craft_vllm.payload", str(path), "--model", model]
     command += ["--question", engine.QUESTION]
-    body = json.loads(subprocess.run(command, capture_output=True, check=True, text=True).stdout)
-    after = _post(server, body)
+    run = subprocess.run(command, capture_output=True, check=True, text=True)
+    return json.loads(run.stdout)  # type: ignore[no-any-return]
+
+
+def assert_same_answer(after: engine.Served, before: engine.Served) -> None:
+    """The same request answered again: tokens, prompt length, log-probs within 1e-5."""
     assert (after.tokens, after.length) == (before.tokens, before.length)
     assert max(abs(after.first[t] - lp) for t, lp in before.first.items()) <= 1e-5
+
+
+def test_malformed_payloads_get_a_400_naming_the_field(server, workdir, payloads, tmp_path) -> None:
+    model = str(workdir / "model")
+    video = payloads[0][0]
+    before = ask(server, model, chat_part(video))
+    assert_refused(server, model, malformed(video))
+    # the same process still serves: the README's request (python -m craft_vllm.payload's
+    # body, POSTed as curl does) gets the first answer again
+    file = craft_adapters.save_compressed_video(tmp_path / "clip.craft.safetensors", video)
+    assert_same_answer(post(server, cli_body(file, model)), before)
 
 
 def test_payload_cli_refuses_a_bad_file(tmp_path) -> None:

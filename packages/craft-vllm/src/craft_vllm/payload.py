@@ -18,7 +18,7 @@ Fields (K kept rows of width D, a grid of T x H x W merged tokens):
 | `craft_num_kept` | `[1]` int: K | `[]` |
 | `second_per_grid_ts` | `[1]` float: seconds per grid step | `[]` |
 | `craft_made_with` | `[1, L]` uint8: JSON of what made it (`MADE_WITH`) | `[L]` |
-| `timestamps` (Qwen3.5) | `[1, T]` float64: each frame run's seconds | `[T]` |
+| `timestamps` (Qwen3-VL, Qwen3.5) | `[1, T]` float64: each frame run's seconds | `[T]` |
 """
 
 from __future__ import annotations
@@ -84,6 +84,62 @@ def describe(value: Any) -> str:
 
 FLAT_GRID = ("llava_onevision", "internvl")
 """Backbones whose `video_grid_thw` is the compressed video's grid itself (merge size 1)."""
+TIMED = ("qwen3_vl", "qwen3_5")
+"""Backbones whose prompt writes each frame run's seconds (`<t seconds>`): their payloads
+carry `timestamps`."""
+TEMPORAL_PATCH = 2  # frames per temporal group (Qwen3-VL's and Qwen3.5's temporal_patch_size)
+
+
+def frame_timestamps(frames: int, fps: float, grid_frames: int) -> list[float]:
+    """The `[T]` seconds of each frame run of `frames` frames sampled at `fps` (indices
+    0, 1, ...: how `craft-compress` and `build_inputs` hand frames to the processor), by the
+    processor's rule (`_calculate_timestamps`): the last frame repeated up to a whole group,
+    each group the mean of its first and last frame's `index / fps`.
+
+    Raises:
+        ValueError: `fps` not > 0 and finite, or `frames` not the `grid_frames` runs' frames.
+    """
+    if isinstance(fps, bool) or not (isinstance(fps, (int, float)) and 0 < fps < float("inf")):
+        raise ValueError(f"fps must be > 0 and finite, got {fps!r}")
+    if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
+        raise ValueError(f"frames must be an int >= 1, got {frames!r}")
+    if -(-frames // TEMPORAL_PATCH) != grid_frames:
+        raise ValueError(
+            f"{frames} frames make {-(-frames // TEMPORAL_PATCH)} frame runs of "
+            f"{TEMPORAL_PATCH}, the video's grid has T = {grid_frames}"
+        )
+    index = list(range(frames)) + [frames - 1] * (-frames % TEMPORAL_PATCH)
+    seconds = [i / fps for i in index]
+    pairs = range(0, len(seconds), TEMPORAL_PATCH)
+    return [(seconds[i] + seconds[i + TEMPORAL_PATCH - 1]) / 2 for i in pairs]
+
+
+def video_timestamps(video: CompressedVideo, fps: float | None = None) -> list[float] | None:
+    """A `TIMED` backbone's video: its frame runs' seconds (`frame_timestamps`) from the
+    `fps` and `frames` its metadata records (`craft-compress` writes them), or from `fps`
+    (the rate the frames were sampled at; their count then `frames` or `2 T`). None for
+    other backbones.
+
+    Raises:
+        ValueError: the rate is unknown (no `fps` recorded or given), or it and the frame
+            count do not fit the grid; `fps` given for another backbone.
+    """
+    if video.metadata.get("model_type") not in TIMED:
+        if fps is not None:  # not ignored: the caller thinks it matters
+            raise ValueError(
+                f"fps is for {' / '.join(TIMED)} payloads only (their frame runs' timestamps), "
+                f"this one is {video.metadata.get('model_type')!r}"
+            )
+        return None
+    rate = fps if fps is not None else video.metadata.get("fps")
+    if rate is None:
+        raise ValueError(
+            f"a {video.metadata['model_type']} payload needs its frame runs' timestamps: the "
+            "video's metadata has no fps (give the rate its frames were sampled at: --fps, "
+            "or the timestamps: video_payload / chat_part's timestamps=)"
+        )
+    frames = video.metadata.get("frames", video.grid[0] * TEMPORAL_PATCH)
+    return frame_timestamps(frames, rate, video.grid[0])
 
 
 def video_payload(
@@ -96,8 +152,10 @@ def video_payload(
     LLaVA-OneVision and InternVL, whose grid is their frames' token grid; else 2, every Qwen's).
     Qwen3-VL: the rows are the main rows and the deepstack rows side by side (`[K, D +
     levels * D]`, vLLM's layout of Qwen3-VL's embedding inputs).
-    `timestamps`: Qwen3.5 only (required there): the T seconds its frame runs are written
-    with, as its processor gives them (`processor._calculate_timestamps(indices, fps, 2)`).
+    `timestamps`: Qwen3-VL and Qwen3.5 (`TIMED`) only: the T seconds its frame runs are
+    written with, as its processor gives them (`processor._calculate_timestamps(indices,
+    fps, 2)`). None: from the video's metadata (`video_timestamps`; refused where it has no
+    `fps`).
     """
     t, h, w = video.grid
     if merge is None:
@@ -114,6 +172,8 @@ def video_payload(
         SECONDS: torch.tensor([seconds]),
         MADE_WITH: encode_made_with(video.metadata)[None],
     }
+    if timestamps is None:
+        timestamps = video_timestamps(video)
     if timestamps is not None:
         out[TIMESTAMPS] = torch.tensor([list(timestamps)], dtype=torch.float64)
     return out
@@ -138,8 +198,9 @@ def chat_part(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m craft_vllm.payload FILE --model NAME [--question Q]`: print a chat
-    completions request body (JSON) asking `Q` about the compressed video in FILE."""
+    """`python -m craft_vllm.payload FILE --model NAME [--question Q] [--fps R]`: print a chat
+    completions request body (JSON) asking `Q` about the compressed video in FILE (Qwen3-VL /
+    Qwen3.5: with its frame runs' timestamps, from the file's recorded fps or `--fps`)."""
     from craft_adapters import load_compressed_video
 
     parser = argparse.ArgumentParser(prog="python -m craft_vllm.payload", description=main.__doc__)
@@ -147,13 +208,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", required=True, help="the served model's name")
     parser.add_argument("--question", default="What happens in this video?")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument(
+        "--fps",
+        type=float,
+        help="Qwen3-VL / Qwen3.5: the rate the video's frames were sampled at, for a file "
+        "that does not record it (craft-compress does; given, it overrides the file's)",
+    )
     args = parser.parse_args(argv)
     try:
-        video = load_compressed_video(args.file)
+        video = load_compressed_video(args.file)  # its errors name the file
+        try:
+            part = chat_part(video, timestamps=video_timestamps(video, args.fps))
+        except ValueError as error:
+            raise ValueError(f"{args.file}: {error}") from None
     except (FileNotFoundError, ValueError) as error:
-        print(f"python -m craft_vllm.payload: {error}", file=sys.stderr)
+        message = " ".join(str(error).split())  # one line
+        print(f"python -m craft_vllm.payload: {message}", file=sys.stderr)
         return 2
-    content = [chat_part(video), {"type": "text", "text": args.question}]
+    content = [part, {"type": "text", "text": args.question}]
     body = {
         "model": args.model,
         "messages": [{"role": "user", "content": content}],

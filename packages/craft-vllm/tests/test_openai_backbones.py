@@ -1,0 +1,244 @@
+"""Compressed videos of LLaVA-OneVision and Qwen3-VL through `vllm serve`'s OpenAI API, as
+test_openai_payloads.py does for Qwen2.5-VL: one server per backbone (`servers`, module
+scope, started together; the multiprocess engine), payloads sent with the `openai` client as
+`payload.chat_part` builds them.
+
+- Equality: three videos compressed by craft-adapters in threshold mode (through a file) are
+  served with the first step's log-probs within `engine.GAP` of craft-adapters' threshold-mode
+  `generate()` and the same greedy tokens, the prompt lengths the uncompressed prompt's with
+  N video tokens replaced by K. Controls, far in those log-probs (`engine.CONTROL_GAP`): a
+  fresh CRAFT module's payloads (claiming the checkpoint's digest); Qwen3-VL also the right
+  payloads with their deepstack rows zeroed (the deepstack rows must reach the model).
+- Refusals specific to each backbone (LLaVA-OneVision: a newline row where none belongs, a
+  Qwen-style grid; Qwen3-VL: deepstack rows of the wrong width, timestamps missing or
+  wrong; both: coords of the wrong width, NaN rows) are each a 400 naming the field; the
+  same server then answers `python -m craft_vllm.payload`'s body (POSTed as curl does) as
+  before. For Qwen3-VL that body's timestamps come from the file's recorded fps and frames
+  (`payload.video_timestamps`), compared here with the processor's own rule.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+import json
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import engine
+import pytest
+import tiny_llava
+import tiny_qwen3
+import tiny_qwen3_5
+import torch
+from conftest import serve_all
+from craft_vllm import payload
+from craft_vllm.payload import COORDS, COUNT, GRID, ROWS, TIMESTAMPS, chat_part
+from test_openai_payloads import (
+    THRESHOLD,
+    ask,
+    assert_refused,
+    assert_same_answer,
+    cli_body,
+    post,
+    with_fields,
+)
+from test_precompressed import Case
+from test_precompressed import _case as build_case
+from test_precompressed import _timestamps as processor_timestamps
+
+import craft_adapters
+from craft_adapters import CompressedVideo
+
+openai = pytest.importorskip("openai")
+KINDS = {"llava_onevision": tiny_llava, "qwen3_vl": tiny_qwen3}
+FRAMES = [16, 10, 12]  # as test_precompressed.py
+
+
+class Backbone(NamedTuple):
+    """One backbone served: its tiny-model module, videos and payloads, the server."""
+
+    kind: Any
+    case: Case
+    base: str  # the server's URL
+
+
+@pytest.fixture(scope="module")
+def servers(workdir, tmp_path_factory) -> Iterator[dict[str, Backbone]]:
+    """Each of `KINDS` built, its videos compressed, and served at ratio 4 (payloads only);
+    the servers start together (`serve_all`: their start-ups overlap)."""
+    cases, specs = {}, []
+    for name, kind in KINDS.items():
+        folder = tmp_path_factory.mktemp(name)
+        cases[name] = build_case(kind, FRAMES, workdir, folder)
+        overrides = engine.overrides(workdir / "craft", 4, kind)
+        limit = ("--limit-mm-per-prompt", '{"video": 1, "image": 0}')
+        specs.append((cases[name].model, overrides, folder / "serve.log", limit, kind.DTYPE))
+    with serve_all(specs) as bases:
+        yield {
+            name: Backbone(kind, cases[name], base)
+            for (name, kind), base in zip(KINDS.items(), bases)
+        }
+
+
+@pytest.fixture(params=list(KINDS))
+def backbone(request, servers) -> Backbone:
+    """One backbone of `servers`."""
+    return servers[request.param]  # type: ignore[no-any-return]
+
+
+def timestamps(kind: Any, frames: int) -> list[float] | None:
+    """The frame runs' seconds of a video of `frames` frames sampled at engine.FPS, by the
+    backbone's processor (None: a backbone without them)."""
+    return None if kind is tiny_llava else processor_timestamps(frames, kind)
+
+
+def parts(backbone: Backbone, videos: list[CompressedVideo]) -> list[dict[str, Any]]:
+    """Each video's chat content part (with the processor's timestamps where it needs them)."""
+    return [chat_part(v, timestamps=timestamps(backbone.kind, n)) for v, n in zip(videos, FRAMES)]
+
+
+def test_payloads_served_as_threshold_generate(backbone) -> None:
+    kind, case, base = backbone
+    model = str(case.model)
+    served = [ask(base, model, p) for p in parts(backbone, case.compressed)]
+    reference = engine.adapters_generate(
+        case.model, case.loaded, None, case.videos, kind, threshold=THRESHOLD
+    )
+    engine.compare(served, reference, kind.DTYPE)
+    for s, n, video, k in zip(served, FRAMES, case.videos, case.kept):
+        inputs = craft_adapters.build_inputs(kind.processor(), video, engine.FPS, engine.QUESTION)
+        assert s.length == inputs["input_ids"].shape[1] - kind.video_tokens(n) + k
+    controls = [case.fresh]
+    if kind is tiny_qwen3:
+        zero = [dataclasses.replace(v, deepstack=v.deepstack * 0) for v in case.compressed]
+        controls.append(zero)
+    for videos in controls:
+        engine.control_gaps([ask(base, model, p) for p in parts(backbone, videos)], reference)
+
+
+def malformed(backbone: Backbone) -> dict[str, tuple[dict[str, Any], str]]:
+    """Each malformed request of this backbone: (its content part, a piece of the 400)."""
+    kind, video = backbone.kind, backbone.case.compressed[0]
+    part = parts(backbone, [video])[0]
+    rows, coords, k = video.features, video.coords, video.features.shape[0]
+    if video.deepstack is not None:
+        rows = torch.cat([rows, video.deepstack], dim=1)
+    nan = rows.clone()
+    nan[0, 5] = float("nan")
+    width = f"video_embeds must be [K = {k} (craft_num_kept), "
+    out = {
+        "rows NaN": (with_fields(part, **{ROWS: nan}), "video_embeds holds NaN"),
+        "coords [K, 2]": (
+            with_fields(part, **{COORDS: coords[:, 1:]}),
+            f"craft_coords must be [K = {k} (craft_num_kept), 3]",
+        ),
+        "coords [K, 4]": (
+            with_fields(part, **{COORDS: torch.cat([coords, coords[:, :1]], 1)}),
+            f"craft_coords must be [K = {k} (craft_num_kept), 3]",
+        ),
+    }
+    if kind is tiny_llava:
+        t, side, _ = video.grid
+        newline = torch.cat([rows, rows[-1:]])  # K grid rows + a newline row (the server's)
+        past = torch.cat([coords, coords.new_tensor([[t, 0, 0]])])  # its index, F * P * P
+        out |= {
+            "newline row": (with_fields(part, **{ROWS: newline}), width),
+            "newline counted": (
+                with_fields(part, **{ROWS: newline, COORDS: past, COUNT: torch.tensor(k + 1)}),
+                "craft_coords: coords must fit the grid",
+            ),
+            "Qwen-style grid": (
+                with_fields(part, **{GRID: torch.tensor([t, 2 * side, 2 * side])}),
+                f"must have H = W = {side}",
+            ),
+        }
+    else:
+        d = kind.HIDDEN
+        stamps = torch.tensor(timestamps(kind, FRAMES[0]), dtype=torch.float64)
+        out |= {
+            "deepstack left out": (with_fields(part, **{ROWS: rows[:, :d]}), width),
+            "deepstack level extra": (
+                with_fields(part, **{ROWS: torch.cat([rows, rows[:, d:]], 1)}),
+                "(the width 128 x (1 + 1 deepstack levels))",
+            ),
+            "deepstack half": (with_fields(part, **{ROWS: rows[:, : d + d // 2]}), width),
+            "timestamps missing": (
+                with_fields(part, **{TIMESTAMPS: None}),
+                "missing field(s) ['timestamps']",
+            ),
+            "timestamps short": (
+                with_fields(part, **{TIMESTAMPS: stamps[1:]}),
+                "timestamps must be [V, T] floating seconds",
+            ),
+            "timestamps NaN": (
+                with_fields(part, **{TIMESTAMPS: stamps * float("nan")}),
+                "timestamps must be finite",
+            ),
+        }
+    return out
+
+
+def test_malformed_payloads_get_a_400_naming_the_field(backbone, tmp_path) -> None:
+    _, case, base = backbone
+    model = str(case.model)
+    before = ask(base, model, parts(backbone, case.compressed[:1])[0])
+    assert_refused(base, model, malformed(backbone))
+    # the same server answers the CLI's body as before: the file records the rate and frame
+    # count its frames were sampled at (as craft-compress writes them)
+    video = case.compressed[0]
+    meta = {**video.metadata, "fps": engine.FPS, "frames": FRAMES[0]}
+    path = tmp_path / "clip.craft.safetensors"
+    craft_adapters.save_compressed_video(path, dataclasses.replace(video, metadata=meta))
+    assert_same_answer(post(base, cli_body(path, model)), before)
+
+
+@pytest.mark.parametrize("kind", [tiny_qwen3, tiny_qwen3_5], ids=["qwen3_vl", "qwen3_5"])
+def test_payload_cli_writes_qwen3_timestamps(kind, tmp_path, capsys) -> None:
+    """The CLI's (`payload.main`, in process) Qwen3-VL / Qwen3.5 body carries the frame runs'
+    seconds the processor would write (odd frame counts too: the last frame repeated); a
+    file without its rate is refused unless `--fps` gives it, and a rate or frame count that
+    does not fit the grid is refused, as is `--fps` for a LLaVA-OneVision file: exit 2, one
+    line."""
+    d, grid = kind.HIDDEN, (6, 3, 3)
+    coords = torch.tensor([[0, 0, 0], [2, 1, 1], [5, 2, 2]])
+    made = {"model_type": kind.config().model_type, "hidden_size": d}
+    deep = torch.ones(3, d) if kind is tiny_qwen3 else None
+    video = CompressedVideo(torch.ones(3, d), coords, grid, made, deep)
+
+    def save(name: str, **meta: Any) -> str:
+        path = tmp_path / f"{name}.craft.safetensors"
+        saved = dataclasses.replace(video, metadata={**made, **meta})
+        return str(craft_adapters.save_compressed_video(path, saved))
+
+    def cli(*args: str) -> tuple[int, str, str]:
+        code = payload.main([*args, "--model", "m"])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    processor = kind.processor()
+    for fps, frames, args in [
+        (2.0, 12, ()),
+        (3.0, 11, ()),
+        (0.5, 12, ()),
+        (4.0, 12, ("--fps", "4")),
+    ]:
+        meta = {"fps": fps, "frames": frames} if not args else {}
+        code, out, _ = cli(save(f"f{frames}", **meta), *args)
+        sent = json.loads(out)["messages"][0]["content"][0]["video_embeds"][TIMESTAMPS]
+        stamps = torch.load(io.BytesIO(base64.b64decode(sent)), weights_only=True)
+        want = processor._calculate_timestamps(list(range(frames)), fps, 2)
+        assert code == 0 and stamps.dtype == torch.float64
+        assert stamps.tolist() == pytest.approx(want, abs=1e-12)
+    bare = save("bare")
+    for args, message in [
+        ([bare], "has no fps (give the rate its frames were sampled at: --fps"),
+        ([bare, "--fps", "0"], "fps must be > 0 and finite"),
+        ([bare, "--fps", "nan"], "fps must be > 0 and finite"),
+        ([save("long", fps=2.0, frames=14)], "14 frames make 7 frame runs"),
+        ([save("llava", model_type="llava_onevision"), "--fps", "2"], "fps is for qwen3_vl"),
+    ]:
+        code, out, err = cli(*args)
+        assert code == 2 and out == "", (code, out)
+        assert err.count("\n") == 1 and message in err and ".craft.safetensors: " in err, err
