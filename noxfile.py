@@ -26,6 +26,15 @@ ROOT = Path(__file__).parent
 PACKAGES = ["craft-core", "craft-adapters", "craft-eval", "craft-train", "craft-world"]
 SOURCES = [f"packages/{p}/src" for p in PACKAGES]
 
+# pytest-xdist: a suite's test files shared out between 2 worker processes (CI has 2 cores;
+# the tests run tiny models, mostly on one thread). `--dist loadfile`: all of a file's tests run
+# in one worker, in file order, so a module-scoped fixture is built once and two tests of one
+# file never run at once. Each worker has its own tmp folders (and craft-core's conftest its
+# own Inductor cache); the session's env (core_paths') reaches the workers. Only the suites in
+# XDIST_PACKAGES, each run green that way in full; `-- -n 0` runs one in a single process.
+XDIST = ["-n", "2", "--dist", "loadfile"]
+XDIST_PACKAGES = {"craft-core"}
+
 
 def _sync(session: nox.Session, *args: str) -> None:
     """Install from the lock file into this session's environment (never re-resolve)."""
@@ -72,6 +81,7 @@ def tests(session: nox.Session, package: str) -> None:
         "not gpu",
         "-p",
         "no:cacheprovider",
+        *(XDIST if package in XDIST_PACKAGES else []),
         *session.posargs,
     )
 
@@ -92,6 +102,7 @@ def core_paths(session: nox.Session, path: str) -> None:
         "-p",
         "no:cacheprovider",
         "-q",
+        *XDIST,
         *session.posargs,
         env={name: value},
     )

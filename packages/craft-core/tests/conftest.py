@@ -1,8 +1,9 @@
 """craft-core's test session: a fresh Inductor cache of its own.
 
 No test may depend on what an earlier run (another instruction path, another torch) left in
-Inductor's on-disk cache: the session compiles into a new folder, removed at its end. The
-subprocesses that the path tests spawn inherit it through the environment.
+Inductor's on-disk cache: each pytest process (each xdist worker under `nox`) compiles into a
+new folder of its own, removed at its end. The subprocesses that the path tests spawn inherit
+it through the environment.
 """
 
 from __future__ import annotations
