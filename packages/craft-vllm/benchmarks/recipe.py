@@ -37,13 +37,12 @@ import load_serve
 import openai
 import test_serve
 import tiny
+import torch
 from conftest import trained_like
 from craft_vllm.payload import chat_part
 
-import torch
-from craft_core import CraftCompressor, CraftConfig
-
 from craft_adapters import load_compressed_video
+from craft_core import CraftCompressor, CraftConfig
 
 VIDEOS, FRAMES = 3, 16
 BUDGET = ["--ratio", str(load_serve.RATIO)]  # the server's ratio: raw and payload keep the same K
