@@ -1,6 +1,8 @@
 """When can a merge carry what a selection drops? Idealised video tokens, an oracle reader.
 
     uv run python packages/craft-eval/scripts/ideal_tokens.py [--clips 400] [--vocab 6 24 96]
+    uv run python packages/craft-eval/scripts/ideal_tokens.py --learn 600 --vocab 24 --ratios 16 \
+        [--lr 1e-3] [--control]
 
 craft-world's crowd family (issue 44) asks whether one rare thing is in a clip of many
 distinct tiles; DivPrune kept it. This script asks the question without a trained backbone,
@@ -20,6 +22,15 @@ CRAFT (a fresh module, gate 0.5). With a small vocabulary the asked tile is an o
 large one every tile carries features of its own, DivPrune cannot tell the asked tile from
 the rest, and a merge that folds it into a neighbour still carries `e_asked` at about half
 its length. The noise is Gaussian from a seeded numpy generator (the same rows on every CPU).
+
+`--learn STEPS`: can the module LEARN a better fusion there? A fresh CRAFT module's merge
+(gate and weights; the selection is training-free) is trained with AdamW for STEPS steps,
+each one clip with the asked feature and one without (fresh clips from their own seed
+stream), on the ranking loss `softplus(score(without) - score(with))`, score = the reader's
+largest projection on `e_asked` (so it optimises exactly what the reader needs, with no
+threshold). `--control`: the two clips' roles swapped at random (a coin per step), a
+target that carries nothing to learn. Printed: the reader's accuracy on the same held-out
+clips (`--clips`, their own seed stream) before and after, and DivPrune's.
 """
 
 from __future__ import annotations
@@ -57,25 +68,78 @@ def best_accuracy(scores: np.ndarray, labels: np.ndarray) -> float:
     return max(float(((scores > c) == labels).mean()) for c in cuts)
 
 
+def held_out(vocab: int, per_tile: int, clips: int) -> list[tuple[torch.Tensor, bool]]:
+    """The `--learn` mode's held-out clips (a seed stream of their own), half with the asked
+    feature."""
+    rng = np.random.default_rng([vocab, 2000])
+    return [(clip(rng, vocab, per_tile, i % 2 == 0), i % 2 == 0) for i in range(clips)]
+
+
+def reader_accuracy(method, clips, coords: torch.Tensor, ratio: float) -> float:  # type: ignore[no-untyped-def]
+    """The oracle reader's accuracy (best threshold) on `clips` compressed by `method`."""
+    with torch.no_grad():
+        scores = [float(method(r, coords, TokenBudget(ratio=ratio)).features[:, 0].max())
+                  for r, _ in clips]  # fmt: skip
+    return best_accuracy(np.array(scores), np.array([p for _, p in clips]))
+
+
+def learn(args: argparse.Namespace, coords: torch.Tensor) -> None:
+    """`--learn`: train a fresh module's merge on the ranking loss; print before / after."""
+    vocab, ratio = args.vocab[0], args.ratios[0]
+    per_tile = min(args.per_tile, vocab - 1)
+    craft = CraftCompressor(CraftConfig(hidden_size=DIM))
+    test = held_out(vocab, per_tile, args.clips)
+    before = reader_accuracy(craft.eval(), test, coords, ratio)
+    optimiser = torch.optim.AdamW(craft.merge.parameters(), lr=args.lr)
+    rng, coin = np.random.default_rng([vocab, 1000]), np.random.default_rng(7)
+    craft.train()
+    for step in range(args.learn):
+        pair = [clip(rng, vocab, per_tile, True), clip(rng, vocab, per_tile, False)]
+        if args.control and coin.random() < 0.5:
+            pair.reverse()
+        with_it, without = (craft(r, coords, TokenBudget(ratio=ratio)).features[:, 0].max()
+                            for r in pair)  # fmt: skip
+        loss = torch.nn.functional.softplus(without - with_it)
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        if (step + 1) % 100 == 0:
+            print(f"step {step + 1}: loss {float(loss):.3f}", flush=True)
+    after = reader_accuracy(craft.eval(), test, coords, ratio)
+    divprune = reader_accuracy(get_method("divprune"), test, coords, ratio)
+    kind = "control (roles at random)" if args.control else "trained"
+    print(f"vocabulary {vocab}, {ratio:g}x, {args.learn} steps, lr {args.lr:g}, {kind}: "
+          f"untrained {100 * before:.1f}% -> {100 * after:.1f}%; DivPrune {100 * divprune:.1f}% "
+          f"({args.clips} held-out clips)")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clips", type=int, default=400)
     parser.add_argument("--vocab", type=int, nargs="+", default=[6, 24, 96])
     parser.add_argument("--per-tile", type=int, default=4)
     parser.add_argument("--ratios", type=float, nargs="+", default=[8.0, 16.0])
+    parser.add_argument("--learn", type=int, default=0, help="train the merge for N steps")
+    parser.add_argument("--lr", type=float, default=1e-3, help="--learn's learning rate")
+    parser.add_argument("--control", action="store_true", help="--learn with roles at random")
     args = parser.parse_args(argv)
+    if args.learn < 0 or args.lr <= 0:
+        parser.error(f"need --learn >= 0 and --lr > 0, got {args.learn} and {args.lr}")
     if args.clips < 2 or any(v <= args.per_tile for v in args.vocab) or args.per_tile < 1:
         parser.error("need --clips >= 2, --per-tile >= 1 and every --vocab > --per-tile")
     torch.set_num_threads(1)
     torch.manual_seed(0)
+    coords = torch.tensor([(t, h, w) for t in range(GRID[0]) for h in range(GRID[1])
+                           for w in range(GRID[2])])  # fmt: skip
+    if args.learn:
+        learn(args, coords)
+        return 0
     methods = {
         "divprune": get_method("divprune"),
         "uniform": get_method("uniform"),
         "craft-selection": get_method("craft-selection", hidden_size=DIM),
         "craft": CraftCompressor(CraftConfig(hidden_size=DIM)).eval(),
     }
-    coords = torch.tensor([(t, h, w) for t in range(GRID[0]) for h in range(GRID[1])
-                           for w in range(GRID[2])])  # fmt: skip
     print("| vocabulary | ratio | " + " | ".join(methods) + " |")
     print("| --- | --- |" + " ---: |" * len(methods))
     for vocab in args.vocab:

@@ -10,13 +10,12 @@ checkpoint in a temporary folder, VIDEOS mp4s of FRAMES frames in `videos/`;
    second and third questions of a video meet vLLM's prefix cache either way).
 Prints the per-question medians over the videos, the compression's time and the load average.
 
-`--real`: the same steps with a real-size language model, random weights in bfloat16:
-Qwen2.5-VL-3B's text shape (hidden 2048, 36 layers, 16 heads, 2 KV heads, MLP 11,008, M-RoPE
-sections 16/24/24, theta 1e6; about 3.1B parameters with the tiny vocabulary) behind the
-tests' tiny vision tower (its output projected to 2048), a fresh paper-size CRAFT module at
-D = 2048, REAL_VIDEOS videos of FRAMES frames of REAL_FRAME px (512 video tokens each, 128
-kept). What it measures is the language model's prefill of N against K rows, the vision
-tower being tiny. About 7 GB of memory; minutes on 2 cores.
+`--real`: the same steps at Qwen2.5-VL-3B's shape, random weights in bfloat16: its language
+model (hidden 2048, 36 layers, 16 heads, 2 KV heads, MLP 11,008, M-RoPE sections 16/24/24,
+theta 1e6) and its vision tower (32 layers of width 1,280, windows of 112 px, full attention
+in layers 7/15/23/31), the tiny vocabulary (2.7B parameters in all), a fresh paper-size CRAFT
+module at D = 2048; REAL_VIDEOS videos of FRAMES frames of REAL_FRAME px (2,048 patches, 512
+video tokens each, 128 kept). About 6 GB a process; minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -56,6 +55,31 @@ REAL_TEXT = {  # Qwen2.5-VL-3B's language model (its config.json), random weight
     "num_key_value_heads": 2,
     "rope_parameters": {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]},
 }
+REAL_VISION = {  # Qwen2.5-VL-3B's vision tower (its config.json), random weights
+    "depth": 32,
+    "hidden_size": 1280,
+    "intermediate_size": 3420,
+    "num_heads": 16,
+    "window_size": 112,
+    "fullatt_block_indexes": [7, 15, 23, 31],
+}
+
+
+def build_real(folder: Path) -> None:
+    """Qwen2.5-VL-3B's shape with random bfloat16 weights, and a fresh CRAFT at D = 2048."""
+    config = tiny.config(**REAL_TEXT)
+    for name, value in REAL_VISION.items():
+        setattr(config.vision_config, name, value)
+    tiny.save_random(
+        folder / "model",
+        config,
+        tiny.processor(REAL_FRAME),
+        lambda m: [m.model.visual.merger.mlp[2].weight],
+        dtype=torch.bfloat16,
+    )
+    CraftCompressor(CraftConfig(hidden_size=REAL_TEXT["hidden_size"])).save_pretrained(
+        folder / "craft"
+    )
 
 
 def compress(folder: Path, dtype: str) -> tuple[float, list[dict]]:
@@ -92,10 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     videos, dtype = (REAL_VIDEOS, "bfloat16") if real else (VIDEOS, "float32")
     folder = Path(tempfile.mkdtemp(prefix="craft-recipe-"))
     if real:
-        tiny.build(folder / "model", frame=REAL_FRAME, dtype=torch.bfloat16, **REAL_TEXT)
-        CraftCompressor(CraftConfig(hidden_size=REAL_TEXT["hidden_size"])).save_pretrained(
-            folder / "craft"
-        )
+        build_real(folder)
     else:
         tiny.build(folder / "model")
         trained_like(1).save_pretrained(folder / "craft")
@@ -126,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         server.terminate()
         server.wait(timeout=60)
     kept = [f"{r['tokens']}/{r['tokens_before']}" for r in rows[:videos]]
-    shape = "real-size language model (bf16)" if real else "tiny model (float32)"
+    shape = "Qwen2.5-VL-3B shape (bf16)" if real else "tiny model (float32)"
     print(f"{shape}; craft-compress {' '.join(BUDGET)}: {videos + 1} videos in {compress_s:.1f} s")
     print(f"per video {[round(r['seconds'], 2) for r in rows]} s; kept {kept} tokens")
     print("| question | raw mp4 (ratio 4) s | payload s |")
