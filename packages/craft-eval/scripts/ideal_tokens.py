@@ -28,8 +28,10 @@ its length. The noise is Gaussian from a seeded numpy generator (the same rows o
 each one clip with the asked feature and one without (fresh clips from their own seed
 stream), on the ranking loss `softplus(score(without) - score(with))`, score = the reader's
 largest projection on `e_asked` (so it optimises exactly what the reader needs, with no
-threshold). `--control`: the two clips' roles swapped at random (a coin per step), a
-target that carries nothing to learn. Printed: the reader's accuracy on the same held-out
+threshold). The asked feature is feature 0 in every clip, or (`--any-feature`) drawn per
+clip, so that the module must learn to keep whichever feature is rare, not one direction.
+`--control`: the two clips' roles swapped at random (a coin per step), a target that carries
+nothing to learn. Printed: the reader's accuracy on the same held-out
 clips (`--clips`, their own seed stream) before and after, and DivPrune's.
 """
 
@@ -48,8 +50,12 @@ GRID = (4, 6, 6)
 TILES, NOISE, DIM = 40, 0.15, 256
 
 
-def clip(rng: np.random.Generator, vocab: int, per_tile: int, present: bool) -> torch.Tensor:
-    """One clip's rows `[144, DIM]` float32 (feature f -> e_f, the background -> e_vocab)."""
+def clip(
+    rng: np.random.Generator, vocab: int, per_tile: int, present: bool, asked: int = 0
+) -> torch.Tensor:
+    """One clip's rows `[144, DIM]` float32 (feature f -> e_f, the background -> e_vocab);
+    the asked feature is `asked` (drawn as feature 0, then its column swapped with `asked`'s:
+    the same draws for every `asked`)."""
     n = math.prod(GRID)
     basis = np.eye(DIM)[: vocab + 1]
     rows = 2.0 * basis[vocab] + NOISE * rng.standard_normal((n, DIM))
@@ -59,6 +65,7 @@ def clip(rng: np.random.Generator, vocab: int, per_tile: int, present: bool) -> 
         if present and k == 0:
             feats[0] = 0  # the asked feature, in place of one of the tile's own
         rows[cell] = basis[vocab] + basis[feats].sum(0) + NOISE * rng.standard_normal(DIM)
+    rows[:, [0, asked]] = rows[:, [asked, 0]]
     return torch.from_numpy(rows).float()
 
 
@@ -68,19 +75,24 @@ def best_accuracy(scores: np.ndarray, labels: np.ndarray) -> float:
     return max(float(((scores > c) == labels).mean()) for c in cuts)
 
 
-def held_out(vocab: int, per_tile: int, clips: int) -> list[tuple[torch.Tensor, bool]]:
-    """The `--learn` mode's held-out clips (a seed stream of their own), half with the asked
-    feature."""
-    rng = np.random.default_rng([vocab, 2000])
-    return [(clip(rng, vocab, per_tile, i % 2 == 0), i % 2 == 0) for i in range(clips)]
+def held_out(args: argparse.Namespace, per_tile: int) -> list[tuple[torch.Tensor, bool, int]]:
+    """The `--learn` mode's held-out clips `(rows, present, asked)` (seed streams of their
+    own), half with the asked feature."""
+    vocab = args.vocab[0]
+    rng, asks = np.random.default_rng([vocab, 2000]), np.random.default_rng([vocab, 2001])
+    out = []
+    for i in range(args.clips):
+        asked = int(asks.integers(vocab)) if args.any_feature else 0
+        out.append((clip(rng, vocab, per_tile, i % 2 == 0, asked), i % 2 == 0, asked))
+    return out
 
 
 def reader_accuracy(method, clips, coords: torch.Tensor, ratio: float) -> float:  # type: ignore[no-untyped-def]
     """The oracle reader's accuracy (best threshold) on `clips` compressed by `method`."""
     with torch.no_grad():
-        scores = [float(method(r, coords, TokenBudget(ratio=ratio)).features[:, 0].max())
-                  for r, _ in clips]  # fmt: skip
-    return best_accuracy(np.array(scores), np.array([p for _, p in clips]))
+        scores = [float(method(r, coords, TokenBudget(ratio=ratio)).features[:, a].max())
+                  for r, _, a in clips]  # fmt: skip
+    return best_accuracy(np.array(scores), np.array([p for _, p, _ in clips]))
 
 
 def learn(args: argparse.Namespace, coords: torch.Tensor) -> None:
@@ -88,16 +100,18 @@ def learn(args: argparse.Namespace, coords: torch.Tensor) -> None:
     vocab, ratio = args.vocab[0], args.ratios[0]
     per_tile = min(args.per_tile, vocab - 1)
     craft = CraftCompressor(CraftConfig(hidden_size=DIM))
-    test = held_out(vocab, per_tile, args.clips)
+    test = held_out(args, per_tile)
     before = reader_accuracy(craft.eval(), test, coords, ratio)
     optimiser = torch.optim.AdamW(craft.merge.parameters(), lr=args.lr)
     rng, coin = np.random.default_rng([vocab, 1000]), np.random.default_rng(7)
+    asks = np.random.default_rng([vocab, 1001])
     craft.train()
     for step in range(args.learn):
-        pair = [clip(rng, vocab, per_tile, True), clip(rng, vocab, per_tile, False)]
+        asked = int(asks.integers(vocab)) if args.any_feature else 0
+        pair = [clip(rng, vocab, per_tile, True, asked), clip(rng, vocab, per_tile, False, asked)]
         if args.control and coin.random() < 0.5:
             pair.reverse()
-        with_it, without = (craft(r, coords, TokenBudget(ratio=ratio)).features[:, 0].max()
+        with_it, without = (craft(r, coords, TokenBudget(ratio=ratio)).features[:, asked].max()
                             for r in pair)  # fmt: skip
         loss = torch.nn.functional.softplus(without - with_it)
         optimiser.zero_grad()
@@ -108,9 +122,10 @@ def learn(args: argparse.Namespace, coords: torch.Tensor) -> None:
     after = reader_accuracy(craft.eval(), test, coords, ratio)
     divprune = reader_accuracy(get_method("divprune"), test, coords, ratio)
     kind = "control (roles at random)" if args.control else "trained"
-    print(f"vocabulary {vocab}, {ratio:g}x, {args.learn} steps, lr {args.lr:g}, {kind}: "
-          f"untrained {100 * before:.1f}% -> {100 * after:.1f}%; DivPrune {100 * divprune:.1f}% "
-          f"({args.clips} held-out clips)")  # fmt: skip
+    asked_what = "any feature" if args.any_feature else "feature 0"
+    print(f"vocabulary {vocab}, {ratio:g}x, asked {asked_what}, {args.learn} steps, lr "
+          f"{args.lr:g}, {kind}: untrained {100 * before:.1f}% -> {100 * after:.1f}%; "
+          f"DivPrune {100 * divprune:.1f}% ({args.clips} held-out clips)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--learn", type=int, default=0, help="train the merge for N steps")
     parser.add_argument("--lr", type=float, default=1e-3, help="--learn's learning rate")
     parser.add_argument("--control", action="store_true", help="--learn with roles at random")
+    parser.add_argument(
+        "--any-feature", action="store_true", help="--learn: the asked feature drawn per clip"
+    )
     args = parser.parse_args(argv)
     if args.learn < 0 or args.lr <= 0:
         parser.error(f"need --learn >= 0 and --lr > 0, got {args.learn} and {args.lr}")

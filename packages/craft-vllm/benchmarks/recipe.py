@@ -126,7 +126,11 @@ def main(argv: list[str] | None = None) -> int:
         clip = tiny.video(FRAMES, seed=20 + i, size=size)
         test_serve._write_mp4(folder / "videos" / f"v{i}.mp4", clip)
     compress_s, rows = compress(folder, dtype)
-    server, base = load_serve.start(folder, "--enable-mm-embeds", "--dtype", dtype)
+    extra = ["--enable-mm-embeds", "--dtype", dtype]
+    if real:  # vLLM's encoder profiling runs a longest video through the real-size tower:
+        extra.append("--skip-mm-profiling")  # minutes on one core, nothing measured
+        load_serve.START_TIMEOUT_S = 1200  # loading 5 GiB of weights and one profile run
+    server, base = load_serve.start(folder, *extra)
     try:
         client = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
         model = str(folder / "model")
