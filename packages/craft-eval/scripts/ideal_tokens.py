@@ -99,12 +99,13 @@ def learn(args: argparse.Namespace, coords: torch.Tensor) -> None:
     """`--learn`: train a fresh module's merge on the ranking loss; print before / after."""
     vocab, ratio = args.vocab[0], args.ratios[0]
     per_tile = min(args.per_tile, vocab - 1)
+    torch.manual_seed(args.seed)
     craft = CraftCompressor(CraftConfig(hidden_size=DIM))
     test = held_out(args, per_tile)
     before = reader_accuracy(craft.eval(), test, coords, ratio)
     optimiser = torch.optim.AdamW(craft.merge.parameters(), lr=args.lr)
-    rng, coin = np.random.default_rng([vocab, 1000]), np.random.default_rng(7)
-    asks = np.random.default_rng([vocab, 1001])
+    rng, coin = np.random.default_rng([vocab, 1000, args.seed]), np.random.default_rng(7)
+    asks = np.random.default_rng([vocab, 1001, args.seed])
     craft.train()
     for step in range(args.learn):
         asked = int(asks.integers(vocab)) if args.any_feature else 0
@@ -123,7 +124,7 @@ def learn(args: argparse.Namespace, coords: torch.Tensor) -> None:
     divprune = reader_accuracy(get_method("divprune"), test, coords, ratio)
     kind = "control (roles at random)" if args.control else "trained"
     asked_what = "any feature" if args.any_feature else "feature 0"
-    print(f"vocabulary {vocab}, {ratio:g}x, asked {asked_what}, {args.learn} steps, lr "
+    print(f"vocabulary {vocab}, {ratio:g}x, asked {asked_what}, seed {args.seed}, {args.learn} steps, lr "
           f"{args.lr:g}, {kind}: untrained {100 * before:.1f}% -> {100 * after:.1f}%; "
           f"DivPrune {100 * divprune:.1f}% ({args.clips} held-out clips)")  # fmt: skip
 
@@ -137,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--learn", type=int, default=0, help="train the merge for N steps")
     parser.add_argument("--lr", type=float, default=1e-3, help="--learn's learning rate")
     parser.add_argument("--control", action="store_true", help="--learn with roles at random")
+    parser.add_argument("--seed", type=int, default=0, help="--learn: init and training clips")
     parser.add_argument(
         "--any-feature", action="store_true", help="--learn: the asked feature drawn per clip"
     )
