@@ -149,7 +149,10 @@ def main(argv: list[str] | None = None) -> int:
                 times["payload"][q][v] = first_answer(client, model, payload, question)
     finally:
         server.terminate()
-        server.wait(timeout=60)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            load_serve.kill(server)
     kept = [f"{r['tokens']}/{r['tokens_before']}" for r in rows[:videos]]
     shape = "Qwen2.5-VL-3B shape (bf16)" if real else "tiny model (float32)"
     print(f"{shape}; craft-compress {' '.join(BUDGET)}: {videos + 1} videos in {compress_s:.1f} s")
