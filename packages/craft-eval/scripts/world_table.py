@@ -14,6 +14,10 @@ resumes where it stopped. The markdown has the table (accuracy % +- binomial SE,
 and, for every checkpoint, its paired difference to every other method at every ratio, with a verdict: "wins" (KL lower by
 >= 3 paired SE and accuracy higher by >= 1 point), "KL only" (KL lower by >= 3 SE, accuracy
 not 1 point higher), "loses" (KL higher by >= 3 SE), else "ties".
+
+`--lora FOLDER`: a LoRA adapter (a craft-train run's `lora/`, CRAFT+) merged into the
+backbone before anything runs: every row, the uncompressed one included, is then that
+model's (use another `--out`: the runs' folders are per backbone).
 """
 
 from __future__ import annotations
@@ -93,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ratios", nargs="+", type=float, default=[2.0, 4.0, 8.0, 16.0, 32.0])
     parser.add_argument("--methods", nargs="*", help="default: every registered method")
     parser.add_argument("--checkpoint", nargs="*", default=[], help="NAME=FOLDER (CRAFT modules)")
+    parser.add_argument("--lora", help="a LoRA adapter folder merged into the backbone (CRAFT+)")
     parser.add_argument("--out", required=True, help="JSON summary (per-item data next to it)")
     parser.add_argument("--markdown", help="also write the markdown table here")
     args = parser.parse_args(argv)
@@ -101,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     specs = [c.split("=", 1) for c in args.checkpoint]
     if any(len(s) != 2 or not Path(s[1]).is_dir() for s in specs):
         parser.error(f"--checkpoint takes NAME=FOLDER with an existing folder: {args.checkpoint}")
+    if args.lora is not None and not (Path(args.lora) / "adapter_config.json").is_file():
+        parser.error(f"--lora {args.lora}: no adapter_config.json there (a run's lora/ folder)")
     torch.set_num_threads(1)
 
     from craft_core import TokenBudget
@@ -109,6 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     from craft_world import load_backbone, make_clips
 
     model, processor = load_backbone(args.backbone)
+    if args.lora is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, args.lora).merge_and_unload().eval()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     suffix = "" if args.family == "squares" else f"-{args.family}"

@@ -19,8 +19,10 @@ run a deadline (DEADLINE_S): it stops by itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -61,11 +63,15 @@ def start(folder: Path, *extra: str) -> tuple[subprocess.Popen, str]:
     ]  # fmt: skip
     log = open(folder / "serve.log", "w")  # noqa: SIM115 - lives as long as the server
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
-    server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    # A session of its own: killing it kills vLLM's engine and worker processes too (a plain
+    # kill of the API server leaves them holding the model's memory).
+    server = subprocess.Popen(
+        command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+    )
     base, deadline = f"http://127.0.0.1:{port}", time.monotonic() + START_TIMEOUT_S
     while not healthy(base):
         if server.poll() is not None or time.monotonic() > deadline:
-            server.kill()
+            kill(server)
             sys.exit(f"the server did not start: {(folder / 'serve.log').read_text()[-2000:]}")
         time.sleep(1)
     return server, base
@@ -177,8 +183,15 @@ def main() -> int:
 
 def stop(server: subprocess.Popen) -> None:
     print(f"FAIL the run passed its deadline of {DEADLINE_S} s: stopped", flush=True)
-    server.kill()
+    kill(server)
     os._exit(1)
+
+
+def kill(server: subprocess.Popen) -> None:
+    """Kill the server and every process of its session (engine core, workers)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGKILL)
+    server.wait()
 
 
 def report(results: list, plan: list, bad: dict, before: float, after: float, wall: float) -> None:
