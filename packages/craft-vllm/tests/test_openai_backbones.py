@@ -1,19 +1,23 @@
-"""Compressed videos of LLaVA-OneVision and Qwen3-VL through `vllm serve`'s OpenAI API, as
-test_openai_payloads.py does for Qwen2.5-VL: one server per backbone (`servers`, module
-scope, started together; the multiprocess engine), payloads sent with the `openai` client as
-`payload.chat_part` builds them.
+"""Compressed videos of LLaVA-OneVision, Qwen3-VL, InternVL and Qwen3.5 through `vllm
+serve`'s OpenAI API, as test_openai_payloads.py does for Qwen2.5-VL: one server per backbone
+(`servers`, module scope, started together; the multiprocess engine), payloads sent with the
+`openai` client as `payload.chat_part` builds them.
 
 - Equality: three videos compressed by craft-adapters in threshold mode (through a file) are
   served with the first step's log-probs within `engine.GAP` of craft-adapters' threshold-mode
-  `generate()` and the same greedy tokens, the prompt lengths the uncompressed prompt's with
-  N video tokens replaced by K. Controls, far in those log-probs (`engine.CONTROL_GAP`): a
-  fresh CRAFT module's payloads (claiming the checkpoint's digest); Qwen3-VL also the right
-  payloads with their deepstack rows zeroed (the deepstack rows must reach the model).
-- Refusals specific to each backbone (LLaVA-OneVision: a newline row where none belongs, a
-  Qwen-style grid; Qwen3-VL: deepstack rows of the wrong width, timestamps missing or
-  wrong; both: coords of the wrong width, NaN rows) are each a 400 naming the field; the
-  same server then answers `python -m craft_vllm.payload`'s body (POSTed as curl does) as
-  before. For Qwen3-VL that body's timestamps come from the file's recorded fps and frames
+  `generate()` and the same greedy tokens (up to the reference's first near-tie; Qwen3.5 in
+  bfloat16 both sides, its gap `GAP["bfloat16"]`), the prompt lengths the uncompressed
+  prompt's with N video tokens replaced by K. Controls, far in those log-probs
+  (`engine.CONTROL_GAP`, `controls`): a fresh CRAFT module's payloads (claiming the
+  checkpoint's digest); Qwen3-VL also the right payloads with their deepstack rows zeroed
+  (the deepstack rows must reach the model); Qwen3.5 the right payloads with their rows
+  rolled (a fresh module's rows are too close to the right ones in bfloat16).
+- Refusals specific to each backbone (LLaVA-OneVision and InternVL: a newline row where none
+  belongs, a Qwen-style grid; Qwen3-VL: deepstack rows of the wrong width; Qwen3.5: deepstack
+  columns where none belong; Qwen3-VL and Qwen3.5: timestamps missing or wrong; all: coords
+  of the wrong width, NaN rows) are each a 400 naming the field; the same server then
+  answers `python -m craft_vllm.payload`'s body (POSTed as curl does) as before. For
+  Qwen3-VL and Qwen3.5 that body's timestamps come from the file's recorded fps and frames
   (`payload.video_timestamps`), compared here with the processor's own rule.
 """
 
@@ -28,6 +32,7 @@ from typing import Any, NamedTuple
 
 import engine
 import pytest
+import tiny_internvl
 import tiny_llava
 import tiny_qwen3
 import tiny_qwen3_5
@@ -52,8 +57,21 @@ import craft_adapters
 from craft_adapters import CompressedVideo
 
 openai = pytest.importorskip("openai")
-KINDS = {"llava_onevision": tiny_llava, "qwen3_vl": tiny_qwen3}
+KINDS = {
+    "llava_onevision": tiny_llava,
+    "qwen3_vl": tiny_qwen3,
+    "internvl": tiny_internvl,
+    "qwen3_5": tiny_qwen3_5,
+}
+FLAT = (tiny_llava, tiny_internvl)  # 1-D RoPE, the grid is the frames' token grid
+TIMED = (tiny_qwen3, tiny_qwen3_5)  # payloads carry the frame runs' timestamps
 FRAMES = [16, 10, 12]  # as test_precompressed.py
+QWEN3_5_CONTROL = engine.tie("bfloat16")
+"""The smallest gap Qwen3.5's control must show: 0.3, twice the bfloat16 gap allowed (the
+right payloads measure 0.03-0.05). Not `engine.CONTROL_GAP`'s 0.75: this tiny bfloat16 model
+moves little whatever the rows (measured: a fresh module's rows 0.04, the rows reversed
+0.07-0.14, rolled by K / 2 0.09-0.20; in process zeroed 0.46-0.55, each the video's mean
+row 0.66-1.07, negated 0.79-0.87), and the clean control, zeroed rows, is below it."""
 
 
 class Backbone(NamedTuple):
@@ -91,7 +109,7 @@ def backbone(request, servers) -> Backbone:
 def timestamps(kind: Any, frames: int) -> list[float] | None:
     """The frame runs' seconds of a video of `frames` frames sampled at engine.FPS, by the
     backbone's processor (None: a backbone without them)."""
-    return None if kind is tiny_llava else processor_timestamps(frames, kind)
+    return None if kind in FLAT else processor_timestamps(frames, kind)
 
 
 def parts(backbone: Backbone, videos: list[CompressedVideo]) -> list[dict[str, Any]]:
@@ -103,19 +121,34 @@ def test_payloads_served_as_threshold_generate(backbone) -> None:
     kind, case, base = backbone
     model = str(case.model)
     served = [ask(base, model, p) for p in parts(backbone, case.compressed)]
+    dtype = getattr(torch, kind.DTYPE)
     reference = engine.adapters_generate(
-        case.model, case.loaded, None, case.videos, kind, threshold=THRESHOLD
+        case.model, case.loaded, None, case.videos, kind, dtype, threshold=THRESHOLD
     )
     engine.compare(served, reference, kind.DTYPE)
     for s, n, video, k in zip(served, FRAMES, case.videos, case.kept):
         inputs = craft_adapters.build_inputs(kind.processor(), video, engine.FPS, engine.QUESTION)
         assert s.length == inputs["input_ids"].shape[1] - kind.video_tokens(n) + k
-    controls = [case.fresh]
+    least = QWEN3_5_CONTROL if kind is tiny_qwen3_5 else None
+    for videos in controls(kind, case):
+        served = [ask(base, model, p) for p in parts(backbone, videos)]
+        engine.control_gaps(served, reference, kind.DTYPE, least)
+
+
+def controls(kind: Any, case: Case) -> list[list[CompressedVideo]]:
+    """The payloads that must be served far from the reference (`engine.CONTROL_GAP`).
+
+    A fresh CRAFT module's payloads, except on Qwen3.5: in bfloat16 they are as close to the
+    reference as the right ones (0.03-0.05, test_precompressed.py), so there the control is
+    the right payloads with their rows zeroed (coords, counts and timestamps kept: the rows
+    must reach the language model, as Qwen3-VL's deepstack rows must). Qwen3-VL also: the
+    right payloads with their deepstack rows zeroed."""
+    if kind is tiny_qwen3_5:
+        return [[dataclasses.replace(v, features=v.features * 0) for v in case.compressed]]
+    out = [case.fresh]
     if kind is tiny_qwen3:
-        zero = [dataclasses.replace(v, deepstack=v.deepstack * 0) for v in case.compressed]
-        controls.append(zero)
-    for videos in controls:
-        engine.control_gaps([ask(base, model, p) for p in parts(backbone, videos)], reference)
+        out.append([dataclasses.replace(v, deepstack=v.deepstack * 0) for v in case.compressed])
+    return out
 
 
 def malformed(backbone: Backbone) -> dict[str, tuple[dict[str, Any], str]]:
@@ -139,7 +172,7 @@ def malformed(backbone: Backbone) -> dict[str, tuple[dict[str, Any], str]]:
             f"craft_coords must be [K = {k} (craft_num_kept), 3]",
         ),
     }
-    if kind is tiny_llava:
+    if kind in FLAT:
         t, side, _ = video.grid
         newline = torch.cat([rows, rows[-1:]])  # K grid rows + a newline row (the server's)
         past = torch.cat([coords, coords.new_tensor([[t, 0, 0]])])  # its index, F * P * P
@@ -154,9 +187,8 @@ def malformed(backbone: Backbone) -> dict[str, tuple[dict[str, Any], str]]:
                 f"must have H = W = {side}",
             ),
         }
-    else:
-        d = kind.HIDDEN
-        stamps = torch.tensor(timestamps(kind, FRAMES[0]), dtype=torch.float64)
+    d = kind.HIDDEN
+    if kind is tiny_qwen3:
         out |= {
             "deepstack left out": (with_fields(part, **{ROWS: rows[:, :d]}), width),
             "deepstack level extra": (
@@ -164,6 +196,15 @@ def malformed(backbone: Backbone) -> dict[str, tuple[dict[str, Any], str]]:
                 "(the width 128 x (1 + 1 deepstack levels))",
             ),
             "deepstack half": (with_fields(part, **{ROWS: rows[:, : d + d // 2]}), width),
+        }
+    if kind is tiny_qwen3_5:  # no deepstack: rows of the deepstack layout are refused
+        out["deepstack columns"] = (
+            with_fields(part, **{ROWS: torch.cat([rows, rows], 1)}),
+            f"{width}{d} (the width)]",
+        )
+    if kind in TIMED:
+        stamps = torch.tensor(timestamps(kind, FRAMES[0]), dtype=torch.float64)
+        out |= {
             "timestamps missing": (
                 with_fields(part, **{TIMESTAMPS: None}),
                 "missing field(s) ['timestamps']",
