@@ -233,7 +233,7 @@ def test_dtd_ratio_equals_published_per_frame_drops(
 ) -> None:
     """Each later frame drops its most redundant tokens, as the published relative mode;
     equal counts when `(K - n) / (T - 1)` is whole (T = 9, ratio 3), otherwise the
-    remainder goes to the earlier frames (the README's deviation)."""
+    remainder goes to the earlier frames (a deviation listed in docs/baselines.md)."""
     x = make_video(kind, t, side, 64, seed=5)
     n = side * side
     k = target_token_count(t * n, ratio)

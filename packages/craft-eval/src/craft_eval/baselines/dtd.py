@@ -14,7 +14,7 @@ The budget is exact: `max(1, floor(N / ratio))` tokens are kept, the first frame
 the rest split over the later frames in proportion to their sizes (equal frames: equal
 shares, the remainder to the earlier frames). Equal cosines (common in near-static video,
 float32 rounds them together) drop the smaller index first; the published `topk` leaves
-that order unspecified. Deliberate deviations (see the README): when
+that order unspecified. Deliberate deviations (docs/baselines.md): when
 the budget is below the first frame's size (ratio > T) the published mode cannot reach it;
 then every frame keeps its share of the budget, the first frame an even stride of its
 tokens; a threshold-mode floor applies only when `min_tokens` is given (the least redundant

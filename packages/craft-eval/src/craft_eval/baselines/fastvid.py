@@ -25,7 +25,7 @@ Re-stated from the published LLaVA-OneVision code, github.com/LunarShen/FastVID,
    mean includes the anchor (the published LLaVA-OneVision variant; `include_anchor=False`
    gives the LLaVA-Video variant's mean over the other tokens only).
 
-Deliberate deviations (listed in the package README): the budget is exact by default
+Deliberate deviations (listed in docs/baselines.md): the budget is exact by default
 (`exact_budget=True`: the `floor(N / ratio)` tokens are split over frames by size and the
 segment's anchors over its anchor frames with the remainder going to the earlier ones;
 `exact_budget=False` is the published per-frame `int(n_f / ratio)`); the published code

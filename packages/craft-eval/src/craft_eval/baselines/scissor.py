@@ -54,7 +54,7 @@ def connected_components(sims: torch.Tensor, tau: float) -> torch.Tensor:
     eps = 0.05), and it collects a component as `np.where(uf.parent == root)`, the nodes
     whose parent IS the root, so a node two or more links below its root (union by rank
     without a final path compression) belongs to no component and is lost. Here every node
-    is in exactly one component (a deliberate deviation; see the README)."""
+    is in exactly one component (a deliberate deviation; see docs/baselines.md)."""
     n = sims.shape[0]
     one_way = torch.nonzero(sims > tau).T  # made symmetric: the graph is undirected
     src, dst = torch.cat([one_way[0], one_way[1]]), torch.cat([one_way[1], one_way[0]])
