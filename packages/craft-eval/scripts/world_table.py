@@ -30,7 +30,11 @@ from typing import Any
 
 import torch
 
-TASKS = {"squares": "object_existence,moving_count", "crowd": "moving_attribute"}
+TASKS = {
+    "squares": "object_existence,moving_count",
+    "crowd": "moving_attribute",
+    "corners": "moving_direction",
+}
 """The MVBench tasks each of craft-world's families is filed under."""
 
 

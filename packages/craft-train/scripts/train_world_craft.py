@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--family",
         nargs="+",
-        choices=["squares", "crowd"],
+        choices=["squares", "crowd", "corners"],
         default=["squares"],
         help="craft-world's task families to train on (examples drawn from all)",
     )

@@ -1,5 +1,6 @@
-"""The crowd family (issue 44): its clips show what their annotations say, its files are
-MVBench's, and phase C of the backbone recipe starts only from a backbone of its phases A+B."""
+"""The tile families (issue 44: crowd, corners): their clips show what their annotations
+say, their files are MVBench's, and phase C of the backbone recipe starts only from a
+backbone of its phases A+B."""
 
 from __future__ import annotations
 
@@ -18,13 +19,19 @@ torch.set_num_threads(1)
 from craft_world import make_clips  # noqa: E402
 from craft_world.clips import FRAMES, PALETTE, SIZE, VIDEO_FOLDER  # noqa: E402
 from craft_world.crowd import (  # noqa: E402
+    CORNERS,
+    CORNERS_ASKED,
+    CORNERS_TASK,
     CROWD_TASK,
     DOT,
     TILES_PER_PAIR,
     crowd_question,
     crowd_token_colours,
     render_crowd,
+    sample_corners,
     sample_crowd,
+    sample_tiles,
+    tile_caption,
 )
 
 
@@ -64,6 +71,67 @@ def test_crowd_scenes_show_what_they_say() -> None:
     assert sample_crowd(0, "test", 3) == sample_crowd(0, "test", 3)
     assert sample_crowd(0, "test", 3) != sample_crowd(0, "craft", 3)
     assert True in presents and False in presents
+
+
+def _reference_corner_colours(frames: np.ndarray) -> list[set[tuple[int, str]]]:
+    """Per temporal pair, the (cell, colour) of every dot drawn at the ASKED corner of a
+    cell, read from the pixels of the pair's first frame: the 6 x 6 square at the corner's
+    offset is exactly one palette colour."""
+    corner = CORNERS_ASKED[1]
+    dy, dx = (corner // 2) * (DOT + 1) + 1, (corner % 2) * (DOT + 1) + 1
+    out: list[set[tuple[int, str]]] = []
+    for pair in range(FRAMES // 2):
+        seen = set()
+        for cell in range((SIZE // 14) ** 2):
+            r, c = divmod(cell, SIZE // 14)
+            block = frames[
+                2 * pair, r * 14 + dy : r * 14 + dy + DOT, c * 14 + dx : c * 14 + dx + DOT
+            ]
+            for name, rgb in PALETTE.items():
+                if (block.reshape(-1, 3) == np.array(rgb)).all():
+                    seen.add((cell, name))
+        out.append(seen)
+    return out
+
+
+def test_corners_scenes_show_what_they_say() -> None:
+    asked, corner = CORNERS_ASKED
+    presents, red_elsewhere = [], 0
+    for i in range(8):
+        scene = sample_corners(0, "test", i)
+        assert scene == sample_tiles("corners", 0, "test", i)
+        frames = render_crowd(scene)
+        assert len(scene.tiles) == 4 * TILES_PER_PAIR and scene.corner == corner
+        at_corner = _reference_corner_colours(frames)
+        hits = sum(1 for seen in at_corner for _, name in seen if name == asked)
+        assert hits == (1 if scene.present else 0), (i, hits)
+        # the asked colour is common elsewhere: a selector cannot look for the colour alone
+        red_elsewhere += int(crowd_token_colours(scene)[:, list(PALETTE).index(asked)].sum())
+        assert np.array_equal(
+            crowd_token_colours(scene).numpy().astype(bool), _reference_token_colours(frames)
+        )
+        q = crowd_question(scene)
+        assert q.task == CORNERS_TASK and q.answer == ("yes" if scene.present else "no")
+        assert q.question == f"Is there a {asked} dot in a {CORNERS[corner]} corner?"
+        assert tile_caption(scene).endswith(
+            f"{'A' if scene.present else 'No'} {asked} dot in a {CORNERS[corner]} corner."
+        )
+        presents.append(scene.present)
+    assert red_elsewhere >= 8 * 10  # about 40 tiles x 3 corners x 3/4 / 6 = 15 a clip
+    assert True in presents and False in presents
+    assert sample_corners(0, "test", 3) != sample_corners(0, "craft", 3)
+    with pytest.raises(ValueError, match="family"):
+        sample_tiles("dots", 0, "test", 0)
+
+
+def test_make_clips_corners_family(tmp_path: Path) -> None:
+    root = make_clips(tmp_path / "k", 3, seed=0, family="corners")
+    rows = json.loads((root / "json" / f"{CORNERS_TASK}.json").read_text())
+    assert [r["video"] for r in rows] == [f"corners_test_{i:06d}.mp4" for i in range(3)]
+    assert [r["answer"] for r in rows] == [
+        crowd_question(sample_corners(0, "test", i)).answer for i in range(3)
+    ]
+    assert (root / "video" / VIDEO_FOLDER / rows[0]["video"]).is_file()
 
 
 def test_make_clips_crowd_family(tmp_path: Path) -> None:
@@ -109,3 +177,5 @@ def test_phase_c_starts_only_from_its_own_phases(tmp_path: Path) -> None:
         _start_phase_c(folder, Recipe(steps_c=10), model)
     with pytest.raises(ValueError, match="crowd_share"):
         Recipe(crowd_share=1.5)
+    with pytest.raises(ValueError, match="family_c"):
+        Recipe(family_c="squares")

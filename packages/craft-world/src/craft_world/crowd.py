@@ -1,4 +1,4 @@
-"""The crowd family: many small multi-coloured tiles, one question about a single dot.
+"""The tile families: many small multi-coloured tiles, one question about a single dot.
 
 Why it needs fusion (issue 44): the first family's questions are answered by a handful of
 distinct tokens, which a selector keeps. Here a clip has 40 tiles (10 in each temporal
@@ -15,6 +15,15 @@ Question (MVBench's format, filed under `moving_attribute`, options fixed):
 
     "Is there a red dot?"   (A) yes (B) no
 
+The corners family (`sample_corners`) lays out the same tiles with the question fixed to a
+colour AT a corner: "Is there a red dot in a top-left corner?". Red dots are everywhere
+(any colour may fill any other corner); only the top-left corner never shows red, except in
+the one tile of a "yes" clip. A tile then shows 4 of 24 colour-corner features, so the asked
+tile is not an outlier of the token set (every tile has features few others share) and a
+diversity selection cannot tell it from the rest, while the feature that matters is ONE
+channel of the answer's token that a trained merge can carry into a neighbour. Filed under
+`moving_direction` (options fixed).
+
 Everything is a pure function of `(seed, split, index)`, as in `craft_world.clips`.
 """
 
@@ -28,17 +37,30 @@ import torch
 from craft_world.clips import FRAMES, PALETTE, SIZE, YES_NO, Question, Scene, _rng, render
 
 __all__ = [
+    "CORNERS",
+    "CORNERS_ASKED",
+    "CORNERS_TASK",
     "CROWD_TASK",
     "TILES_PER_PAIR",
+    "TILE_FAMILIES",
     "CrowdScene",
     "crowd_question",
     "crowd_token_colours",
     "render_crowd",
+    "sample_corners",
     "sample_crowd",
+    "sample_tiles",
+    "tile_caption",
 ]
 
 CROWD_TASK = "moving_attribute"
 """The MVBench task name the crowd questions are filed under (clevrer's video folder)."""
+CORNERS_TASK = "moving_direction"
+"""The MVBench task name the corners questions are filed under (clevrer's video folder)."""
+CORNERS = ("top-left", "top-right", "bottom-left", "bottom-right")
+"""A tile's dot positions, in the order of `CrowdScene.tiles`' dots."""
+CORNERS_ASKED = ("red", 0)
+"""The corners family's asked feature: (colour, corner index into CORNERS)."""
 TILES_PER_PAIR = 10
 """Tiles per temporal patch pair (4 pairs: 40 of the 144 video tokens)."""
 DOT = 6
@@ -46,7 +68,8 @@ DOT = 6
 P_EMPTY = 0.25
 """Probability that a dot of a tile is left out (background)."""
 _CELLS = (SIZE // 14) ** 2
-_STREAM = 10  # rng streams of the crowd family, disjoint from clips' 0 and 1
+_STREAM = 10  # rng streams of the tile families, disjoint from clips' 0 and 1
+_CORNERS_STREAM = 11
 
 
 @dataclass(frozen=True)
@@ -55,17 +78,20 @@ class CrowdScene:
 
     Attributes:
         asked: the colour the question asks about.
-        present: whether one dot has the asked colour.
+        present: whether one dot has the asked colour (at the asked corner).
         tiles: per tile `(pair, cell, dots)`: temporal pair 0-3, patch cell 0-35 (row-major)
             and the four dots' colour names (top-left, top-right, bottom-left, bottom-right;
             None: no dot).
         seed: seed of the background texture and noise.
+        corner: the corner the question asks about (index into CORNERS), None: any corner
+            (the crowd family).
     """
 
     asked: str
     present: bool
     tiles: tuple[tuple[int, int, tuple[str | None, ...]], ...]
     seed: int
+    corner: int | None = None
 
 
 def sample_crowd(seed: int, split: str, index: int) -> CrowdScene:
@@ -88,6 +114,40 @@ def sample_crowd(seed: int, split: str, index: int) -> CrowdScene:
     return CrowdScene(asked, present, tuple(tiles), int(rng.integers(2**31)))
 
 
+def sample_corners(seed: int, split: str, index: int) -> CrowdScene:
+    """The corners scene of clip `index` of `split` (a pure function of its arguments): the
+    crowd's layout, any colour at any corner but `CORNERS_ASKED`, which one tile shows in
+    half the clips."""
+    rng = _rng(seed, split, index, stream=_CORNERS_STREAM)
+    asked, corner = CORNERS_ASKED
+    names = list(PALETTE)
+    others = [c for c in names if c != asked]
+    present = bool(rng.random() < 0.5)
+    tiles: list[tuple[int, int, tuple[str | None, ...]]] = []
+    for pair in range(FRAMES // 2):
+        for cell in sorted(int(c) for c in rng.choice(_CELLS, TILES_PER_PAIR, replace=False)):
+            dots = [names[int(i)] for i in rng.integers(0, len(names), 4)]
+            dots[corner] = others[int(rng.integers(len(others)))]
+            empty = rng.random(4) < P_EMPTY
+            tiles.append((pair, cell, tuple(None if e else d for d, e in zip(dots, empty))))
+    if present:
+        k = int(rng.integers(len(tiles)))
+        pair, cell, shown = tiles[k]
+        tiles[k] = (pair, cell, tuple(asked if i == corner else d for i, d in enumerate(shown)))
+    return CrowdScene(asked, present, tuple(tiles), int(rng.integers(2**31)), corner)
+
+
+TILE_FAMILIES = {"crowd": sample_crowd, "corners": sample_corners}
+"""The tile families by name: each a sampler `(seed, split, index) -> CrowdScene`."""
+
+
+def sample_tiles(family: str, seed: int, split: str, index: int) -> CrowdScene:
+    """Clip `index` of `split` of the tile family `family` ("crowd" or "corners")."""
+    if family not in TILE_FAMILIES:
+        raise ValueError(f"family must be one of {tuple(TILE_FAMILIES)}, got {family!r}")
+    return TILE_FAMILIES[family](seed, split, index)
+
+
 def render_crowd(scene: CrowdScene) -> np.ndarray:
     """The clip's frames: uint8 `[FRAMES, SIZE, SIZE, 3]` (the first family's background)."""
     frames = render(Scene((), (), (), (), scene.seed, ()))
@@ -103,9 +163,25 @@ def render_crowd(scene: CrowdScene) -> np.ndarray:
 
 
 def crowd_question(scene: CrowdScene) -> Question:
-    """The clip's one question: is there a dot of the asked colour?"""
+    """The clip's one question: is there a dot of the asked colour (at the asked corner)?"""
     answer = "yes" if scene.present else "no"
-    return Question(CROWD_TASK, f"Is there a {scene.asked} dot?", YES_NO, answer)
+    if scene.corner is None:
+        return Question(CROWD_TASK, f"Is there a {scene.asked} dot?", YES_NO, answer)
+    where = CORNERS[scene.corner]
+    return Question(
+        CORNERS_TASK, f"Is there a {scene.asked} dot in a {where} corner?", YES_NO, answer
+    )
+
+
+def tile_caption(scene: CrowdScene) -> str:
+    """The stage-1 caption: the colours shown in palette order ("red, blue."), and for the
+    corners family whether the asked feature is there."""
+    shown = {d for _, _, dots in scene.tiles for d in dots if d is not None}
+    caption = ", ".join(c for c in PALETTE if c in shown) + "."
+    if scene.corner is not None:
+        where = CORNERS[scene.corner]
+        caption += f" {'A' if scene.present else 'No'} {scene.asked} dot in a {where} corner."
+    return caption
 
 
 def crowd_token_colours(scene: CrowdScene) -> torch.Tensor:

@@ -17,7 +17,6 @@ import numpy as np
 from craft_core.checks import check_int
 from craft_world.clips import (
     GENERATOR,
-    PALETTE,
     SPLITS,
     VIDEO_FOLDER,
     Question,
@@ -27,12 +26,19 @@ from craft_world.clips import (
     sample_scene,
     write_mp4,
 )
-from craft_world.crowd import crowd_question, render_crowd, sample_crowd
+from craft_world.crowd import (
+    TILE_FAMILIES,
+    crowd_question,
+    render_crowd,
+    sample_tiles,
+    tile_caption,
+)
 
 __all__ = ["FAMILIES", "make_clips"]
 
-FAMILIES = ("squares", "crowd")
-"""`make_clips`' task families: `craft_world.clips`' squares, `craft_world.crowd`'s tiles."""
+FAMILIES = ("squares", *TILE_FAMILIES)
+"""`make_clips`' task families: `craft_world.clips`' squares, `craft_world.crowd`'s tiles
+(crowd, corners)."""
 
 
 def make_clips(
@@ -63,8 +69,9 @@ def make_clips(
         seed: world seed; clips are `(seed, split, start + i)` for `i < n`.
         split: "test" (held out), "train" (the backbone's) or "craft" (the merge module's).
         start: first clip index.
-        family: "squares" (this module's clips: existence and count questions) or "crowd"
-            (`craft_world.crowd`: `json/moving_attribute.json`, files `crowd_<split>_<i>.mp4`).
+        family: "squares" (this module's clips: existence and count questions), "crowd"
+            (`craft_world.crowd`: `json/moving_attribute.json`, files `crowd_<split>_<i>.mp4`)
+            or "corners" (`json/moving_direction.json`, files `corners_<split>_<i>.mp4`).
 
     Returns:
         `out_dir`, ready for `craft_eval.tasks.get_benchmark("mvbench").load(out_dir)`.
@@ -116,12 +123,10 @@ def _clip(
 ) -> tuple[str, Callable[[], np.ndarray], str, list[Question]]:
     """Clip `index` of `family`: its file name, its frames (rendered when called), caption
     (the colours shown, in palette order) and questions."""
-    if family == "crowd":
-        crowd = sample_crowd(seed, split, index)
-        shown = {d for _, _, dots in crowd.tiles for d in dots if d is not None}
-        caption = ", ".join(c for c in PALETTE if c in shown) + "."
-        name = f"crowd_{split}_{index:06d}.mp4"
-        return name, lambda: render_crowd(crowd), caption, [crowd_question(crowd)]
+    if family in TILE_FAMILIES:
+        tiles = sample_tiles(family, seed, split, index)
+        name = f"{family}_{split}_{index:06d}.mp4"
+        return name, lambda: render_crowd(tiles), tile_caption(tiles), [crowd_question(tiles)]
     scene = sample_scene(seed, split, index)
     questions = questions_for(scene, seed, split, index)
     return f"{split}_{index:06d}.mp4", lambda: render(scene), scene.caption, questions

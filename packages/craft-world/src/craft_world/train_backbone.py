@@ -60,6 +60,13 @@ from craft_world.clips import (
     render,
     sample_scene,
 )
+from craft_world.crowd import (
+    TILE_FAMILIES,
+    crowd_question,
+    crowd_token_colours,
+    render_crowd,
+    sample_tiles,
+)
 from craft_world.files import make_clips
 
 __all__ = ["Recipe", "TestBank", "main", "token_colours", "train_backbone"]
@@ -79,6 +86,7 @@ class Recipe:
     aux_weight: float = 1.0
     steps_c: int = 0
     crowd_share: float = 0.5
+    family_c: str = "crowd"
 
     def __post_init__(self) -> None:
         for name in ("steps_a", "batch"):
@@ -88,10 +96,14 @@ class Recipe:
             raise ValueError(f"need steps_b, steps_c >= 0, lr > 0, 0 <= curriculum <= 1: {self}")
         if not 0 <= self.crowd_share <= 1:
             raise ValueError(f"crowd_share must be in [0, 1], got {self.crowd_share}")
+        if self.family_c not in TILE_FAMILIES:
+            raise ValueError(
+                f"family_c must be one of {tuple(TILE_FAMILIES)}, got {self.family_c!r}"
+            )
 
     @property
     def phase_steps(self) -> tuple[int, int, int]:
-        """Steps of phases A, B and C (C: both families, `craft_world.crowd`)."""
+        """Steps of phases A, B and C (C: the squares and the tile family `family_c`)."""
         return self.steps_a, self.steps_b, self.steps_c
 
 
@@ -103,15 +115,15 @@ class TestBank:
         self, root: Path, n: int, seed: int, processor: Any, family: str = "squares"
     ) -> None:
         from craft_adapters import build_inputs, read_video
-        from craft_world.crowd import crowd_question, sample_crowd
 
         make_clips(root, n, seed, split="test", family=family)
-        if family == "crowd":
-            self.questions = [[crowd_question(sample_crowd(seed, "test", i))] for i in range(n)]
+        if family in TILE_FAMILIES:
+            tiles = (sample_tiles(family, seed, "test", i) for i in range(n))
+            self.questions = [[crowd_question(t)] for t in tiles]
         else:
             scenes = [sample_scene(seed, "test", i) for i in range(n)]
             self.questions = [questions_for(s, seed, "test", i) for i, s in enumerate(scenes)]
-        prefix = "crowd_" if family == "crowd" else ""
+        prefix = f"{family}_" if family in TILE_FAMILIES else ""
         pixels = []
         for i in range(n):
             video = read_video(root / "video" / VIDEO_FOLDER / f"{prefix}test_{i:06d}.mp4", fps=2.0)
@@ -212,16 +224,11 @@ def training_example(
 ) -> tuple[np.ndarray, torch.Tensor, tuple[str, str]]:
     """Example `j` of `step` in `phase`: frames `[8, 84, 84, 3]`, the colour labels of its
     tokens `[144, 6]` and `(prompt, target)`. In phase C (2) a share `crowd_share` of the
-    examples are crowd questions, the rest the first family's (as in phase B)."""
+    examples are questions of the tile family `family_c`, the rest the first family's (as in
+    phase B)."""
     if phase == 2 and rng.random() < recipe.crowd_share:
-        from craft_world.crowd import (
-            crowd_question,
-            crowd_token_colours,
-            render_crowd,
-            sample_crowd,
-        )
-
-        crowd = sample_crowd(recipe.seed, "train", (phase * 10**8 + step) * recipe.batch + j)
+        index = (phase * 10**8 + step) * recipe.batch + j
+        crowd = sample_tiles(recipe.family_c, recipe.seed, "train", index)
         q = crowd_question(crowd)
         prompt = mvbench_prompt(q.question, q.candidates)
         if rng.random() < 0.5:
@@ -286,10 +293,11 @@ def heldout_accuracy(
 def _banks_accuracy(
     model: Any, banks: dict[str, TestBank], cache: PromptCache, pad: int, clips: int
 ) -> dict[str, float]:
-    """`heldout_accuracy` of the first family; the crowd's (`crowd`) beside it where tested."""
+    """`heldout_accuracy` of the first family; a tile family's beside it where tested."""
     acc = heldout_accuracy(model, banks["squares"], cache, pad, clips)
-    if "crowd" in banks:
-        acc["crowd"] = heldout_accuracy(model, banks["crowd"], cache, pad, clips)["all"]
+    for family in TILE_FAMILIES:
+        if family in banks:
+            acc[family] = heldout_accuracy(model, banks[family], cache, pad, clips)["all"]
     return acc
 
 
@@ -303,7 +311,7 @@ def _check_phase_ab(folder: Path, recipe: Recipe) -> None:
     differ = [
         k
         for k in ours
-        if k not in ("steps_c", "crowd_share")
+        if k not in ("steps_c", "crowd_share", "family_c")
         and made.get(k) != ours[k]
         and not (isinstance(ours[k], tuple) and made.get(k) == list(ours[k]))
     ]
@@ -397,10 +405,11 @@ def train_backbone(
 
 
 def _test_banks(work: Path, recipe: Recipe, processor: Any, clips: int) -> dict[str, TestBank]:
-    """The held-out banks of `clips` clips: the squares, and the crowd when phase C trains."""
+    """The held-out banks of `clips` clips: the squares, and `family_c` when phase C trains."""
     banks = {"squares": TestBank(work / "test", clips, recipe.seed, processor)}
     if recipe.steps_c:
-        banks["crowd"] = TestBank(work / "test-crowd", clips, recipe.seed, processor, "crowd")
+        family = recipe.family_c
+        banks[family] = TestBank(work / f"test-{family}", clips, recipe.seed, processor, family)
     return banks
 
 
@@ -530,7 +539,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps-b", type=int, default=defaults.steps_b, help="phase B steps")
     parser.add_argument("--steps-c", type=int, default=defaults.steps_c, help="phase C steps")
     parser.add_argument(
-        "--crowd-share", type=float, default=defaults.crowd_share, help="phase C's crowd share"
+        "--crowd-share",
+        type=float,
+        default=defaults.crowd_share,
+        help="phase C's share of tile-family examples",
+    )
+    parser.add_argument(
+        "--family-c",
+        choices=tuple(TILE_FAMILIES),
+        default=defaults.family_c,
+        help="phase C's tile family (craft_world.crowd)",
     )
     parser.add_argument(
         "--start-from", default=None, help="a backbone of phases A+B of this recipe: start at C"
@@ -546,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
             steps_b=args.steps_b,
             steps_c=args.steps_c,
             crowd_share=args.crowd_share,
+            family_c=args.family_c,
             batch=args.batch,
             lr=args.lr,
         )
