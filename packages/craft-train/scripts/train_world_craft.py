@@ -1,14 +1,18 @@
 """Make the shipped merge module: craft-train in the world, on the frozen world backbone.
 
     uv run python packages/craft-train/scripts/train_world_craft.py --work /tmp/world-craft \
-        [--method distill|stage12] [--ship packages/craft-world/src/craft_world/checkpoints/craft]
+        [--method distill|stage12|ladder] [--ship packages/craft-world/src/craft_world/checkpoints/craft]
 
 Clips: split "craft" (disjoint from the backbone's and the held-out ones), `--clips` of each
-`--family` (craft-world's squares, its crowd, or both).
-`distill` (the shipped module): `craft_world.recipe.DISTILL`, the uncompressed backbone as
-teacher on each clip's describe and question prompts, no labels. `stage12`: stage 1
-(captions, `STAGE1`) then stage 2 (QA labels, `STAGE2`). One CPU thread; every run
-checkpoints and resumes (run the same command again).
+`--family` (craft-world's squares, its crowd, its corners, or several).
+`distill`: `craft_world.recipe.DISTILL`, the uncompressed backbone as teacher on each clip's
+describe and question prompts, no labels (folder `distill/`). `stage12`: stage 1 (captions,
+`STAGE1`, folder `stage1/`) then stage 2 (QA labels, `STAGE2`, folder `stage2/`). `ladder`:
+the paper's ablation ladder, each step a craft-train run: `stage1-uniform/` (stage 1 with
+uniform merge weights), `stage1/`, `stage2/` (from `stage1/`) and `stage2-lora/` (CRAFT+:
+stage 2 with LoRA r 32 on q/k/v/o, from `stage1/`); `--ship` copies `stage2/`'s module.
+One CPU thread; every run checkpoints and resumes (run the same command again). `--set`
+overrides every run (`optim.lr=1e-3`); `s1:` / `s2:` prefixed ones the stage-1 / stage-2 runs.
 """
 
 from __future__ import annotations
@@ -21,11 +25,19 @@ from pathlib import Path
 
 import torch
 
+RUNS: dict[str, tuple[int, str | None, list[str]]] = {
+    "stage1-uniform": (1, None, ["model.craft.weighting=uniform"]),
+    "stage1": (1, None, []),
+    "stage2": (2, "stage1", []),
+    "stage2-lora": (2, "stage1", ["model.lora.enabled=true"]),
+}
+"""The ladder's craft-train runs: folder -> (stage, the run it starts from, overrides)."""
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--work", required=True)
-    parser.add_argument("--method", choices=["distill", "stage12"], default="distill")
+    parser.add_argument("--method", choices=["distill", "stage12", "ladder"], default="distill")
     parser.add_argument("--ship", help="copy the final craft/ folder here")
     parser.add_argument("--clips", type=int, default=600, help="clips of each family")
     parser.add_argument(
@@ -38,7 +50,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backbone", help="the frozen world backbone (default: the shipped one)")
     parser.add_argument(
-        "--set", nargs="*", default=[], help="config overrides: optim.lr=1e-3 (stage12: s1:/s2:)"
+        "--set",
+        nargs="*",
+        default=[],
+        help="config overrides: optim.lr=1e-3 (s1:/s2: one stage's runs)",
     )
     args = parser.parse_args(argv)
     if args.clips <= 0:
@@ -65,19 +80,26 @@ def main(argv: list[str] | None = None) -> int:
         )
         train(load_config(data=data, stage="distill", overrides=args.set))
     else:
-        s1, final = work / "stage1", work / "stage2"
-        over1 = [o[3:] for o in args.set if o.startswith("s1:")]
-        over2 = [o[3:] for o in args.set if o.startswith("s2:")]
+        final = work / "stage2"
         caps: list[str | Path] = [r / "captions.jsonl" for r in roots]
-        data = craft_train_config(
-            caps, s1, stage=1, seed=args.seed, backbone=args.backbone, **STAGE1
-        )
-        train(load_config(data=data, overrides=over1))
         qas: list[str | Path] = [r / "qa.jsonl" for r in roots]
-        data = craft_train_config(
-            qas, final, stage=2, init_from=s1, seed=args.seed, backbone=args.backbone, **STAGE2
-        )
-        train(load_config(data=data, overrides=over2))
+        for name, (stage, init, extra) in RUNS.items():
+            if args.method == "stage12" and name not in ("stage1", "stage2"):
+                continue
+            mine = [o[3:] for o in args.set if o.startswith(f"s{stage}:")]
+            common = [o for o in args.set if not o.startswith(("s1:", "s2:"))]
+            data = craft_train_config(
+                caps if stage == 1 else qas,
+                work / name,
+                stage=stage,
+                init_from=None if init is None else work / init,
+                seed=args.seed,
+                backbone=args.backbone,
+                **(STAGE1 if stage == 1 else STAGE2),
+            )
+            step_t0 = time.perf_counter()
+            train(load_config(data=data, overrides=[*extra, *common, *mine]))
+            print(f"{name} done in {time.perf_counter() - step_t0:.0f} s", flush=True)
     print(f"{args.method} done in {time.perf_counter() - t0:.0f} s", flush=True)
     if args.ship:
         ship = Path(args.ship)

@@ -179,3 +179,31 @@ def test_phase_c_starts_only_from_its_own_phases(tmp_path: Path) -> None:
         Recipe(crowd_share=1.5)
     with pytest.raises(ValueError, match="family_c"):
         Recipe(family_c="squares")
+
+
+def test_phase_c_on_corners_with_the_vision_tower_frozen(tmp_path: Path) -> None:
+    """Phase C (`family_c="corners"`, `freeze_vision_c`) moves the language model and leaves
+    every vision-tower weight of the start bit for bit; the saved recipe names its start."""
+    from safetensors.torch import load_file
+
+    from craft_world.train_backbone import Recipe, train_backbone
+
+    kw = {"save_every": 100, "eval_every": 100, "eval_clips": 1, "final_clips": 1}
+    ab = Recipe(steps_a=1, steps_b=1, batch=2)
+    train_backbone(tmp_path / "ab", tmp_path / "ab-out", ab, **kw)
+    for freeze in (True, False):
+        c = Recipe(steps_a=1, steps_b=1, batch=2, steps_c=2, family_c="corners", crowd_share=1.0,
+                   freeze_vision_c=freeze)  # fmt: skip
+        out = tmp_path / f"c-{freeze}"
+        acc = train_backbone(tmp_path / f"w-{freeze}", out, c, start_from=tmp_path / "ab-out", **kw)
+        assert set(acc) == {"object_existence", "moving_count", "all", "corners"}
+        start, after = (load_file(str(d / "model.safetensors")) for d in (tmp_path / "ab-out", out))
+        vision = [k for k in start if ".visual." in k or k.startswith("visual.")]
+        assert vision and len(vision) < len(start)
+        moved_vision = [k for k in vision if not torch.equal(start[k], after[k])]
+        moved_text = [k for k in start if k not in vision and not torch.equal(start[k], after[k])]
+        assert moved_text
+        assert (moved_vision == []) == freeze, moved_vision[:3]
+        made = json.loads((out / "world_recipe.json").read_text())
+        assert made["family_c"] == "corners" and made["freeze_vision_c"] == freeze
+        assert made["started_from"]["steps_c"] == 0 and made["started_from"]["steps_a"] == 1

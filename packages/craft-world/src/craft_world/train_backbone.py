@@ -87,6 +87,7 @@ class Recipe:
     steps_c: int = 0
     crowd_share: float = 0.5
     family_c: str = "crowd"
+    freeze_vision_c: bool = False
 
     def __post_init__(self) -> None:
         for name in ("steps_a", "batch"):
@@ -311,7 +312,7 @@ def _check_phase_ab(folder: Path, recipe: Recipe) -> None:
     differ = [
         k
         for k in ours
-        if k not in ("steps_c", "crowd_share", "family_c")
+        if k not in ("steps_c", "crowd_share", "family_c", "freeze_vision_c")
         and made.get(k) != ours[k]
         and not (isinstance(ours[k], tuple) and made.get(k) == list(ours[k]))
     ]
@@ -386,6 +387,11 @@ def train_backbone(
             continue
         for group in opt.param_groups:
             group["lr"] = _lr(step, steps, recipe.lr)
+        if phase == 2 and recipe.freeze_vision_c:
+            # the tower keeps phase B's features: a tower trained on the tile question makes
+            # the asked feature an outlier of the token set, which any diversity selection
+            # then keeps (measured: DivPrune 96.8% at 8x vs 97.7% uncompressed)
+            model.model.visual.requires_grad_(False)
         step_parts = (model, probe, captured, params, opt)
         loss, aux = _train_step(step_parts, cache, pad, recipe, phase, step)
         step += 1
@@ -400,7 +406,10 @@ def train_backbone(
         if stop_at is not None and (phase, step) >= stop_at:
             return {}
     acc = _banks_accuracy(model, banks, cache, pad, final_clips)
-    _save_backbone(out, model, processor, log_path, recipe, acc, final_clips)
+    origin = (
+        None if start_from is None else json.loads((start_from / "world_recipe.json").read_text())
+    )
+    _save_backbone(out, model, processor, log_path, recipe, acc, final_clips, origin)
     return acc
 
 
@@ -509,8 +518,11 @@ def _save_backbone(
     recipe: Recipe,
     acc: dict[str, float],
     final_clips: int,
+    started_from: dict[str, Any] | None = None,
 ) -> None:
-    """The trained model, its processor, the training log and `world_recipe.json` in `out`."""
+    """The trained model, its processor, the training log and `world_recipe.json` in `out`
+    (with `started_from`: the `world_recipe.json` of the backbone phase C started from, so a
+    chain of phase-C runs says what it was made of)."""
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -524,6 +536,8 @@ def _save_backbone(
         "heldout_questions": 2 * final_clips,
         "torch": torch.__version__,
     }
+    if started_from is not None:
+        record["started_from"] = started_from
     (out / "world_recipe.json").write_text(json.dumps(record, indent=1))
 
 
@@ -551,6 +565,11 @@ def main(argv: list[str] | None = None) -> int:
         help="phase C's tile family (craft_world.crowd)",
     )
     parser.add_argument(
+        "--freeze-vision-c",
+        action="store_true",
+        help="phase C trains the language model only (the vision tower frozen)",
+    )
+    parser.add_argument(
         "--start-from", default=None, help="a backbone of phases A+B of this recipe: start at C"
     )
     parser.add_argument("--batch", type=int, default=defaults.batch)
@@ -565,6 +584,7 @@ def main(argv: list[str] | None = None) -> int:
             steps_c=args.steps_c,
             crowd_share=args.crowd_share,
             family_c=args.family_c,
+            freeze_vision_c=args.freeze_vision_c,
             batch=args.batch,
             lr=args.lr,
         )
