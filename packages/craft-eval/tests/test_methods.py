@@ -96,6 +96,19 @@ def test_craft_family_budget_exact_and_lazy(name: str) -> None:
     assert method.hidden_size == 16
 
 
+def test_a_fresh_craft_module_does_not_depend_on_what_ran_before() -> None:
+    """The untrained `craft` row of a table must not move with the order of the methods: a
+    fresh module is the same bits after the global generator was used, and a module of
+    another `seed` is not."""
+    torch.manual_seed(1)
+    first = get_method("craft", hidden_size=16).module.state_dict()
+    torch.rand(1000)
+    again = get_method("craft", hidden_size=16).module.state_dict()
+    other = get_method("craft", hidden_size=16, seed=1).module.state_dict()
+    assert all(torch.equal(first[k], again[k]) for k in first)
+    assert any(not torch.equal(first[k], other[k]) for k in first)
+
+
 def test_craft_variants_configure_the_module() -> None:
     sel = get_method("craft-selection", hidden_size=16)
     prune = get_method("craft-prune", hidden_size=16)
