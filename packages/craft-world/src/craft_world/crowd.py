@@ -29,6 +29,7 @@ Everything is a pure function of `(seed, split, index)`, as in `craft_world.clip
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,6 +95,28 @@ class CrowdScene:
     corner: int | None = None
 
 
+Tile = tuple[int, int, tuple[str | None, ...]]
+"""(temporal pair, patch cell, the four dots' colours or None), as in `CrowdScene.tiles`."""
+
+
+def _lay_out(rng: np.random.Generator, draw_dots: Callable[[], list[str]]) -> list[Tile]:
+    """`TILES_PER_PAIR` tiles in distinct cells of each temporal pair, their four dots drawn
+    by `draw_dots`, each left out with probability `P_EMPTY`."""
+    tiles: list[Tile] = []
+    for pair in range(FRAMES // 2):
+        for cell in sorted(int(c) for c in rng.choice(_CELLS, TILES_PER_PAIR, replace=False)):
+            dots = draw_dots()
+            empty = rng.random(4) < P_EMPTY
+            tiles.append((pair, cell, tuple(None if e else d for d, e in zip(dots, empty))))
+    return tiles
+
+
+def _paint(tiles: list[Tile], k: int, dot: int, colour: str) -> None:
+    """Dot `dot` of tile `k` takes `colour` (the one tile that answers "yes")."""
+    pair, cell, shown = tiles[k]
+    tiles[k] = (pair, cell, tuple(colour if i == dot else d for i, d in enumerate(shown)))
+
+
 def sample_crowd(seed: int, split: str, index: int) -> CrowdScene:
     """The crowd scene of clip `index` of `split` (a pure function of its arguments)."""
     rng = _rng(seed, split, index, stream=_STREAM)
@@ -101,16 +124,10 @@ def sample_crowd(seed: int, split: str, index: int) -> CrowdScene:
     asked = names[int(rng.integers(len(names)))]
     others = [c for c in names if c != asked]
     present = bool(rng.random() < 0.5)
-    tiles: list[tuple[int, int, tuple[str | None, ...]]] = []
-    for pair in range(FRAMES // 2):
-        for cell in sorted(int(c) for c in rng.choice(_CELLS, TILES_PER_PAIR, replace=False)):
-            dots = [others[int(i)] for i in rng.integers(0, len(others), 4)]
-            empty = rng.random(4) < P_EMPTY
-            tiles.append((pair, cell, tuple(None if e else d for d, e in zip(dots, empty))))
+    tiles = _lay_out(rng, lambda: [others[int(i)] for i in rng.integers(0, len(others), 4)])
     if present:
-        k, q = int(rng.integers(len(tiles))), int(rng.integers(4))
-        pair, cell, shown = tiles[k]
-        tiles[k] = (pair, cell, tuple(asked if i == q else d for i, d in enumerate(shown)))
+        k, dot = int(rng.integers(len(tiles))), int(rng.integers(4))
+        _paint(tiles, k, dot, asked)
     return CrowdScene(asked, present, tuple(tiles), int(rng.integers(2**31)))
 
 
@@ -123,17 +140,15 @@ def sample_corners(seed: int, split: str, index: int) -> CrowdScene:
     names = list(PALETTE)
     others = [c for c in names if c != asked]
     present = bool(rng.random() < 0.5)
-    tiles: list[tuple[int, int, tuple[str | None, ...]]] = []
-    for pair in range(FRAMES // 2):
-        for cell in sorted(int(c) for c in rng.choice(_CELLS, TILES_PER_PAIR, replace=False)):
-            dots = [names[int(i)] for i in rng.integers(0, len(names), 4)]
-            dots[corner] = others[int(rng.integers(len(others)))]
-            empty = rng.random(4) < P_EMPTY
-            tiles.append((pair, cell, tuple(None if e else d for d, e in zip(dots, empty))))
+
+    def draw_dots() -> list[str]:
+        dots = [names[int(i)] for i in rng.integers(0, len(names), 4)]
+        dots[corner] = others[int(rng.integers(len(others)))]
+        return dots
+
+    tiles = _lay_out(rng, draw_dots)
     if present:
-        k = int(rng.integers(len(tiles)))
-        pair, cell, shown = tiles[k]
-        tiles[k] = (pair, cell, tuple(asked if i == corner else d for i, d in enumerate(shown)))
+        _paint(tiles, int(rng.integers(len(tiles))), corner, asked)
     return CrowdScene(asked, present, tuple(tiles), int(rng.integers(2**31)), corner)
 
 
