@@ -83,11 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         final = work / "stage2"
         caps: list[str | Path] = [r / "captions.jsonl" for r in roots]
         qas: list[str | Path] = [r / "qa.jsonl" for r in roots]
+        common = [o for o in args.set if not o.startswith(("s1:", "s2:"))]
         for name, (stage, init, extra) in RUNS.items():
             if args.method == "stage12" and name not in ("stage1", "stage2"):
                 continue
             mine = [o[3:] for o in args.set if o.startswith(f"s{stage}:")]
-            common = [o for o in args.set if not o.startswith(("s1:", "s2:"))]
             data = craft_train_config(
                 caps if stage == 1 else qas,
                 work / name,

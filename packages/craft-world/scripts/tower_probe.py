@@ -26,11 +26,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from craft_world.clips import FRAMES, PALETTE
-from craft_world.crowd import CORNERS, CrowdScene, _lay_out, _rng, render_crowd
+from craft_world.clips import FRAMES, PALETTE, SIZE
+from craft_world.crowd import CELLS, CORNERS, CrowdScene, _lay_out, _rng, render_crowd
 
 _STREAM = 12  # the balanced tiles' rng stream, disjoint from the families'
-_CELLS = 36
 
 
 def balanced_tiles(seed: int, index: int) -> CrowdScene:
@@ -44,11 +43,11 @@ def balanced_tiles(seed: int, index: int) -> CrowdScene:
 def corner_labels(scene: CrowdScene) -> torch.Tensor:
     """Which colour x corner features each token shows: float `[144, 24]` (colour-major)."""
     names = list(PALETTE)
-    out = torch.zeros(FRAMES // 2 * _CELLS, len(names) * len(CORNERS))
+    out = torch.zeros(FRAMES // 2 * CELLS, len(names) * len(CORNERS))
     for pair, cell, dots in scene.tiles:
         for corner, colour in enumerate(dots):
             if colour is not None:
-                out[pair * _CELLS + cell, names.index(colour) * len(CORNERS) + corner] = 1.0
+                out[pair * CELLS + cell, names.index(colour) * len(CORNERS) + corner] = 1.0
     return out
 
 
@@ -81,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     visual = model.model.visual
     params = [*visual.parameters(), *probe.parameters()]
     opt = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.98), weight_decay=0.01)
-    grid = torch.tensor([[FRAMES // 2, 6, 6]]).repeat(8, 1)
+    grid = torch.tensor([[FRAMES // 2, SIZE // 14, SIZE // 14]]).repeat(8, 1)
     visual.train()
     t0 = time.perf_counter()
     for step in range(args.steps):

@@ -38,6 +38,7 @@ import torch
 from craft_world.clips import FRAMES, PALETTE, SIZE, YES_NO, Question, Scene, _rng, render
 
 __all__ = [
+    "CELLS",
     "CORNERS",
     "CORNERS_ASKED",
     "CORNERS_TASK",
@@ -68,9 +69,14 @@ DOT = 6
 """Side of a dot in pixels; a tile is 2 x 2 dots at offsets 1 and 8 inside its 14 px patch."""
 P_EMPTY = 0.25
 """Probability that a dot of a tile is left out (background)."""
-_CELLS = (SIZE // 14) ** 2
+CELLS = (SIZE // 14) ** 2
+"""Patch cells of a frame (6 x 6): a tile sits in one."""
 _STREAM = 10  # rng streams of the tile families, disjoint from clips' 0 and 1
 _CORNERS_STREAM = 11
+
+
+Tile = tuple[int, int, tuple[str | None, ...]]
+"""(temporal pair, patch cell, the four dots' colours or None), as in `CrowdScene.tiles`."""
 
 
 @dataclass(frozen=True)
@@ -90,13 +96,9 @@ class CrowdScene:
 
     asked: str
     present: bool
-    tiles: tuple[tuple[int, int, tuple[str | None, ...]], ...]
+    tiles: tuple[Tile, ...]
     seed: int
     corner: int | None = None
-
-
-Tile = tuple[int, int, tuple[str | None, ...]]
-"""(temporal pair, patch cell, the four dots' colours or None), as in `CrowdScene.tiles`."""
 
 
 def _lay_out(rng: np.random.Generator, draw_dots: Callable[[], list[str]]) -> list[Tile]:
@@ -104,7 +106,7 @@ def _lay_out(rng: np.random.Generator, draw_dots: Callable[[], list[str]]) -> li
     by `draw_dots`, each left out with probability `P_EMPTY`."""
     tiles: list[Tile] = []
     for pair in range(FRAMES // 2):
-        for cell in sorted(int(c) for c in rng.choice(_CELLS, TILES_PER_PAIR, replace=False)):
+        for cell in sorted(int(c) for c in rng.choice(CELLS, TILES_PER_PAIR, replace=False)):
             dots = draw_dots()
             empty = rng.random(4) < P_EMPTY
             tiles.append((pair, cell, tuple(None if e else d for d, e in zip(dots, empty))))
@@ -204,9 +206,9 @@ def crowd_token_colours(scene: CrowdScene) -> torch.Tensor:
     Qwen2.5-VL's token order (temporal pair, patch row, patch column), as
     `train_backbone.token_colours` for the first family."""
     names = list(PALETTE)
-    out = torch.zeros(FRAMES // 2 * _CELLS, len(names))
+    out = torch.zeros(FRAMES // 2 * CELLS, len(names))
     for pair, cell, dots in scene.tiles:
         for colour in dots:
             if colour is not None:
-                out[pair * _CELLS + cell, names.index(colour)] = 1.0
+                out[pair * CELLS + cell, names.index(colour)] = 1.0
     return out

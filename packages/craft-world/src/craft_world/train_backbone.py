@@ -378,20 +378,17 @@ def train_backbone(
     phase, step = _resume(state_path, recipe, model, probe, opt)
     if (phase, step) == (0, 0) and start_from is not None:
         phase = _start_phase_c(start_from, recipe, model)
+    _enter_phase(model, recipe, phase)
     t0 = time.perf_counter()
     while phase < 3:
         steps = recipe.phase_steps[phase]
         if step >= steps:  # phase done: B starts from A's weights, fresh optimiser
             phase, step = phase + 1, 0
             opt = _optimizer(params, recipe.lr)
+            _enter_phase(model, recipe, phase)
             continue
         for group in opt.param_groups:
             group["lr"] = _lr(step, steps, recipe.lr)
-        if phase == 2 and recipe.freeze_vision_c:
-            # the tower keeps phase B's features: a tower trained on the tile question makes
-            # the asked feature an outlier of the token set, which any diversity selection
-            # then keeps (measured: DivPrune 96.8% at 8x vs 97.7% uncompressed)
-            model.model.visual.requires_grad_(False)
         step_parts = (model, probe, captured, params, opt)
         loss, aux = _train_step(step_parts, cache, pad, recipe, phase, step)
         step += 1
@@ -406,11 +403,16 @@ def train_backbone(
         if stop_at is not None and (phase, step) >= stop_at:
             return {}
     acc = _banks_accuracy(model, banks, cache, pad, final_clips)
-    origin = (
-        None if start_from is None else json.loads((start_from / "world_recipe.json").read_text())
-    )
-    _save_backbone(out, model, processor, log_path, recipe, acc, final_clips, origin)
+    _save_backbone(out, model, processor, log_path, recipe, acc, final_clips, start_from)
     return acc
+
+
+def _enter_phase(model: Any, recipe: Recipe, phase: int) -> None:
+    """What trains in `phase`: everything, except the vision tower in phase C (2) when
+    `freeze_vision_c` (it keeps phase B's features: a tower trained on the tile question makes
+    the asked feature an outlier of the token set, which any diversity selection then keeps;
+    measured: DivPrune 96.8% at 8x vs 97.7% uncompressed)."""
+    model.model.visual.requires_grad_(not (phase == 2 and recipe.freeze_vision_c))
 
 
 def _test_banks(work: Path, recipe: Recipe, processor: Any, clips: int) -> dict[str, TestBank]:
@@ -518,11 +520,11 @@ def _save_backbone(
     recipe: Recipe,
     acc: dict[str, float],
     final_clips: int,
-    started_from: dict[str, Any] | None = None,
+    start_from: Path | None = None,
 ) -> None:
     """The trained model, its processor, the training log and `world_recipe.json` in `out`
-    (with `started_from`: the `world_recipe.json` of the backbone phase C started from, so a
-    chain of phase-C runs says what it was made of)."""
+    (with `started_from`: the `world_recipe.json` of `start_from`, the backbone phase C
+    started from, so a chain of phase-C runs says what it was made of)."""
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
@@ -536,8 +538,8 @@ def _save_backbone(
         "heldout_questions": 2 * final_clips,
         "torch": torch.__version__,
     }
-    if started_from is not None:
-        record["started_from"] = started_from
+    if start_from is not None:
+        record["started_from"] = json.loads((start_from / "world_recipe.json").read_text())
     (out / "world_recipe.json").write_text(json.dumps(record, indent=1))
 
 
