@@ -366,11 +366,7 @@ def train_backbone(
     torch.set_num_threads(1)
     if start_from is not None:
         _check_phase_ab(start_from, recipe)  # before anything is written
-    work.mkdir(parents=True, exist_ok=True)
-    processor = world_processor()
-    pad = int(processor.tokenizer.pad_token_id)
-    banks = _test_banks(work, recipe, processor, max(eval_clips, final_clips))
-    cache = PromptCache(processor)
+    processor, pad, banks, cache = _setup(work, recipe, max(eval_clips, final_clips))
     model, probe, captured = _model_and_probe(recipe.seed)
     params = [*model.parameters(), *probe.parameters()]
     opt = _optimizer(params, recipe.lr)
@@ -405,6 +401,17 @@ def train_backbone(
     acc = _banks_accuracy(model, banks, cache, pad, final_clips)
     _save_backbone(out, model, processor, log_path, recipe, acc, final_clips, start_from)
     return acc
+
+
+def _setup(
+    work: Path, recipe: Recipe, clips: int
+) -> tuple[Any, int, dict[str, TestBank], PromptCache]:
+    """`work` created; the world's processor, its pad id, the held-out banks of `clips` clips
+    and the prompt cache."""
+    work.mkdir(parents=True, exist_ok=True)
+    processor = world_processor()
+    banks = _test_banks(work, recipe, processor, clips)
+    return processor, int(processor.tokenizer.pad_token_id), banks, PromptCache(processor)
 
 
 def _enter_phase(model: Any, recipe: Recipe, phase: int) -> None:
