@@ -165,16 +165,16 @@ def test_make_clips_crowd_family(tmp_path: Path) -> None:
 
 
 def test_phase_c_starts_only_from_its_own_phases(tmp_path: Path) -> None:
-    from craft_world.train_backbone import Recipe, _model_and_probe, _start_phase_c
+    from craft_world.train_backbone import Recipe, _model_and_probes, _start_after_ab
 
     folder = tmp_path / "bb"
     folder.mkdir()
-    model, _, _ = _model_and_probe(0)
+    model, _, _ = _model_and_probes(0)
     with pytest.raises(ValueError, match=r"world_recipe\.json"):
-        _start_phase_c(folder, Recipe(steps_c=10), model)
+        _start_after_ab(folder, Recipe(steps_c=10), model)
     (folder / "world_recipe.json").write_text(json.dumps({"seed": 0, "steps_a": 1}))
     with pytest.raises(ValueError, match="steps_a"):
-        _start_phase_c(folder, Recipe(steps_c=10), model)
+        _start_after_ab(folder, Recipe(steps_c=10), model)
     with pytest.raises(ValueError, match="crowd_share"):
         Recipe(crowd_share=1.5)
     with pytest.raises(ValueError, match="family_c"):
@@ -207,3 +207,83 @@ def test_phase_c_on_corners_with_the_vision_tower_frozen(tmp_path: Path) -> None
         made = json.loads((out / "world_recipe.json").read_text())
         assert made["family_c"] == "corners" and made["freeze_vision_c"] == freeze
         assert made["started_from"]["steps_c"] == 0 and made["started_from"]["steps_a"] == 1
+
+
+def test_corner_labels_are_what_the_pixels_show() -> None:
+    """Phase P's labels: token (pair, cell) shows colour c at corner k exactly when the
+    middle pixel of that corner's dot IS c's palette value in both frames of the pair (read
+    from the rendered frames, not from the scene's tile list)."""
+    from craft_world.crowd import CELLS
+    from craft_world.tower_probe import FEATURES, balanced_tiles, corner_labels
+
+    names, side = list(PALETTE), SIZE // 14
+    for index in range(6):
+        scene = balanced_tiles(0, index)
+        frames, labels = render_crowd(scene), corner_labels(scene)
+        assert labels.shape == (FRAMES // 2 * CELLS, FEATURES)
+        reference = torch.zeros_like(labels)
+        for pair in range(FRAMES // 2):
+            for cell in range(CELLS):
+                row, col = divmod(cell, side)
+                for corner in range(len(CORNERS)):
+                    dy, dx = divmod(corner, 2)
+                    y = row * 14 + 1 + dy * (DOT + 1) + DOT // 2
+                    x = col * 14 + 1 + dx * (DOT + 1) + DOT // 2
+                    for c, name in enumerate(names):
+                        value = np.asarray(PALETTE[name], dtype=np.uint8)
+                        if all((frames[2 * pair + t, y, x] == value).all() for t in (0, 1)):
+                            reference[pair * CELLS + cell, c * len(CORNERS) + corner] = 1.0
+        assert torch.equal(labels, reference), index
+        # balanced: every one of the 24 features shows up in a clip's tiles
+        assert (labels.sum(0) > 0).sum() >= FEATURES - 2
+
+
+def test_phase_p_trains_the_tower_alone_and_resumes(tmp_path: Path) -> None:
+    """Phase P (`steps_p`) moves only vision-tower weights, leaving every language-model
+    weight of its A+B start bit for bit; then C on the frozen tower moves only the language
+    model. A run killed in P and resumed gives the same weights bit for bit."""
+    from safetensors.torch import load_file
+
+    from craft_world.train_backbone import Recipe, train_backbone
+
+    kw = {"save_every": 1, "eval_every": 100, "eval_clips": 1, "final_clips": 1}
+    ab = Recipe(steps_a=1, steps_b=1, batch=2)
+    train_backbone(tmp_path / "ab", tmp_path / "ab-out", ab, **kw)
+    start = load_file(str(tmp_path / "ab-out" / "model.safetensors"))
+    vision = {k for k in start if ".visual." in k or k.startswith("visual.")}
+
+    def moved(out: Path) -> tuple[set[str], set[str]]:
+        after = load_file(str(out / "model.safetensors"))
+        changed = {k for k in start if not torch.equal(start[k], after[k])}
+        return changed & vision, changed - vision
+
+    common = {"steps_a": 1, "steps_b": 1, "batch": 2, "family_c": "corners"}
+    p_only = Recipe(**common, steps_p=3)  # type: ignore[arg-type]
+    train_backbone(tmp_path / "p", tmp_path / "p-out", p_only, start_from=tmp_path / "ab-out", **kw)
+    vision_moved, text_moved = moved(tmp_path / "p-out")
+    assert vision_moved and not text_moved, sorted(text_moved)[:3]
+    log = [json.loads(line) for line in (tmp_path / "p" / "log.jsonl").read_text().splitlines()]
+    assert [r["phase"] for r in log] == ["P"] and "exact" in log[0]
+
+    # killed at P step 1, resumed: the same run
+    import shutil
+
+    shutil.copytree(tmp_path / "p" / "test", tmp_path / "k" / "test")
+    stop = train_backbone(tmp_path / "k", tmp_path / "k-out", p_only,
+                          start_from=tmp_path / "ab-out", stop_at=(3, 1), **kw)  # fmt: skip
+    assert stop == {} and not (tmp_path / "k-out").exists()
+    train_backbone(tmp_path / "k", tmp_path / "k-out", p_only, start_from=tmp_path / "ab-out", **kw)
+    a, b = (
+        load_file(str(d / "model.safetensors")) for d in (tmp_path / "p-out", tmp_path / "k-out")
+    )
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+    pc = Recipe(**common, steps_p=3, steps_c=2, crowd_share=1.0, freeze_vision_c=True)  # type: ignore[arg-type]
+    train_backbone(tmp_path / "pc", tmp_path / "pc-out", pc, start_from=tmp_path / "ab-out", **kw)
+    after_p, after_pc = (
+        load_file(str(d / "model.safetensors")) for d in (tmp_path / "p-out", tmp_path / "pc-out")
+    )
+    assert all(torch.equal(after_p[k], after_pc[k]) for k in vision)  # C kept P's tower
+    assert any(not torch.equal(after_p[k], after_pc[k]) for k in start if k not in vision)
+    made = json.loads((tmp_path / "pc-out" / "world_recipe.json").read_text())
+    assert made["steps_p"] == 3 and made["started_from"]["steps_a"] == 1

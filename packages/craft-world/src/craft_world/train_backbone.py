@@ -68,6 +68,7 @@ from craft_world.crowd import (
     sample_tiles,
 )
 from craft_world.files import make_clips
+from craft_world.tower_probe import new_corner_probe, probe_lr, probe_step
 
 __all__ = ["Recipe", "TestBank", "main", "token_colours", "train_backbone"]
 
@@ -88,13 +89,16 @@ class Recipe:
     crowd_share: float = 0.5
     family_c: str = "crowd"
     freeze_vision_c: bool = False
+    steps_p: int = 0
 
     def __post_init__(self) -> None:
         for name in ("steps_a", "batch"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.steps_b < 0 or self.steps_c < 0 or self.lr <= 0 or not 0 <= self.curriculum <= 1:
-            raise ValueError(f"need steps_b, steps_c >= 0, lr > 0, 0 <= curriculum <= 1: {self}")
+        if min(self.steps_b, self.steps_c, self.steps_p) < 0 or self.lr <= 0:
+            raise ValueError(f"need steps_b, steps_c, steps_p >= 0 and lr > 0: {self}")
+        if not 0 <= self.curriculum <= 1:
+            raise ValueError(f"curriculum must be in [0, 1], got {self.curriculum}")
         if not 0 <= self.crowd_share <= 1:
             raise ValueError(f"crowd_share must be in [0, 1], got {self.crowd_share}")
         if self.family_c not in TILE_FAMILIES:
@@ -102,10 +106,19 @@ class Recipe:
                 f"family_c must be one of {tuple(TILE_FAMILIES)}, got {self.family_c!r}"
             )
 
-    @property
-    def phase_steps(self) -> tuple[int, int, int]:
-        """Steps of phases A, B and C (C: the squares and the tile family `family_c`)."""
-        return self.steps_a, self.steps_b, self.steps_c
+    def steps(self, phase: int) -> int:
+        """Steps of `phase` (`PHASES`): A and B the squares, P the tower alone (phase P,
+        `craft_world.tower_probe`), C the squares and the tile family `family_c`."""
+        return (self.steps_a, self.steps_b, self.steps_c, self.steps_p)[phase]
+
+
+PHASES = "ABCP"
+"""Phase numbers 0-3 name A, B, C, P: they seed each phase's batches, so C's batches are the
+same with or without a phase P. The phases RUN in the order `ORDER`."""
+ORDER = (0, 1, 3, 2)
+"""A, B, then P (the tower alone), then C (on the tower P left)."""
+_AFTER_AB = ("steps_c", "crowd_share", "family_c", "freeze_vision_c", "steps_p")
+"""Recipe fields of the phases after A and B (a run may start from an A+B backbone)."""
 
 
 class TestBank:
@@ -304,7 +317,7 @@ def _banks_accuracy(
 
 def _check_phase_ab(folder: Path, recipe: Recipe) -> None:
     """ValueError unless `folder` holds a backbone that phases A and B of `recipe` made (its
-    `world_recipe.json` agrees on every field but the phase-C ones)."""
+    `world_recipe.json` agrees on every field but those of the later phases)."""
     if not (folder / "world_recipe.json").is_file():
         raise ValueError(f"start_from: {folder} holds no world_recipe.json (not a saved backbone)")
     made = json.loads((folder / "world_recipe.json").read_text())
@@ -312,7 +325,7 @@ def _check_phase_ab(folder: Path, recipe: Recipe) -> None:
     differ = [
         k
         for k in ours
-        if k not in ("steps_c", "crowd_share", "family_c", "freeze_vision_c")
+        if k not in _AFTER_AB
         and made.get(k) != ours[k]
         and not (isinstance(ours[k], tuple) and made.get(k) == list(ours[k]))
     ]
@@ -320,16 +333,27 @@ def _check_phase_ab(folder: Path, recipe: Recipe) -> None:
         raise ValueError(f"{folder} was not made by phases A and B of this recipe: {differ}")
 
 
-def _start_phase_c(folder: Path, recipe: Recipe, model: Any) -> int:
+def _start_after_ab(folder: Path, recipe: Recipe, model: Any) -> int:
     """Load into `model` the weights of the backbone of phases A and B in `folder`
-    (`_check_phase_ab`); returns phase 2 (C)."""
+    (`_check_phase_ab`); returns the phase after B (P)."""
     from transformers import AutoModelForImageTextToText
 
     _check_phase_ab(folder, recipe)
     trained = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
     model.load_state_dict(trained.state_dict())
-    print(f"phase C starts from {folder}", flush=True)
-    return 2
+    print(f"phases P and C start from {folder}", flush=True)
+    return ORDER[2]
+
+
+def _reached(phase: int, step: int, stop_at: tuple[int, int]) -> bool:
+    """Whether step `step` of `phase` is at or past `stop_at` (phase, step), in run order."""
+    return (ORDER.index(phase), step) >= (ORDER.index(stop_at[0]), stop_at[1])
+
+
+def _next_phase(phase: int) -> int | None:
+    """The phase that runs after `phase` (`ORDER`); None after the last."""
+    at = ORDER.index(phase) + 1
+    return ORDER[at] if at < len(ORDER) else None
 
 
 def _lr(step: int, steps: int, lr: float) -> float:
@@ -361,46 +385,73 @@ def train_backbone(
     `stop_at=(phase, step)`: return there without saving the model (what a kill leaves
     behind: the last `state.pt`), for testing the resume. `start_from`: a backbone folder
     saved by phases A and B of this recipe (its `world_recipe.json` says so): without a
-    `state.pt`, phase C starts from its weights instead of retraining A and B.
+    `state.pt`, phases P and C start from its weights instead of retraining A and B.
     """
     torch.set_num_threads(1)
     if start_from is not None:
         _check_phase_ab(start_from, recipe)  # before anything is written
     processor, pad, banks, cache = _setup(work, recipe, max(eval_clips, final_clips))
-    model, probe, captured = _model_and_probe(recipe.seed)
-    params = [*model.parameters(), *probe.parameters()]
-    opt = _optimizer(params, recipe.lr)
+    model, probes, captured = _model_and_probes(recipe.seed)
     state_path, log_path = work / "state.pt", work / "log.jsonl"
-    phase, step = _resume(state_path, recipe, model, probe, opt)
+    phase, step, opt_state = _resume(state_path, recipe, model, probes)
     if (phase, step) == (0, 0) and start_from is not None:
-        phase = _start_phase_c(start_from, recipe, model)
-    _enter_phase(model, recipe, phase)
+        phase = _start_after_ab(start_from, recipe, model)
+    opt = _enter_phase(model, probes, recipe, phase)
+    if opt_state is not None:
+        opt.load_state_dict(opt_state)
     t0 = time.perf_counter()
-    while phase < 3:
-        steps = recipe.phase_steps[phase]
-        if step >= steps:  # phase done: B starts from A's weights, fresh optimiser
-            phase, step = phase + 1, 0
-            opt = _optimizer(params, recipe.lr)
-            _enter_phase(model, recipe, phase)
+    while True:
+        steps = recipe.steps(phase)
+        if step >= steps:  # phase done: the next starts from its weights, fresh optimiser
+            following = _next_phase(phase)
+            if following is None:
+                break
+            phase, step = following, 0
+            opt = _enter_phase(model, probes, recipe, phase)
             continue
-        for group in opt.param_groups:
-            group["lr"] = _lr(step, steps, recipe.lr)
-        step_parts = (model, probe, captured, params, opt)
-        loss, aux = _train_step(step_parts, cache, pad, recipe, phase, step)
+        row = _step(model, probes, captured, opt, cache, pad, recipe, phase, step)
         step += 1
-        row: dict[str, Any] = {"phase": "ABC"[phase], "step": step, "loss": round(loss, 5)}
-        row["aux"] = round(aux, 5)
-        if step % eval_every == 0 or step == steps:
+        if phase != ORDER[2] and (step % eval_every == 0 or step == steps):
             row["heldout"] = _banks_accuracy(model, banks, cache, pad, eval_clips)
         if step % save_every == 0 or step == steps:
-            _save_state(state_path, recipe, (model, probe, opt), phase, step)
-        if step % 20 == 0 or "heldout" in row:
+            _save_state(state_path, recipe, (model, probes, opt), phase, step)
+        if step % 20 == 0 or step == steps or "heldout" in row:
             _log(log_path, {**row, "s": round(time.perf_counter() - t0, 1)})
-        if stop_at is not None and (phase, step) >= stop_at:
+        if stop_at is not None and _reached(phase, step, stop_at):
             return {}
     acc = _banks_accuracy(model, banks, cache, pad, final_clips)
     _save_backbone(out, model, processor, log_path, recipe, acc, final_clips, start_from)
     return acc
+
+
+def _step(
+    model: Any,
+    probes: torch.nn.ModuleDict,
+    captured: list[torch.Tensor],
+    opt: torch.optim.Optimizer,
+    cache: PromptCache,
+    pad: int,
+    recipe: Recipe,
+    phase: int,
+    step: int,
+) -> dict[str, Any]:
+    """Train step `step` of `phase` at its scheduled learning rate; its log row."""
+    steps = recipe.steps(phase)
+    if phase == ORDER[2]:  # P: the tower alone, through the corner probe
+        for group in opt.param_groups:
+            group["lr"] = probe_lr(step, steps, recipe.lr)
+        loss, exact = probe_step(
+            model.model.visual, probes["corner"], opt, cache.pixels, recipe.seed, recipe.batch, step
+        )
+        captured.clear()  # the colour hook saw the tower's output: drop it and its graph
+        return {"phase": "P", "step": step + 1, "loss": round(loss, 5), "exact": round(exact, 4)}
+    for group in opt.param_groups:
+        group["lr"] = _lr(step, steps, recipe.lr)
+    loss, aux = _train_step(
+        (model, probes["colour"], captured, opt), cache, pad, recipe, phase, step
+    )
+    row = {"phase": PHASES[phase], "step": step + 1, "loss": round(loss, 5)}
+    return {**row, "aux": round(aux, 5)}
 
 
 def _setup(
@@ -414,12 +465,22 @@ def _setup(
     return processor, int(processor.tokenizer.pad_token_id), banks, PromptCache(processor)
 
 
-def _enter_phase(model: Any, recipe: Recipe, phase: int) -> None:
-    """What trains in `phase`: everything, except the vision tower in phase C (2) when
-    `freeze_vision_c` (it keeps phase B's features: a tower trained on the tile question makes
-    the asked feature an outlier of the token set, which any diversity selection then keeps;
-    measured: DivPrune 96.8% at 8x vs 97.7% uncompressed)."""
-    model.model.visual.requires_grad_(not (phase == 2 and recipe.freeze_vision_c))
+def _enter_phase(
+    model: Any, probes: torch.nn.ModuleDict, recipe: Recipe, phase: int
+) -> torch.optim.AdamW:
+    """What trains in `phase`, and its fresh optimiser. A, B, C: the model and the colour
+    probe, except the vision tower in C when `freeze_vision_c` (it keeps the features B or P
+    gave it: a tower trained on the tile question makes the asked feature an outlier of the
+    token set, which any diversity selection then keeps; measured: DivPrune 96.8% at 8x vs
+    97.7% uncompressed). P: the vision tower and the corner probe only."""
+    visual = model.model.visual
+    if phase == ORDER[2]:
+        model.requires_grad_(False)
+        visual.requires_grad_(True)
+        return _optimizer([*visual.parameters(), *probes["corner"].parameters()], recipe.lr)
+    model.requires_grad_(True)
+    visual.requires_grad_(not (phase == 2 and recipe.freeze_vision_c))
+    return _optimizer([*model.parameters(), *probes["colour"].parameters()], recipe.lr)
 
 
 def _test_banks(work: Path, recipe: Recipe, processor: Any, clips: int) -> dict[str, TestBank]:
@@ -438,24 +499,27 @@ def _log(log_path: Path, row: dict[str, Any]) -> None:
     print(json.dumps(row), flush=True)
 
 
-def _model_and_probe(seed: int) -> tuple[Any, torch.nn.Linear, list[torch.Tensor]]:
-    """A fresh backbone in training mode, the colour probe on its projector's output
-    (hidden size -> 6 colours), and the list its vision tower's output is captured into
-    (`pooler_output` [B * 144, hidden] per forward)."""
+def _model_and_probes(seed: int) -> tuple[Any, torch.nn.ModuleDict, list[torch.Tensor]]:
+    """A fresh backbone in training mode; its probes on the projector's output, "colour"
+    (hidden size -> 6 colours, phases A-C) and "corner" (-> 24 colour x corner features,
+    phase P); and the list the vision tower's output is captured into (`pooler_output`
+    [B * 144, hidden] per forward)."""
     model = new_backbone(seed)
     model.train()
+    hidden = int(model.config.get_text_config().hidden_size)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        probe = torch.nn.Linear(int(model.config.get_text_config().hidden_size), len(PALETTE))
+        colour = torch.nn.Linear(hidden, len(PALETTE))
+    probes = torch.nn.ModuleDict({"colour": colour, "corner": new_corner_probe(hidden, seed)})
     captured: list[torch.Tensor] = []
     model.model.visual.register_forward_hook(
         lambda mod, args, out: captured.append(out.pooler_output)
     )
-    return model, probe, captured
+    return model, probes, captured
 
 
 def _train_step(
-    parts: tuple[Any, torch.nn.Module, list[torch.Tensor], list[torch.nn.Parameter], Any],
+    parts: tuple[Any, torch.nn.Module, list[torch.Tensor], torch.optim.Optimizer],
     cache: PromptCache,
     pad: int,
     recipe: Recipe,
@@ -464,8 +528,10 @@ def _train_step(
 ) -> tuple[float, float]:
     """One optimiser step on batch `step` of `phase` (a pure function of them and the seed):
     answer cross-entropy plus the colour probe's loss. `parts`: model, probe, the captured
-    vision outputs, the trained parameters and the optimiser. Returns (loss, aux loss)."""
-    model, probe, captured, params, opt = parts
+    vision outputs and the optimiser (its parameters are the trained ones). Returns (loss,
+    aux loss)."""
+    model, probe, captured, opt = parts
+    params = [p for group in opt.param_groups for p in group["params"]]
     rng = np.random.default_rng([recipe.seed, 7, phase, step])
     drawn = [training_example(recipe, phase, step, j, rng) for j in range(recipe.batch)]
     pixels = torch.stack([cache.pixels(frames) for frames, _, _ in drawn])
@@ -481,13 +547,14 @@ def _train_step(
 
 
 def _resume(
-    path: Path, recipe: Recipe, model: Any, probe: torch.nn.Module, opt: Any
-) -> tuple[int, int]:
-    """(phase, step) of the state saved at `path`, loaded into the modules; (0, 0) without
-    one. A state of another recipe is refused, and so is a file holding anything but tensors
-    and plain values: unpickling other objects can run code (`weights_only=True`)."""
+    path: Path, recipe: Recipe, model: Any, probes: torch.nn.Module
+) -> tuple[int, int, dict[str, Any] | None]:
+    """(phase, step, optimiser state) of the state saved at `path`, the weights loaded into
+    the modules; (0, 0, None) without one. A state of another recipe is refused, and so is a
+    file holding anything but tensors and plain values: unpickling other objects can run
+    code (`weights_only=True`)."""
     if not path.is_file():
-        return 0, 0
+        return 0, 0, None
     try:
         state = torch.load(path, weights_only=True)
     except pickle.UnpicklingError as err:
@@ -499,20 +566,19 @@ def _resume(
     if state["recipe"] != asdict(recipe):
         raise ValueError(f"{path} is of another recipe: {state['recipe']}")
     model.load_state_dict(state["model"])
-    probe.load_state_dict(state["probe"])
-    opt.load_state_dict(state["optimizer"])
+    probes.load_state_dict(state["probes"])
     phase, step = int(state["phase"]), int(state["step"])
-    print(f"resumed at phase {'ABC'[phase]} step {step}", flush=True)
-    return phase, step
+    print(f"resumed at phase {PHASES[phase]} step {step}", flush=True)
+    return phase, step, state["optimizer"]
 
 
 def _save_state(
     path: Path, recipe: Recipe, parts: tuple[Any, torch.nn.Module, Any], phase: int, step: int
 ) -> None:
-    """Write the resume state (`parts`: model, probe, optimizer) atomically: a kill
-    mid-write leaves the previous one."""
-    model, probe, opt = parts
-    state = {"model": model.state_dict(), "probe": probe.state_dict()}
+    """Write the resume state (`parts`: model, probes, the phase's optimiser) atomically: a
+    kill mid-write leaves the previous one."""
+    model, probes, opt = parts
+    state = {"model": model.state_dict(), "probes": probes.state_dict()}
     state |= {"optimizer": opt.state_dict(), "phase": phase, "step": step}
     tmp = path.with_suffix(".tmp")
     torch.save({"recipe": asdict(recipe), **state}, tmp)
@@ -530,7 +596,7 @@ def _save_backbone(
     start_from: Path | None = None,
 ) -> None:
     """The trained model, its processor, the training log and `world_recipe.json` in `out`
-    (with `started_from`: the `world_recipe.json` of `start_from`, the backbone phase C
+    (with `started_from`: the `world_recipe.json` of `start_from`, the backbone phase P
     started from, so a chain of phase-C runs says what it was made of)."""
     model.eval()
     out.mkdir(parents=True, exist_ok=True)
@@ -562,6 +628,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps-b", type=int, default=defaults.steps_b, help="phase B steps")
     parser.add_argument("--steps-c", type=int, default=defaults.steps_c, help="phase C steps")
     parser.add_argument(
+        "--steps-p",
+        type=int,
+        default=defaults.steps_p,
+        help="phase P steps (the vision tower alone, before C; craft_world.tower_probe)",
+    )
+    parser.add_argument(
         "--crowd-share",
         type=float,
         default=defaults.crowd_share,
@@ -579,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
         help="phase C trains the language model only (the vision tower frozen)",
     )
     parser.add_argument(
-        "--start-from", default=None, help="a backbone of phases A+B of this recipe: start at C"
+        "--start-from", default=None, help="a backbone of phases A+B of this recipe: start at P (or C)"
     )
     parser.add_argument("--batch", type=int, default=defaults.batch)
     parser.add_argument("--lr", type=float, default=defaults.lr)
@@ -591,6 +663,7 @@ def main(argv: list[str] | None = None) -> int:
             steps_a=args.steps_a,
             steps_b=args.steps_b,
             steps_c=args.steps_c,
+            steps_p=args.steps_p,
             crowd_share=args.crowd_share,
             family_c=args.family_c,
             freeze_vision_c=args.freeze_vision_c,
