@@ -189,11 +189,11 @@ def test_phase_c_on_corners_with_the_vision_tower_frozen(tmp_path: Path) -> None
     from craft_world.train_backbone import Recipe, train_backbone
 
     kw = {"save_every": 100, "eval_every": 100, "eval_clips": 1, "final_clips": 1}
-    ab = Recipe(steps_a=1, steps_b=1, batch=2)
+    ab = Recipe(steps_a=1, steps_b=1, batch=2, steps_p=0, steps_c=0)
     train_backbone(tmp_path / "ab", tmp_path / "ab-out", ab, **kw)
     for freeze in (True, False):
-        c = Recipe(steps_a=1, steps_b=1, batch=2, steps_c=2, family_c="corners", crowd_share=1.0,
-                   freeze_vision_c=freeze)  # fmt: skip
+        c = Recipe(steps_a=1, steps_b=1, batch=2, steps_p=0, steps_c=2, family_c="corners",
+                   crowd_share=1.0, freeze_vision_c=freeze)  # fmt: skip
         out = tmp_path / f"c-{freeze}"
         acc = train_backbone(tmp_path / f"w-{freeze}", out, c, start_from=tmp_path / "ab-out", **kw)
         assert set(acc) == {"object_existence", "moving_count", "all", "corners"}
@@ -247,7 +247,7 @@ def test_phase_p_trains_the_tower_alone_and_resumes(tmp_path: Path) -> None:
     from craft_world.train_backbone import Recipe, train_backbone
 
     kw = {"save_every": 1, "eval_every": 100, "eval_clips": 1, "final_clips": 1}
-    ab = Recipe(steps_a=1, steps_b=1, batch=2)
+    ab = Recipe(steps_a=1, steps_b=1, batch=2, steps_p=0, steps_c=0)
     train_backbone(tmp_path / "ab", tmp_path / "ab-out", ab, **kw)
     start = load_file(str(tmp_path / "ab-out" / "model.safetensors"))
     vision = {k for k in start if ".visual." in k or k.startswith("visual.")}
@@ -258,7 +258,7 @@ def test_phase_p_trains_the_tower_alone_and_resumes(tmp_path: Path) -> None:
         return changed & vision, changed - vision
 
     common = {"steps_a": 1, "steps_b": 1, "batch": 2, "family_c": "corners"}
-    p_only = Recipe(**common, steps_p=3)  # type: ignore[arg-type]
+    p_only = Recipe(**common, steps_p=3, steps_c=0)  # type: ignore[arg-type]
     train_backbone(tmp_path / "p", tmp_path / "p-out", p_only, start_from=tmp_path / "ab-out", **kw)
     vision_moved, text_moved = moved(tmp_path / "p-out")
     assert vision_moved and not text_moved, sorted(text_moved)[:3]

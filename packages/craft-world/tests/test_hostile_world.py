@@ -63,7 +63,11 @@ def test_train_backbone_refuses_a_state_that_runs_code(tmp_path: Path) -> None:
     torch.save({"recipe": {}, "model": _Payload(marker)}, work / "state.pt")
     with pytest.raises(ValueError, match=r"state\.pt holds Python objects") as err:
         train_backbone(
-            work, tmp_path / "out", Recipe(steps_a=1, steps_b=1), eval_clips=1, final_clips=1
+            work,
+            tmp_path / "out",
+            Recipe(steps_a=1, steps_b=1, steps_p=0, steps_c=0),
+            eval_clips=1,
+            final_clips=1,
         )
     assert str(work / "state.pt") in str(err.value) and "refused" in str(err.value)
     assert not marker.exists() and not (tmp_path / "out").exists()

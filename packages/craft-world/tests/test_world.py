@@ -126,7 +126,7 @@ def test_backbone_training_is_bit_for_bit_and_resumes(tmp_path: Path) -> None:
 
     from craft_world.train_backbone import Recipe, train_backbone
 
-    recipe = Recipe(steps_a=3, steps_b=2, batch=2)
+    recipe = Recipe(steps_a=3, steps_b=2, batch=2, steps_p=0, steps_c=0)
     kw = {"save_every": 1, "eval_every": 100, "eval_clips": 2, "final_clips": 2}
     import shutil
 
@@ -140,7 +140,10 @@ def test_backbone_training_is_bit_for_bit_and_resumes(tmp_path: Path) -> None:
     assert not (tmp_path / "b" / "out").exists()
     with pytest.raises(ValueError, match="another recipe"):
         train_backbone(
-            tmp_path / "b", tmp_path / "b" / "out", Recipe(steps_a=3, steps_b=3, batch=2), **kw
+            tmp_path / "b",
+            tmp_path / "b" / "out",
+            Recipe(steps_a=3, steps_b=3, batch=2, steps_p=0, steps_c=0),
+            **kw,
         )
     train_backbone(tmp_path / "b", tmp_path / "b" / "out", recipe, **kw)  # resumes in phase B
     wa = load_file(str(tmp_path / "a" / "out" / "model.safetensors"))

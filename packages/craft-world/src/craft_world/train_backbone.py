@@ -3,7 +3,7 @@
     python -m craft_world.train_backbone --work /tmp/world \
         --out packages/craft-world/src/craft_world/checkpoints/backbone
 
-The recipe (every default below is the shipped backbone's):
+The recipe (every default below is the shipped backbone's; about 45 minutes on one thread):
 
 1. every training example is a FRESH clip (split "train", a new scene index per example,
    rendered in memory, no fixed clip set): four runs on a fixed set of 4,000 clips stayed
@@ -15,13 +15,19 @@ The recipe (every default below is the shipped backbone's):
    cross-entropy on the answer tokens only, plus an auxiliary loss that makes the vision
    tower say which colours each video token shows (a linear probe on the projector's output,
    `token_colours`, discarded after training);
-3. batch 8, AdamW (lr 1e-3, betas 0.9/0.98, weight decay 0.01), gradient clip 1.0, per
-   phase 5% linear warmup then cosine to 0;
-4. checkpoints `--work/state.pt` every `--save-every` steps (a killed run resumes from it:
+3. phase P (`--steps-p`, `craft_world.tower_probe`): the vision tower alone learns to report
+   all 24 colour x corner features of the tiles, evenly, through a probe of its own;
+4. phase C (`--steps-c`): the language model (the tower frozen, `--freeze-vision-c`) learns
+   the corners family's question (`--family-c`, a share `--crowd-share` of the examples)
+   beside the squares' (issue 44: a tower that learned the question itself would make the
+   answer's token an outlier that any diversity selection keeps; docs/crowd.md);
+5. batch 8, AdamW (lr 1e-3, betas 0.9/0.98, weight decay 0.01), gradient clip 1.0, per
+   phase 5% linear warmup then cosine to 0 (phase P: 50 warm-up steps);
+6. checkpoints `--work/state.pt` every `--save-every` steps (a killed run resumes from it:
    batches are a pure function of `(seed, phase, step)`, so the resumed run is the same run),
    logs held-out accuracy (mp4 clips of split "test", read as the evaluation reads them) to
-   `--work/log.jsonl`,
-5. saves the model (`save_pretrained`), its processor, `world_recipe.json` (the recipe and
+   `--work/log.jsonl`; `--start-from` a saved backbone of phases A and B skips them;
+7. saves the model (`save_pretrained`), its processor, `world_recipe.json` (the recipe and
    its held-out accuracy over `--final-clips` clips, 2 questions each) and the log in `--out`.
 
 Bit for bit: one torch thread, fixed seeds, no dropout; the same machine and library
@@ -85,11 +91,11 @@ class Recipe:
     curriculum: float = 0.3
     big_sides: tuple[int, int] = (14, 19)
     aux_weight: float = 1.0
-    steps_c: int = 0
-    crowd_share: float = 0.5
-    family_c: str = "crowd"
-    freeze_vision_c: bool = False
-    steps_p: int = 0
+    steps_c: int = 4000
+    crowd_share: float = 0.75
+    family_c: str = "corners"
+    freeze_vision_c: bool = True
+    steps_p: int = 600
 
     def __post_init__(self) -> None:
         for name in ("steps_a", "batch"):

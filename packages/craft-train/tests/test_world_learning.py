@@ -1,0 +1,138 @@
+"""Learning in craft-world's corners family (issue 44): a short `craft-train stage2` run of
+the world recipe, from a fresh merge module on the shipped frozen backbone, lowers the
+held-out first-token KL to the uncompressed model at 16x by >= 3 paired SE; the same run on
+frozen random targets (each clip's answer redrawn once, independent of the clip) does not.
+
+Both runs are the `craft-train` command a user types (`craft_world.recipe.STAGE2` with fewer
+steps), in two processes side by side (one CPU core each). Held-out clips are split "test",
+disjoint from the training clips (split "craft").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+
+torch.set_num_threads(1)
+
+STEPS, GRAD_ACCUM, TRAIN_CLIPS, HELDOUT = 300, 4, 600, 300
+RATIO = 16.0
+
+
+def _config(root: Path, manifest: Path, out: Path, fresh: Path) -> Path:
+    from craft_world.recipe import STAGE2, craft_train_config
+
+    optim = {**STAGE2["optim"], "max_steps": STEPS, "grad_accum": GRAD_ACCUM}
+    cfg = craft_train_config(manifest, out, stage=2, init_from=fresh,
+                             **{**STAGE2, "optim": optim})  # fmt: skip
+    cfg["train"]["save_steps"] = STEPS
+    path = root / f"{out.name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _fresh_module(folder: Path) -> Path:
+    """An untrained module of the world's width, as a stage-1 run's output folder."""
+    from craft_core import CraftCompressor, CraftConfig
+    from craft_world import WORLD_CRAFT, backbone_path
+
+    hidden = json.loads((backbone_path() / "config.json").read_text())["text_config"]["hidden_size"]
+    torch.manual_seed(0)
+    CraftCompressor(CraftConfig(hidden_size=hidden, **WORLD_CRAFT)).save_pretrained(folder / "craft")
+    return folder
+
+
+def _random_targets(manifest: Path, out: Path) -> Path:
+    """The manifest with every answer redrawn at random, once (seed 1): targets that carry
+    nothing about the clip."""
+    rng = random.Random(1)
+    rows = [json.loads(line) for line in manifest.read_text().splitlines()]
+    for row in rows:
+        row["answer"] = rng.choice(["A", "B"])
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
+
+
+def _first_token_kl(module_dir: Path, heldout: Path) -> list[float]:
+    """KL(uncompressed || compressed at 16x) of the first answer token, per held-out clip."""
+    from craft_core import CraftCompressor, TokenBudget
+    from craft_train.config import load_config
+    from craft_train.data import VideoTextDataset, collate
+    from craft_train.inputs import make_encoder
+    from craft_train.model import build_model
+    from craft_train.trainer import load_examples
+    from craft_world.recipe import STAGE2, craft_train_config
+
+    cfg = load_config(data=craft_train_config(heldout, heldout.parent / "unused", stage=2,
+                                              init_from=module_dir, **STAGE2))  # fmt: skip
+    bundle = build_model(cfg)
+    bundle.compressor.load_state_dict(CraftCompressor.from_pretrained(module_dir / "craft").state_dict())
+    bundle.set_budget(TokenBudget(ratio=RATIO))
+    data = VideoTextDataset(load_examples(cfg), make_encoder(cfg, bundle.processor))
+    kls = []
+    with torch.no_grad():
+        for i in range(len(data)):
+            batch = collate([data[i]], pad_token_id=bundle.pad_token_id)
+            batch.pop("skipped_videos")
+            labels = batch.pop("labels")[0]
+            tail = labels.numel() - int((labels != -100).nonzero()[0]) + 1  # answer's first position, from the end
+            full = bundle.backbone(**batch).logits[0, -tail].double().log_softmax(-1)
+            short = bundle.model(**batch).logits[0, -tail].double().log_softmax(-1)
+            kls.append(float((full.exp() * (full - short)).sum()))
+    return kls
+
+
+def _paired(before: list[float], after: list[float]) -> tuple[float, float]:
+    """Mean KL drop (before - after) and its standard error over the same clips."""
+    d = [b - a for b, a in zip(before, after)]
+    mean = sum(d) / len(d)
+    var = sum((x - mean) ** 2 for x in d) / (len(d) - 1)
+    return mean, math.sqrt(var / len(d))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from craft_world import make_clips
+
+    root = tmp_path_factory.mktemp("world-learning")
+    train = make_clips(root / "train", TRAIN_CLIPS, seed=0, split="craft", family="corners")
+    test = make_clips(root / "test", HELDOUT, seed=0, split="test", family="corners")
+    fresh = _fresh_module(root / "fresh")
+    manifests = {"trained": train / "qa.jsonl",
+                 "control": _random_targets(train / "qa.jsonl", train / "qa-random.jsonl")}  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": ""}
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, "-m", "craft_train.cli", "stage2", "--config",
+             str(_config(root, manifest, root / name, fresh))],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        for name, manifest in manifests.items()
+    }
+    for name, proc in procs.items():
+        output, _ = proc.communicate(timeout=900)
+        assert proc.returncode == 0, f"{name}: {output[-3000:]}"
+    return {"root": root, "heldout": test / "qa.jsonl", "fresh": fresh}
+
+
+def test_stage2_lowers_heldout_kl_and_random_targets_do_not(runs: dict[str, Any]) -> None:
+    root, heldout = runs["root"], runs["heldout"]
+    before = _first_token_kl(runs["fresh"], heldout)
+    trained = _first_token_kl(root / "trained", heldout)
+    control = _first_token_kl(root / "control", heldout)
+    drop, se = _paired(before, trained)
+    control_drop, control_se = _paired(before, control)
+    print(f"KL at {RATIO:g}x on {len(before)} held-out clips: untrained {sum(before) / len(before):.3f}, "
+          f"trained drop {drop:+.3f} +- {se:.3f}, control drop {control_drop:+.3f} +- {control_se:.3f}")  # fmt: skip
+    assert drop >= 3 * se, (drop, se)
+    assert control_drop < 3 * control_se, (control_drop, control_se)
