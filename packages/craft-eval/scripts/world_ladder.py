@@ -5,7 +5,7 @@
         --out packages/craft-world/src/craft_world/checkpoints/ladder.json
 
 `--ladder`: the work folder of craft-train's `scripts/train_world_craft.py --method ladder`
-(`stage1-uniform/`, `stage1/`, `stage2/`, `stage2-lora/`). Two `world_table.py` runs on the
+(`stage1-uniform/`, `stage1/`, `stage2/`, `stage2-lora/`, `stage2-fresh/`). Two `world_table.py` runs on the
 same held-out clips, their clips, runs and tables under `--work` (resumable: each method and
 ratio is a run folder):
 
@@ -39,6 +39,7 @@ TRAINED = [
     ("stage 1, uniform weights", "stage1-uniform"),
     ("stage 1, position weights", "stage1"),
     ("+ stage 2", "stage2"),
+    ("stage 2 alone, from the untrained gate (shipped)", "stage2-fresh"),
 ]
 
 

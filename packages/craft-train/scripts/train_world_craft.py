@@ -1,18 +1,23 @@
 """Make the shipped merge module: craft-train in the world, on the frozen world backbone.
 
     uv run python packages/craft-train/scripts/train_world_craft.py --work /tmp/world-craft \
-        [--method distill|stage12|ladder] [--ship packages/craft-world/src/craft_world/checkpoints/craft]
+        --family corners --clips 3000 [--method stage2|stage12|ladder|distill] \
+        [--ship packages/craft-world/src/craft_world/checkpoints/craft]
 
 Clips: split "craft" (disjoint from the backbone's and the held-out ones), `--clips` of each
 `--family` (craft-world's squares, its crowd, its corners, or several).
-`distill`: `craft_world.recipe.DISTILL`, the uncompressed backbone as teacher on each clip's
-describe and question prompts, no labels (folder `distill/`). `stage12`: stage 1 (captions,
-`STAGE1`, folder `stage1/`) then stage 2 (QA labels, `STAGE2`, folder `stage2/`). `ladder`:
-the paper's ablation ladder, each step a craft-train run: `stage1-uniform/` (stage 1 with
-uniform merge weights), `stage1/`, `stage2/` (from `stage1/`) and `stage2-lora/` (CRAFT+:
-stage 2 with LoRA r 32 on q/k/v/o, from `stage1/`); `--ship` copies `stage2/`'s module.
-One CPU thread; every run checkpoints and resumes (run the same command again). `--set`
-overrides every run (`optim.lr=1e-3`); `s1:` / `s2:` prefixed ones the stage-1 / stage-2 runs.
+`stage2` (the shipped module): stage 2 (QA labels, `craft_world.recipe.STAGE2`) from an
+untrained module (`fresh/`, the same bits as craft-eval's untrained `craft`), folder
+`stage2-fresh/`. `stage12`: stage 1 (captions, `STAGE1`, folder `stage1/`) then stage 2
+(folder `stage2/`). `ladder`: the paper's ablation ladder, each step a craft-train run:
+`stage1-uniform/` (stage 1 with uniform merge weights), `stage1/`, `stage2/` (from
+`stage1/`), `stage2-lora/` (CRAFT+: stage 2 with LoRA r 32 on q/k/v/o, from `stage1/`) and
+`stage2-fresh/`; then craft-eval's `scripts/world_ladder.py` measures them. `distill`:
+`DISTILL`, the uncompressed backbone as teacher on each clip's describe and question
+prompts, no labels (folder `distill/`; craft-world 0.4's module). `--ship` copies the
+method's final module (`stage2-fresh/` for stage2 and ladder). One CPU thread; every run
+checkpoints and resumes (run the same command again). `--set` overrides every run
+(`optim.lr=1e-3`); `s1:` / `s2:` prefixed ones the stage-1 / stage-2 runs.
 """
 
 from __future__ import annotations
@@ -30,14 +35,22 @@ RUNS: dict[str, tuple[int, str | None, list[str]]] = {
     "stage1": (1, None, []),
     "stage2": (2, "stage1", []),
     "stage2-lora": (2, "stage1", ["model.lora.enabled=true"]),
+    "stage2-fresh": (2, "fresh", []),
 }
-"""The ladder's craft-train runs: folder -> (stage, the run it starts from, overrides)."""
+"""The ladder's craft-train runs: folder -> (stage, the run it starts from, overrides).
+"fresh": an untrained module (`fresh/`, the same bits as craft-eval's untrained `craft`)."""
+METHODS = {
+    "stage12": (["stage1", "stage2"], "stage2"),
+    "stage2": (["stage2-fresh"], "stage2-fresh"),
+    "ladder": (list(RUNS), "stage2-fresh"),
+}
+"""The runs of each `--method` but distill, and the one whose module `--ship` copies."""
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--work", required=True)
-    parser.add_argument("--method", choices=["distill", "stage12", "ladder"], default="distill")
+    parser.add_argument("--method", choices=["distill", *METHODS], default="stage2")
     parser.add_argument("--ship", help="copy the final craft/ folder here")
     parser.add_argument("--clips", type=int, default=600, help="clips of each family")
     parser.add_argument(
@@ -80,13 +93,15 @@ def main(argv: list[str] | None = None) -> int:
         )
         train(load_config(data=data, stage="distill", overrides=args.set))
     else:
-        final = work / "stage2"
+        runs, shipped = METHODS[args.method]
+        final = work / shipped
         caps: list[str | Path] = [r / "captions.jsonl" for r in roots]
         qas: list[str | Path] = [r / "qa.jsonl" for r in roots]
         common = [o for o in args.set if not o.startswith(("s1:", "s2:"))]
-        for name, (stage, init, extra) in RUNS.items():
-            if args.method == "stage12" and name not in ("stage1", "stage2"):
-                continue
+        for name in runs:
+            stage, init, extra = RUNS[name]
+            if init == "fresh":
+                _fresh_module(work / init, args.backbone)
             mine = [o[3:] for o in args.set if o.startswith(f"s{stage}:")]
             data = craft_train_config(
                 caps if stage == 1 else qas,
@@ -106,6 +121,24 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(final / "craft", ship, dirs_exist_ok=True)
         print(f"shipped {ship}")
     return 0
+
+
+def _fresh_module(folder: Path, backbone: str | None) -> None:
+    """An untrained module in `folder/craft` (a run's output layout), drawn as craft-eval
+    draws its untrained `craft` (`torch.manual_seed(config.seed)`): the same bits."""
+    import json
+
+    from craft_core import CraftCompressor, CraftConfig
+    from craft_world import WORLD_CRAFT, backbone_path
+
+    if (folder / "craft" / "config.json").is_file():
+        return
+    source = Path(backbone) if backbone else backbone_path()
+    hidden = json.loads((source / "config.json").read_text())["text_config"]["hidden_size"]
+    config = CraftConfig(hidden_size=hidden, **WORLD_CRAFT)
+    with torch.random.fork_rng():
+        torch.manual_seed(config.seed)
+        CraftCompressor(config).save_pretrained(folder / "craft")
 
 
 if __name__ == "__main__":

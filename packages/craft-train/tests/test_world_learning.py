@@ -26,7 +26,7 @@ import yaml
 torch.set_num_threads(1)
 
 STEPS, GRAD_ACCUM, TRAIN_CLIPS, HELDOUT = 300, 4, 600, 300
-RATIO = 16.0
+RATIO = 16.0  # trained at; measured at 8x and 16x
 
 
 def _config(root: Path, manifest: Path, out: Path, fresh: Path) -> Path:
@@ -48,7 +48,9 @@ def _fresh_module(folder: Path) -> Path:
 
     hidden = json.loads((backbone_path() / "config.json").read_text())["text_config"]["hidden_size"]
     torch.manual_seed(0)
-    CraftCompressor(CraftConfig(hidden_size=hidden, **WORLD_CRAFT)).save_pretrained(folder / "craft")
+    CraftCompressor(CraftConfig(hidden_size=hidden, **WORLD_CRAFT)).save_pretrained(
+        folder / "craft"
+    )
     return folder
 
 
@@ -63,8 +65,8 @@ def _random_targets(manifest: Path, out: Path) -> Path:
     return out
 
 
-def _first_token_kl(module_dir: Path, heldout: Path) -> list[float]:
-    """KL(uncompressed || compressed at 16x) of the first answer token, per held-out clip."""
+def _first_token_kl(module_dir: Path, heldout: Path, ratio: float) -> list[float]:
+    """KL(uncompressed || compressed at `ratio`) of the first answer token, per held-out clip."""
     from craft_core import CraftCompressor, TokenBudget
     from craft_train.config import load_config
     from craft_train.data import VideoTextDataset, collate
@@ -76,8 +78,10 @@ def _first_token_kl(module_dir: Path, heldout: Path) -> list[float]:
     cfg = load_config(data=craft_train_config(heldout, heldout.parent / "unused", stage=2,
                                               init_from=module_dir, **STAGE2))  # fmt: skip
     bundle = build_model(cfg)
-    bundle.compressor.load_state_dict(CraftCompressor.from_pretrained(module_dir / "craft").state_dict())
-    bundle.set_budget(TokenBudget(ratio=RATIO))
+    bundle.compressor.load_state_dict(
+        CraftCompressor.from_pretrained(module_dir / "craft").state_dict()
+    )
+    bundle.set_budget(TokenBudget(ratio=ratio))
     data = VideoTextDataset(load_examples(cfg), make_encoder(cfg, bundle.processor))
     kls = []
     with torch.no_grad():
@@ -85,7 +89,9 @@ def _first_token_kl(module_dir: Path, heldout: Path) -> list[float]:
             batch = collate([data[i]], pad_token_id=bundle.pad_token_id)
             batch.pop("skipped_videos")
             labels = batch.pop("labels")[0]
-            tail = labels.numel() - int((labels != -100).nonzero()[0]) + 1  # answer's first position, from the end
+            tail = (
+                labels.numel() - int((labels != -100).nonzero()[0]) + 1
+            )  # answer's first position, from the end
             full = bundle.backbone(**batch).logits[0, -tail].double().log_softmax(-1)
             short = bundle.model(**batch).logits[0, -tail].double().log_softmax(-1)
             kls.append(float((full.exp() * (full - short)).sum()))
@@ -111,28 +117,33 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     manifests = {"trained": train / "qa.jsonl",
                  "control": _random_targets(train / "qa.jsonl", train / "qa-random.jsonl")}  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": ""}
+    # output to files, not pipes: a full pipe would stall a run that the other one waits on
+    logs = {name: (root / f"{name}.log").open("w") for name in manifests}
     procs = {
         name: subprocess.Popen(
             [sys.executable, "-m", "craft_train.cli", "stage2", "--config",
              str(_config(root, manifest, root / name, fresh))],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+            env=env, stdout=logs[name], stderr=subprocess.STDOUT,
+        )
         for name, manifest in manifests.items()
-    }
+    }  # fmt: skip
     for name, proc in procs.items():
-        output, _ = proc.communicate(timeout=900)
+        proc.wait(timeout=900)
+        logs[name].close()
+        output = (root / f"{name}.log").read_text()
         assert proc.returncode == 0, f"{name}: {output[-3000:]}"
     return {"root": root, "heldout": test / "qa.jsonl", "fresh": fresh}
 
 
 def test_stage2_lowers_heldout_kl_and_random_targets_do_not(runs: dict[str, Any]) -> None:
     root, heldout = runs["root"], runs["heldout"]
-    before = _first_token_kl(runs["fresh"], heldout)
-    trained = _first_token_kl(root / "trained", heldout)
-    control = _first_token_kl(root / "control", heldout)
-    drop, se = _paired(before, trained)
-    control_drop, control_se = _paired(before, control)
-    print(f"KL at {RATIO:g}x on {len(before)} held-out clips: untrained {sum(before) / len(before):.3f}, "
-          f"trained drop {drop:+.3f} +- {se:.3f}, control drop {control_drop:+.3f} +- {control_se:.3f}")  # fmt: skip
+    for ratio in (8.0, 16.0):
+        before = _first_token_kl(runs["fresh"], heldout, ratio)
+        trained = _first_token_kl(root / "trained", heldout, ratio)
+        control = _first_token_kl(root / "control", heldout, ratio)
+        drop, se = _paired(before, trained)
+        control_drop, control_se = _paired(before, control)
+        print(f"KL at {ratio:g}x on {len(before)} held-out clips: untrained {sum(before) / len(before):.3f}, "
+              f"trained drop {drop:+.3f} +- {se:.3f}, control drop {control_drop:+.3f} +- {control_se:.3f}", flush=True)  # fmt: skip
     assert drop >= 3 * se, (drop, se)
     assert control_drop < 3 * control_se, (control_drop, control_se)

@@ -4,6 +4,7 @@
     model, processor = craft_world.load_backbone()        # the shipped, trained tiny Qwen2.5-VL
     root = craft_world.make_clips("clips", n=200, seed=0)  # held-out clips in MVBench's format
     craft_world.craft_path()                               # a merge module trained by craft-train
+    craft_world.ladder_path()                              # the paper's ablation ladder, measured
 
 The clips and questions are in `craft_world.clips`, the backbone recipe in
 `craft_world.backbone` and `craft_world.train_backbone`. Measurements in the world (accuracy,
@@ -20,7 +21,14 @@ from craft_world.files import make_clips
 
 __version__ = "0.5.0"
 
-__all__ = ["WORLD_CRAFT", "backbone_path", "craft_path", "load_backbone", "make_clips"]
+__all__ = [
+    "WORLD_CRAFT",
+    "backbone_path",
+    "craft_path",
+    "ladder_path",
+    "load_backbone",
+    "make_clips",
+]
 
 WORLD_CRAFT: dict[str, Any] = {}
 """CraftConfig fields (other than hidden_size) of the world's merge module: the defaults."""
@@ -45,8 +53,21 @@ def backbone_path() -> Path:
 
 def craft_path() -> Path:
     """Folder of the shipped merge module (`CraftCompressor.from_pretrained`), trained in
-    the world by `craft-train distill` on the frozen backbone (`recipe.DISTILL`)."""
+    the world by `craft-train stage2` on the frozen backbone, from an untrained module, on
+    the corners family's questions (`recipe.STAGE2`; docs/crowd.md)."""
     return _shipped("craft", "python packages/craft-train/scripts/train_world_craft.py")
+
+
+def ladder_path() -> Path:
+    """The JSON of the paper's ablation ladder measured in the world (600 held-out corners
+    questions at 8x and 16x; written by craft-eval's `scripts/world_ladder.py`)."""
+    path = _CHECKPOINTS / "ladder.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"the shipped ladder {path} is missing; remake it with "
+            "`python packages/craft-eval/scripts/world_ladder.py` (see docs/crowd.md)"
+        )
+    return path
 
 
 def load_backbone(path: str | Path | None = None) -> tuple[Any, Any]:

@@ -657,7 +657,9 @@ def main(argv: list[str] | None = None) -> int:
         help="phase C trains the language model only (the vision tower frozen)",
     )
     parser.add_argument(
-        "--start-from", default=None, help="a backbone of phases A+B of this recipe: start at P (or C)"
+        "--start-from",
+        default=None,
+        help="a backbone of phases A+B of this recipe: start at P (or C)",
     )
     parser.add_argument("--batch", type=int, default=defaults.batch)
     parser.add_argument("--lr", type=float, default=defaults.lr)
