@@ -4,7 +4,6 @@ both families, the default methods and ratios, the stored ablation ladder, the f
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ SAMPLE_LADDER: dict[str, Any] = {
     "steps": [["mean rule", "craft-selection"], ["+ stage 2", "stage2"], ["DivPrune", "divprune"]],
     "results": {
         "craft-selection@8": {"accuracy": 0.863, "accuracy_se": 0.014, "kl": 1.254, "kl_se": 0.133},
-        "craft-selection@16": {"accuracy": 0.712, "accuracy_se": 0.0185, "kl": 2.5, "kl_se": 0.2},
+        "craft-selection@16": {"accuracy": 0.712, "accuracy_se": 0.0183, "kl": 2.5, "kl_se": 0.2},
         "stage2@8": {"accuracy": 0.95, "accuracy_se": 0.0089, "kl": 0.31, "kl_se": 0.041},
         "divprune@8": {"accuracy": 0.7, "accuracy_se": 0.0187, "kl": 2.01, "kl_se": 0.15},
         "divprune@16": {"accuracy": 0.6, "accuracy_se": 0.02, "kl": 3.0, "kl_se": 0.25},
@@ -148,6 +147,17 @@ def test_demo_prints_the_stored_ladder(
     assert rows["mean rule (craft-selection)"][:2] == ["86.3 +- 1.4", "1.254 +- 0.133"]
 
 
+def test_demo_ladder_keys_name_the_ratio_as_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ratios stored as 8.0 still find the "<key>@8" entries."""
+    path = tmp_path / "ladder.json"
+    path.write_text(json.dumps({**SAMPLE_LADDER, "ratios": [8.0, 16.0]}))
+    demo_report.print_ladder(path)
+    cells = _ladder_rows(capsys.readouterr().out)["mean rule (craft-selection)"]
+    assert cells == ["86.3 +- 1.4", "1.254 +- 0.133", "71.2 +- 1.8", "2.500 +- 0.200"]
+
+
 @pytest.mark.parametrize("case", ["no-function", "no-file", "not-json", "no-steps"])
 def test_demo_says_when_the_ladder_is_not_available(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, case: str
@@ -190,20 +200,40 @@ def test_demo_prints_the_ladder_after_the_corners_table(
     assert [m for m in marks if m in {"TABLE", "PAIRED", "LADDER"}] == want
 
 
-def _png_size(path: Path) -> tuple[int, int]:
-    width, height = struct.unpack(">II", path.read_bytes()[16:24])  # the IHDR chunk
-    return width, height
+def test_demo_plot_has_a_panel_per_family(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each panel: its family's accuracies (+- binomial SE) vs ratio, craft-trained bold, the
+    uncompressed accuracy dashed."""
+    from matplotlib.figure import Figure
 
+    panels: list[dict[str, Any]] = []
 
-def test_demo_plot_has_a_panel_per_family(tmp_path: Path) -> None:
+    def record(fig: Any, path: Any, **kwargs: Any) -> None:
+        for ax in fig.axes:
+            curves = {c.get_label(): c.lines[0] for c in ax.containers}
+            dashed = [
+                line.get_ydata()[0] for line in ax.get_lines() if line.get_linestyle() == "--"
+            ]
+            panels.append({"title": ax.get_title(), "curves": curves, "dashed": dashed})
+
+    monkeypatch.setattr(Figure, "savefig", record)
+
     def rows(acc: float) -> list[dict[str, Any]]:
-        scores = {"micro_accuracy": acc, "n_scored": 40}
-        return [{"method": m, "ratio": r, "scores": scores}
-                for m, r in (("none", None), ("uniform", 8.0), ("craft-trained", 8.0))]  # fmt: skip
+        def scores(a: float) -> dict[str, Any]:
+            return {"micro_accuracy": a, "n_scored": 40}
 
-    one = demo_report.plot_families({"squares": rows(90.0)}, tmp_path / "one.png")
-    two = demo_report.plot_families(
-        {"squares": rows(90.0), "corners": rows(60.0)}, tmp_path / "two.png"
-    )
-    (w1, h1), (w2, h2) = _png_size(one), _png_size(two)
-    assert h1 == h2 and w2 == 2 * w1  # 5.5 inches a panel
+        return [
+            {"method": "none", "ratio": None, "scores": scores(acc)},
+            {"method": "uniform", "ratio": 16.0, "scores": scores(acc - 20)},
+            {"method": "uniform", "ratio": 8.0, "scores": scores(acc - 10)},
+            {"method": "craft-trained", "ratio": 8.0, "scores": scores(acc - 1)},
+            {"method": "visionzip", "ratio": 8.0, "error": "ValueError: boom"},
+        ]
+
+    demo_report.plot_families({"squares": rows(90.0), "corners": rows(60.0)}, tmp_path / "p.png")
+    assert [p["title"] for p in panels] == ["squares", "corners"]
+    for panel, acc in zip(panels, (90.0, 60.0)):
+        assert set(panel["curves"]) == {"uniform", "craft-trained"} and panel["dashed"] == [acc]
+        uniform, trained = panel["curves"]["uniform"], panel["curves"]["craft-trained"]
+        assert list(uniform.get_xdata()) == [8.0, 16.0]
+        assert list(uniform.get_ydata()) == [acc - 10, acc - 20]
+        assert trained.get_linewidth() > uniform.get_linewidth()
