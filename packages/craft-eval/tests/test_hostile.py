@@ -203,6 +203,9 @@ USAGE_CASES: list[tuple[str, list[str], int, str]] = [
     ("demo-ratio-nan", ["demo", "--ratio", "nan"], 2, "--ratio"),
     ("demo-ratio-inf", ["demo", "--ratio", "inf"], 2, "--ratio"),
     ("demo-items-0", ["demo", "--items", "0"], 2, "--items"),
+    ("demo-family-unknown", ["demo", "--family", "triangles"], 2, "--family triangles"),
+    ("demo-family-case", ["demo", "--family", "Corners"], 2, "--family Corners"),
+    ("demo-methods-all-and-more", ["demo", "--methods", "all", "uniform"], 2, "--methods all"),
     ("demo-device-absent", ["demo", "--device", "cuda:99"], 2, "--device cuda:99"),
     ("demo-device-garbage", ["demo", "--device", "abc"], 2, "--device abc"),
     ("demo-backbone-unknown", ["demo", "--backbone", "gpt2"], 2, "--backbone gpt2"),
@@ -709,15 +712,16 @@ def test_demo_exit_code_says_whether_a_configuration_failed(
     failing: tuple[str, ...],
     code: int,
 ) -> None:
-    """The demo's pieces replaced by stubs: only its bookkeeping of failures is under test."""
+    """The demo's pieces replaced by stubs: only its bookkeeping of failures is under test
+    (one family here; both: test_demo.py)."""
     from craft_eval import demo
 
-    stub = demo._World(None, "world", None, None, None)
+    stub = demo._World(None, "world", None, [demo._Family("squares", 2, None, None)])
     monkeypatch.setattr("craft_eval.backend.adapters_status", lambda: (True, ""))
     monkeypatch.setattr(demo, "_world", lambda *a: stub)
     monkeypatch.setattr(demo, "_finish", lambda *a: None)
 
-    def job(world: Any, method: str, ratio: float | None) -> dict[str, Any]:
+    def job(world: Any, fam: Any, method: str, ratio: float | None) -> dict[str, Any]:
         if method in failing:
             return {"method": method, "ratio": ratio, "error": "ValueError: boom"}
         return {"method": method, "ratio": ratio, "scores": {}}

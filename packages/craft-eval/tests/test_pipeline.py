@@ -172,13 +172,14 @@ def test_demo_runs_in_the_world_and_keeps_what_it_did_not_create(
     assert (tmp_path / "runs" / "mine.txt").read_text() == "not the demo's"
     out = capsys.readouterr().out
     assert "the world's trained backbone" in out and "FLOPs red." in out and "KL to unc." in out
-    rows = {line.split()[0]: line for line in out.splitlines() if "+-" in line}
+    squares, corners = out.split("[4/4] corners")  # both families, each its own table
+    rows = {line.split()[0]: line for line in squares.splitlines() if "+-" in line}
     # the first-token KL of the uncompressed model against itself is 0; the paired line names
     # the other method with its SE
     assert "0.000 +- 0.000" in rows["none"]
     assert any(
         line.strip().startswith("vs craft-selection") and " SE)" in line
-        for line in out.splitlines()
+        for line in squares.splitlines()
     )
     assert set(rows) >= {"none", "craft-selection", "craft-trained"}
     assert "8x" in rows["craft-trained"] and "144 -> 18" in rows["craft-selection"]
@@ -188,11 +189,17 @@ def test_demo_runs_in_the_world_and_keeps_what_it_did_not_create(
     none_prefill = float(rows["none"].split()[5])
     assert float(cells[7]) == pytest.approx(none_prefill - float(cells[5]), abs=0.11)
     assert float(cells[6]) > 0 and rows["none"].split()[7] == "-"
-    # 6 questions: the accuracy is k/6 and its standard error sqrt(p (1 - p) / 6).
+    # 6 squares questions: the accuracy is k/6 and its standard error sqrt(p (1 - p) / 6).
     acc = float(rows["none"].split("+-")[0].split()[-1])
     assert any(abs(acc - 100 * k / 6) < 0.06 for k in range(7))
-    assert (tmp_path / "report" / "accuracy_retention_vs_ratio.png").exists()
-    assert (tmp_path / "report" / "accuracy_vs_compression.png").exists()
+    # 3 corners questions (one a clip), the same configurations
+    corner_rows = {line.split()[0] for line in corners.splitlines() if "+-" in line}
+    assert corner_rows >= {"none", "craft-selection", "craft-trained"}
+    assert "(3 questions;" in corners and "(6 questions;" in squares
+    assert (tmp_path / "report" / "accuracy_vs_ratio.png").exists()
+    for family in ("squares", "corners"):
+        assert (tmp_path / "report" / family / "accuracy_vs_compression.png").exists()
+        assert (tmp_path / "runs" / "world" / family / "mvbench" / "none").is_dir()
     # A second run resumes from the records instead of deleting them.
     assert run_demo(methods=["craft-selection"], ratio=8.0, output=tmp_path, num_items=3) == 0
 
@@ -213,7 +220,9 @@ def test_demo_wraps_each_configuration_once(
         return real(model, compressor, **kwargs)
 
     monkeypatch.setattr(craft_adapters, "wrap", counting_wrap)
-    code = run_demo(methods=["uniform"], ratio=8.0, output=tmp_path, num_items=1)
+    code = run_demo(
+        methods=["uniform"], ratio=8.0, output=tmp_path, num_items=1, families=("squares",)
+    )
     assert code == 0 and "3 configurations" in capsys.readouterr().out
     # none, uniform @ 8x, craft-trained @ 8x: three wraps, three different compressors
     assert len(wrapped) == 3 and wrapped[0] is None

@@ -1,21 +1,24 @@
 """`craft-eval demo`: the paper in miniature on a laptop CPU, nothing downloaded.
 
-1. writes held-out clips of the miniature world (`craft_world.make_clips`, split "test") in
-   MVBench's format: object_existence ("Is there a red square?", squares that may be
-   visible in only 2 of 8 frames) and moving_count ("How many squares are there?"),
-2. loads the world's trained ~1M-parameter Qwen2.5-VL (`craft_world.load_backbone()`;
-   uncompressed it answers > 95% of held-out questions) and the merge module trained on
-   it by `craft-train distill` (`craft_world.craft_path()`),
-3. runs every question through reader -> processor -> adapter -> compressor -> generate ->
-   parser -> scorer: uncompressed, every registered method at 4x, 8x and 16x, and the
-   trained CRAFT module ("craft-trained") at the same ratios,
-4. prints accuracy with its binomial standard error, the first-token KL to the
-   uncompressed model (`craft_eval.scoring.FirstTokenScorer`, a scorer of the run, +- its
-   standard error), retention, tokens, prefill ms, the compression time next to the prefill
-   time it saves (uncompressed prefill minus this one), KV MB and the FLOPs reduction; then,
-   per ratio, the trained module against every other method on the same questions (paired KL difference +- its standard error);
-   plots accuracy and retention vs ratio per method; writes the Markdown report and merge
-   maps.
+1. writes held-out clips of the miniature world's two families (`craft_world.make_clips`,
+   split "test") in MVBench's format, each in its own folder under OUTPUT/data:
+   "squares" (object_existence "Is there a red square?", squares that may be visible in
+   only 2 of 8 frames, and moving_count "How many squares are there?": 2 questions a clip)
+   and "corners" (moving_direction "Is there a red dot in a top-left corner?" among more
+   small tiles than a selector keeps at 8-16x: 1 question a clip),
+2. loads, once for both, the world's trained ~1M-parameter Qwen2.5-VL
+   (`craft_world.load_backbone()`) and the merge module trained on it by craft-train
+   (`craft_world.craft_path()`),
+3. runs, per family, every question through reader -> processor -> adapter -> compressor ->
+   generate -> parser -> scorer: uncompressed, each method (default `DEMO_METHODS`: the
+   selection-only baselines and CRAFT's fixed rules) at 8x and 16x, and the trained CRAFT
+   module ("craft-trained") at the same ratios; each family's runs under
+   OUTPUT/runs/<model>/<family>,
+4. prints per family the table (`craft_eval.demo_report`), the trained module against every
+   other method paired over the same questions, after the corners table the paper's
+   ablation ladder as craft-world stored it (`craft_world.ladder_path()`: measurements on
+   600 questions, not this run's); plots accuracy vs ratio, a panel per family; writes a
+   Markdown report per family and merge maps.
 
 `--model PATH` evaluates another checkpoint on the same clips; `--backbone TYPE` a tiny
 RANDOM model of that type (its accuracy is meaningless: a pipeline check only). Nothing is
@@ -24,29 +27,37 @@ deleted: runs already under OUTPUT/runs resume.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-DEMO_TASKS = "object_existence,moving_count"
+from craft_eval.demo_report import TRAINED, binomial_se
+
+__all__ = [
+    "DEMO_FAMILIES",
+    "DEMO_METHODS",
+    "DEMO_RATIOS",
+    "FAMILY_TASKS",
+    "binomial_se",
+    "run_demo",
+]
+
+FAMILY_TASKS = {"squares": "object_existence,moving_count", "corners": "moving_direction"}
+"""The MVBench tasks each family of the world files its questions under."""
+FAMILY_QUESTIONS = {"squares": 2, "corners": 1}  # questions per clip
+DEMO_FAMILIES = ("squares", "corners")
 DEMO_FRAMES = 8  # the world's clips: 8 frames at 2 fps
-DEMO_RATIOS = (4.0, 8.0, 16.0)
-TRAINED = "craft-trained"
+DEMO_RATIOS = (8.0, 16.0)
+DEMO_METHODS = (
+    "divprune", "visionzip", "fastvid", "uniform",  # selection only
+    "craft-selection", "craft-prune", "craft",  # CRAFT's mean rule, target rule, untrained gate
+)  # fmt: skip
 
 
 def _line(text: str) -> None:
     print(text, flush=True)
-
-
-def binomial_se(accuracy: float | None, n: int) -> float | None:
-    """Standard error (points) of an accuracy in percent over `n` questions."""
-    if accuracy is None or n <= 0:
-        return None
-    p = accuracy / 100.0
-    return 100.0 * math.sqrt(p * (1.0 - p) / n)
 
 
 def _load(model_path: str | None, backbone: str | None, out: Path, dev: Any) -> tuple[Any, ...]:
@@ -83,44 +94,56 @@ def run_demo(
     backbone: str | None = None,
     ratio: float | None = None,
     ratios: Sequence[float] = DEMO_RATIOS,
-    methods: list[str] | None = None,
+    methods: Sequence[str] | None = None,
+    families: Sequence[str] = DEMO_FAMILIES,
     output: str | Path = "craft-demo",
     device: str | None = None,
     num_items: int = 40,
     seed: int = 0,
 ) -> int:
     """Run the demo; returns a process exit code: 0 when every configuration ran, 1 when a
-    required piece is missing or any configuration failed (all, or some: the table shows
+    required piece is missing or any configuration failed (all, or some: the tables show
     the others and a last line names the failed ones).
 
     Args:
         ratio: evaluate this one ratio only (else `ratios`).
-        num_items: held-out clips (questions per task).
+        methods: registered method names (default `DEMO_METHODS`).
+        families: world families, keys of `FAMILY_TASKS`.
+        num_items: held-out clips per family.
     """
     start = time.perf_counter()
     if not _prerequisites():
         return 1
     if num_items < 1:
         raise ValueError(f"num_items must be positive, got {num_items}")
+    unknown = [f for f in families if f not in FAMILY_TASKS]
+    if unknown or not families:
+        raise ValueError(f"families must be some of {list(FAMILY_TASKS)}, got {list(families)}")
     grid = [float(ratio)] if ratio is not None else [float(r) for r in ratios]
-    world = _world(model_path, backbone, Path(output), device, num_items, seed)
-    n_items = 2 * num_items
-    jobs = _jobs(world, methods, grid)
-    _line(f"[3/4] {len(jobs)} configurations x {n_items} questions (ratios {grid})")
+    world = _world(model_path, backbone, Path(output), device, num_items, seed, tuple(families))
+    jobs = _jobs(world.trained, DEMO_METHODS if methods is None else methods, grid)
+    total = sum(len(jobs) * fam.n_items for fam in world.families)
+    sizes = ", ".join(f"{fam.name} {fam.n_items}" for fam in world.families)
+    _line(f"[3/4] {len(jobs)} configurations x questions ({sizes}) at ratios {grid}")
     from tqdm.auto import tqdm
 
-    rows: list[dict[str, Any]] = []
-    bar = tqdm(total=len(jobs) * n_items, unit="q", desc="demo", dynamic_ncols=True)
-    for method, r in jobs:
-        rows.append(_run_job(world, method, r))
-        bar.update(n_items)
+    rows: dict[str, list[dict[str, Any]]] = {}
+    bar = tqdm(total=total, unit="q", desc="demo", dynamic_ncols=True)
+    for fam in world.families:
+        rows[fam.name] = []
+        for method, r in jobs:
+            rows[fam.name].append(_run_job(world, fam, method, r))
+            bar.update(fam.n_items)
     bar.close()
-    _finish(world, rows, n_items, Path(output))
-    failed = [r for r in rows if "error" in r]
+    _finish(world, rows, Path(output))
+    failed = [f"{name}:{r['method']}@{r['ratio']}" for name, fr in rows.items() for r in fr
+              if "error" in r]  # fmt: skip
     _line(f"done in {time.perf_counter() - start:.0f} s")
     if failed:  # any failed configuration: the demo did not show what it promised
-        which = ", ".join(f"{r['method']}@{r['ratio']}" for r in failed)
-        _line(f"craft-eval demo: {len(failed)} of {len(rows)} configurations FAILED ({which})")
+        count = sum(len(fr) for fr in rows.values())
+        _line(
+            f"craft-eval demo: {len(failed)} of {count} configurations FAILED ({', '.join(failed)})"
+        )
         return 1
     return 0
 
@@ -143,87 +166,114 @@ def _prerequisites() -> bool:
 
 
 @dataclass
+class _Family:
+    """One family's questions and runs."""
+
+    name: str
+    n_items: int  # questions
+    measure: Any  # craft_eval.measure.Measure: its runs, the uncompressed model wrapped once
+    first: Any  # the first question (its efficiency profile)
+
+
+@dataclass
 class _World:
     """What every configuration of one demo run shares."""
 
     model: Any
     tag: str
     trained: str | None  # the shipped trained module, or None
-    measure: Any  # craft_eval.measure.Measure: the runs, the uncompressed model wrapped once
-    first: Any  # the first question (its efficiency profile)
+    families: list[_Family]
 
 
 def _world(
-    model_path: str | None, backbone: str | None, out: Path, device: str | None, n: int, seed: int
+    model_path: str | None,
+    backbone: str | None,
+    out: Path,
+    device: str | None,
+    n: int,
+    seed: int,
+    families: tuple[str, ...],
 ) -> _World:
-    """Writes the held-out clips, loads the model, wraps it uncompressed (once)."""
+    """Writes each family's held-out clips, loads the model once, wraps it uncompressed
+    once per family (its KL reference)."""
     import torch
 
     import craft_world
     from craft_eval.measure import Measure
     from craft_eval.tasks import get_benchmark
 
-    data = craft_world.make_clips(out / "data" / "mvbench", n, seed=seed, split="test")
-    _line(f"[1/4] wrote {2 * n} held-out questions (MVBench format) + clips -> {data}")
+    roots = {}
+    for name in families:
+        roots[name] = craft_world.make_clips(out / "data" / name, n, seed=seed, family=name)
+        _line(f"[1/4] wrote {FAMILY_QUESTIONS[name] * n} held-out {name} questions "
+              f"(MVBench format) + clips -> {roots[name]}")  # fmt: skip
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model, processor, tag, trained, what = _load(model_path, backbone, out, dev)
     _line(f"[2/4] {what} ({model.config.model_type}) on {dev}")
-    measure = Measure(
-        model, processor, data, out / "runs" / tag, subset=DEMO_TASKS, max_frames=DEMO_FRAMES,
-        tag=tag,
-    )  # fmt: skip
-    first = get_benchmark("mvbench").load(data, subset=DEMO_TASKS)[0]
-    return _World(model, tag, trained, measure, first)
+    fams = []
+    for name, data in roots.items():
+        tasks = FAMILY_TASKS[name]
+        measure = Measure(model, processor, data, out / "runs" / tag / name, subset=tasks,
+                          max_frames=DEMO_FRAMES, tag=tag)  # fmt: skip
+        first = get_benchmark("mvbench").load(data, subset=tasks)[0]
+        fams.append(_Family(name, FAMILY_QUESTIONS[name] * n, measure, first))
+    return _World(model, tag, trained, fams)
 
 
-def _jobs(world: _World, methods: list[str] | None, grid: list[float]) -> list[tuple[str, Any]]:
+def _jobs(
+    trained: str | None, methods: Sequence[str], grid: list[float]
+) -> list[tuple[str, float | None]]:
     """`(method, ratio)`: uncompressed, every method at every ratio, the trained module."""
-    from craft_eval.methods import list_methods
-
-    names = methods or [m.name for m in list_methods()]
     jobs: list[tuple[str, float | None]] = [("none", None)]
-    jobs += [(m, r) for r in grid for m in names]
-    if world.trained is not None:
+    jobs += [(m, r) for r in grid for m in methods]
+    if trained is not None:
         jobs += [(TRAINED, r) for r in grid]
     return jobs
 
 
-def _run_job(world: _World, method: str, ratio: float | None) -> dict[str, Any]:
-    """One configuration: the benchmark run with the first-token scorer (resumable
-    records; the trained module is CRAFT from the shipped checkpoint), then the efficiency
-    profile of the first question. A failure is this row's error, never the demo's: the
-    other methods' results still print."""
+def _run_job(world: _World, fam: _Family, method: str, ratio: float | None) -> dict[str, Any]:
+    """One configuration on one family: the benchmark run with the first-token scorer
+    (resumable records; the trained module is CRAFT from the shipped checkpoint), then the
+    efficiency profile of the family's first question. A failure is this row's error, never
+    the demo's: the other methods' results still print."""
     from craft_core import TokenBudget
     from craft_eval.tasks import get_benchmark
 
     trained = method == TRAINED
     budget = None if ratio is None else TokenBudget(ratio=ratio)  # the demo's --ratio, once
     try:
-        done = world.measure.run(
+        done = fam.measure.run(
             method, budget, method="craft" if trained else method,
             checkpoint=world.trained if trained else None, merge_maps=1,
         )  # fmt: skip
-        prompt = get_benchmark("mvbench").prompt(world.first)
-        prof = done.backend.profile(world.first, prompt, repeats=3)
+        prompt = get_benchmark("mvbench").prompt(fam.first)
+        prof = done.backend.profile(fam.first, prompt, repeats=3)
     except Exception as error:  # one method failing must not hide the others' results
         return {"method": method, "ratio": ratio, "error": f"{type(error).__name__}: {error}"}
     return {"method": method, "ratio": ratio, "scores": done.scores, "records": done.records,
             **prof}  # fmt: skip
 
 
-def _finish(world: _World, rows: list[dict[str, Any]], n_items: int, out: Path) -> None:
-    """The table, the paired comparisons, the report and the plot."""
+def _finish(world: _World, rows: dict[str, list[dict[str, Any]]], out: Path) -> None:
+    """Per family the table, the paired comparisons and the report (after corners, the
+    stored ladder); then the plot, a panel per family."""
+    from craft_eval import demo_report
     from craft_eval.report import write_report
 
-    _print_table(rows, world.model, n_items)
-    _print_paired(rows)
-    report = write_report(world.measure.runs, out / "report")
-    plot = plot_accuracy_and_retention(rows, out / "report" / "accuracy_retention_vs_ratio.png")
+    reports = {}
+    for fam in world.families:
+        demo_report.print_table(fam.name, rows[fam.name], world.model, fam.n_items)
+        demo_report.print_paired(rows[fam.name])
+        if fam.name == "corners":
+            demo_report.print_ladder(demo_report.ladder_file())
+        if any("scores" in r for r in rows[fam.name]):
+            reports[fam.name] = write_report(fam.measure.runs, out / "report" / fam.name)
+    plot = demo_report.plot_families(rows, out / "report" / "accuracy_vs_ratio.png")
     if world.tag == "world":
         _line(
-            "\nAccuracy: micro over both tasks, +- its binomial standard error. craft = an "
-            "UNTRAINED module (G = 0.5); craft-trained = the shipped module trained by "
-            "`craft-train distill` on the frozen world backbone."
+            "\nAccuracy: micro over the family's questions, +- its binomial standard error. "
+            "craft = an UNTRAINED module (G = 0.5); craft-trained = the shipped module trained "
+            "by craft-train on the frozen world backbone."
         )
     if world.tag.startswith("tiny-"):
         _line("\nAccuracy here is MEANINGLESS: a tiny model with random weights.")
@@ -233,128 +283,9 @@ def _finish(world: _World, rows: list[dict[str, Any]], n_items: int, out: Path) 
         "compare it with compress ms, the time the compressor took to save it."
     )
     _line(f"plot:     {plot}")
-    _line(f"report:   {report['markdown']}")
-    for path in report["merge_maps"][:2]:
-        _line(f"merge map: {path}")
-    _line(f"records:  {world.measure.runs}  (JSONL per run; resumable)")
-
-
-def _print_table(rows: list[dict[str, Any]], model: Any, n_items: int) -> None:
-    from craft_eval.efficiency import flops_config
-
-    text_config = flops_config(model.config.get_text_config().to_dict(), model.config.model_type)
-    base = next((x for x in rows if x["method"] == "none" and "scores" in x), None)
-    _line(f"\n[4/4] results ({n_items} questions; efficiency on the first one)\n")
-    header = (
-        f"{'method':<16} {'ratio':>5} {'video tokens':>13} {'prefill ms':>10} "
-        f"{'compress ms':>11} {'prefill saved':>13} {'KV MB':>7} {'FLOPs red.':>10} "
-        f"{'accuracy':>12} {'KL to unc.':>15} {'retention':>9}"
-    )
-    _line(header)
-    _line("-" * len(header))
-    for row in rows:
-        rtext = "-" if row["ratio"] is None else f"{row['ratio']:g}x"
-        if "error" in row:
-            _line(f"{row['method']:<16} {rtext:>5} failed: {row['error']}")
-            continue
-        _line(_table_row(row, base, text_config, rtext))
-
-
-def _table_row(
-    row: dict[str, Any], base: dict[str, Any] | None, text_config: dict[str, Any], rtext: str
-) -> str:
-    """One method's line; sets row["accuracy" / "se" / "retention"] for the plot."""
-    from craft_eval.efficiency import prefill_flops
-
-    s, seq = row["scores"], row["prefill_len"]
-    base_len = base["prefill_len"] if base else None
-    base_acc = base["scores"]["micro_accuracy"] if base else None
-    flops = (
-        1 - prefill_flops(text_config, int(seq)) / prefill_flops(text_config, int(base_len))
-        if seq and base_len
-        else None
-    )
-    base_ms = base.get("prefill_ms") if base is not None else None
-    saved = None  # the prefill time this compression saves (uncompressed minus this one)
-    if base_ms is not None and row.get("prefill_ms") is not None and row["method"] != "none":
-        saved = base_ms - row["prefill_ms"]
-    acc = s["micro_accuracy"]
-    se = binomial_se(acc, int(s["n_scored"]))
-    acc_text = "-" if acc is None else f"{acc:.1f} +- {se:.1f}"
-    keep = None if acc is None or not base_acc else 100.0 * acc / base_acc
-    kl = s.get("first_token_kl_mean")
-    kl_text = "-" if kl is None else f"{kl:.3f} +- {s['first_token_kl_se']:.3f}"
-    row["accuracy"], row["se"], row["retention"] = acc, se, keep
-    tokens = f"{_f(s['tokens_before_mean'], 0)} -> {_f(s['tokens_after_mean'], 0)}"
-    return (
-        f"{row['method']:<16} {rtext:>5} {tokens:>13} {_f(row['prefill_ms'], 1):>10} "
-        f"{_f(row['compress_ms'], 1):>11} {_f(saved, 1):>13} {_f(row['kv_mb'], 3):>7} "
-        f"{_f(None if flops is None else 100 * flops, 1, '%'):>10} {acc_text:>12} "
-        f"{kl_text:>15} {_f(keep, 1, '%'):>9}"
-    )
-
-
-def _print_paired(rows: list[dict[str, Any]]) -> None:
-    """Per ratio, the trained module minus every other method on the same questions."""
-    from craft_eval.scoring import paired_records
-
-    done = {(r["method"], r["ratio"]): r["records"] for r in rows if "records" in r}
-    for (method, ratio), mine in done.items():
-        if method != TRAINED:
-            continue
-        _line(f"\n{TRAINED} at {ratio:g}x vs each method, paired over the same questions "
-              "(KL drop > 0: closer to the uncompressed answer; >= 3 SE to count):")  # fmt: skip
-        for (other, r), theirs in done.items():
-            if r != ratio or other == TRAINED:
-                continue
-            try:
-                drop, se = paired_records(theirs, mine, "first_token_kl")
-                gain, gain_se = paired_records(mine, theirs, "first_token_correct")
-            except ValueError as why:  # records resumed from a run without the scorer
-                _line(f"  vs {other:<16} not paired: {why}")
-                continue
-            _line(
-                f"  vs {other:<16} KL drop {drop:+.3f} +- {se:.3f} ({drop / max(se, 1e-12):+5.1f} SE)"
-                f"   accuracy {100 * gain:+5.1f} +- {100 * gain_se:.1f} points"
-            )
-
-
-def plot_accuracy_and_retention(rows: list[dict[str, Any]], path: str | Path) -> Path:
-    """Two panels, one line per method: accuracy (+- SE bars) and retention vs ratio."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, (ax_acc, ax_ret) = plt.subplots(1, 2, figsize=(11, 4.5))
-    lines: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        if row.get("accuracy") is not None and row["ratio"] is not None:
-            lines.setdefault(row["method"], []).append(row)
-    for method, pts in sorted(lines.items()):
-        pts.sort(key=lambda p: p["ratio"])
-        x = [p["ratio"] for p in pts]
-        style = {"lw": 2.5, "color": "black"} if method == TRAINED else {"lw": 1, "alpha": 0.8}
-        ax_acc.errorbar(x, [p["accuracy"] for p in pts], yerr=[p["se"] for p in pts],
-                        marker="o", capsize=2, label=method, **style)  # fmt: skip
-        ax_ret.plot(x, [p["retention"] for p in pts], marker="o", label=method, **style)
-    base = next((r for r in rows if r["method"] == "none" and r.get("accuracy") is not None), None)
-    if base is not None:
-        ax_acc.axhline(base["accuracy"], ls="--", color="grey", label="uncompressed")
-        ax_ret.axhline(100.0, ls="--", color="grey")
-    for ax, label in ((ax_acc, "accuracy (%)"), (ax_ret, "retention (%)")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("compression ratio")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3)
-    ax_acc.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def _f(value: float | None, digits: int, suffix: str = "") -> str:
-    return "-" if value is None else f"{value:.{digits}f}{suffix}"
+    for report in reports.values():
+        _line(f"report:   {report['markdown']}")
+        for path in report["merge_maps"][:1]:
+            _line(f"merge map: {path}")
+    _line(f"records:  {Path(out) / 'runs' / world.tag}  (JSONL per run, a folder per family; "
+          "resumable)")  # fmt: skip

@@ -10,12 +10,24 @@ from craft_eval.cli.common import UsageError, check_device, check_output, parse_
 
 
 def add_parser(sub: Any) -> None:
+    from craft_eval.demo import DEMO_FAMILIES, DEMO_METHODS
+
     demo = sub.add_parser("demo", help="the whole pipeline on a laptop CPU, nothing downloaded")
     demo.add_argument("--model", help="another checkpoint instead of the world's backbone")
     demo.add_argument("--backbone", help="a tiny RANDOM model of this type (pipeline check)")
-    demo.add_argument("--ratio", type=float, help="one ratio only (default: 4, 8 and 16)")
-    demo.add_argument("--items", type=int, default=40, help="held-out clips (2 questions each)")
-    demo.add_argument("--methods", nargs="+", help="default: every registered method")
+    demo.add_argument("--ratio", type=float, help="one ratio only (default: 8 and 16)")
+    demo.add_argument(
+        "--items", type=int, default=40, help="held-out clips per family (default: 40)"
+    )
+    demo.add_argument(
+        "--methods",
+        nargs="+",
+        help=f"registered methods, or `all` (default: {' '.join(DEMO_METHODS)}; "
+        "craft-trained runs whenever the world ships it)",
+    )
+    demo.add_argument(
+        "--family", default="both", help=f"{', '.join(DEMO_FAMILIES)} or both (default: both)"
+    )
     demo.add_argument("--output", "-o", default="craft-demo")
     demo.add_argument("--device")
 
@@ -23,22 +35,22 @@ def add_parser(sub: Any) -> None:
 def command(args: argparse.Namespace) -> int:
     from craft_eval.demo import run_demo
 
-    check_demo_args(args)
+    methods, families = check_demo_args(args)
     return run_demo(
         model_path=args.model,
         backbone=args.backbone,
         ratio=args.ratio,
-        methods=args.methods,
+        methods=methods,
+        families=families,
         output=args.output,
         device=args.device,
         num_items=args.items,
     )
 
 
-def check_demo_args(args: argparse.Namespace) -> None:
-    """Every demo option checked before the clips are written or a model loads."""
-    from craft_eval.methods import get_method_info
-
+def check_demo_args(args: argparse.Namespace) -> tuple[list[str] | None, tuple[str, ...]]:
+    """Every demo option checked before the clips are written or a model loads; returns
+    `(methods or None for the default list, families)`."""
     check_device(args.device)
     check_output(args.output, "--output")
     if args.items < 1:
@@ -55,8 +67,34 @@ def check_demo_args(args: argparse.Namespace) -> None:
             raise UsageError(f"--backbone {args.backbone}: unknown backbone; known: {known}")
     if args.ratio is not None:
         parse_budget("demo", args.ratio)
-    for method in args.methods or []:
+    return demo_methods(args.methods), demo_families(args.family)
+
+
+def demo_families(family: str) -> tuple[str, ...]:
+    """`--family` as the families to run."""
+    from craft_eval.demo import DEMO_FAMILIES
+
+    if family == "both":
+        return DEMO_FAMILIES
+    if family not in DEMO_FAMILIES:
+        raise UsageError(f"--family {family}: not one of {', '.join(DEMO_FAMILIES)}, both")
+    return (family,)
+
+
+def demo_methods(methods: list[str] | None) -> list[str] | None:
+    """`--methods` checked: registered names, or `all` alone (every registered method);
+    None: the demo's default list."""
+    from craft_eval.methods import get_method_info, list_methods
+
+    if methods is None:
+        return None
+    if "all" in methods:
+        if len(methods) > 1:
+            raise UsageError("--methods all: give it alone (it means every registered method)")
+        return [m.name for m in list_methods()]
+    for method in methods:
         try:
             get_method_info(method)
         except KeyError as error:
             raise UsageError(f"--methods {method}: {error.args[0]}") from None
+    return methods
