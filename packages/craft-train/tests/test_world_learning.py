@@ -32,8 +32,9 @@ import yaml
 
 torch.set_num_threads(1)
 
-# Not in CI yet: two runs of this configuration gave 5.1 SE and 2.7 SE at 8x (the clips'
-# H.264 bytes, and so the training, differ per encode): not reliable enough to gate CI.
+# Not in CI yet: two runs of this configuration gave 5.1 SE and 2.7 SE at 8x, not reliable
+# enough to gate CI. Why two runs of the same seeds differ is not yet known (suspected: the
+# clips' H.264 encode, whose bytes can differ per encode; not measured).
 pytestmark = pytest.mark.skipif(
     os.environ.get("CRAFT_WORLD_LEARNING") != "1",
     reason="minutes long and not yet reliable (5.1 / 2.7 SE in two runs); "
