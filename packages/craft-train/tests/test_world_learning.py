@@ -33,8 +33,9 @@ import yaml
 torch.set_num_threads(1)
 
 # Not in CI yet: two runs of this configuration gave 5.1 SE and 2.7 SE at 8x, not reliable
-# enough to gate CI. Why two runs of the same seeds differ is not yet known (suspected: the
-# clips' H.264 encode, whose bytes can differ per encode; not measured).
+# enough to gate CI. Two runs of the same seeds see other clips: writing the same 30 clips
+# twice gave 2 mp4 files with other bytes (pixels up to 5 levels apart; measured), and the
+# training amplifies such differences.
 pytestmark = pytest.mark.skipif(
     os.environ.get("CRAFT_WORLD_LEARNING") != "1",
     reason="minutes long and not yet reliable (5.1 / 2.7 SE in two runs); "
