@@ -5,9 +5,9 @@
         --out packages/craft-world/src/craft_world/checkpoints/ladder.json
 
 `--ladder`: the work folder of craft-train's `scripts/train_world_craft.py --method ladder`
-(`stage1-uniform/`, `stage1/`, `stage2/`, `stage2-lora/`, `stage2-fresh/`). Two `world_table.py` runs on the
-same held-out clips, their clips, runs and tables under `--work` (resumable: each method and
-ratio is a run folder):
+(`stage1-uniform/`, `stage1/`, `stage2/`, `stage2-lora/`, `stage2-fresh/`). Two
+`world_table.py` runs on the same held-out clips, their clips, runs and tables under `--work`
+(resumable: each method and ratio is a run folder):
 
 1. the backbone: the fixed CRAFT rules (mean rule `craft-selection`, target rule
    `craft-prune`, untrained gate `craft`), the selection-only baselines (DivPrune,
