@@ -287,3 +287,22 @@ def test_phase_p_trains_the_tower_alone_and_resumes(tmp_path: Path) -> None:
     assert any(not torch.equal(after_p[k], after_pc[k]) for k in start if k not in vision)
     made = json.loads((tmp_path / "pc-out" / "world_recipe.json").read_text())
     assert made["steps_p"] == 3 and made["started_from"]["steps_a"] == 1
+
+
+def test_command_line_defaults_are_the_shipped_recipe() -> None:
+    """`python -m craft_world.train_backbone` without options trains `Recipe()`, the
+    shipped backbone's recipe (a store_true `--freeze-vision-c` once left the tower
+    trainable by default)."""
+    from dataclasses import fields
+
+    from craft_world.train_backbone import Recipe, _parser
+
+    args = vars(_parser().parse_args(["--work", "w", "--out", "o"]))
+    shipped = Recipe()
+    for field in fields(Recipe):
+        if field.name in args:
+            assert args[field.name] == getattr(shipped, field.name), field.name
+    assert {"steps_p", "steps_c", "freeze_vision_c", "family_c"} <= set(args)
+    assert not vars(_parser().parse_args(["--work", "w", "--out", "o", "--no-freeze-vision-c"]))[
+        "freeze_vision_c"
+    ]

@@ -622,7 +622,8 @@ def _save_backbone(
     (out / "world_recipe.json").write_text(json.dumps(record, indent=1))
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line: every recipe field, its default the shipped recipe's."""
     parser = argparse.ArgumentParser(
         prog="python -m craft_world.train_backbone", description=__doc__.split("\n")[0]
     )
@@ -653,7 +654,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--freeze-vision-c",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.freeze_vision_c,
         help="phase C trains the language model only (the vision tower frozen)",
     )
     parser.add_argument(
@@ -664,6 +666,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=defaults.batch)
     parser.add_argument("--lr", type=float, default=defaults.lr)
     parser.add_argument("--final-clips", type=int, default=300, help="held-out clips at the end")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     try:
         recipe = Recipe(
