@@ -76,7 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     from craft_train.config import load_config
     from craft_train.trainer import train
     from craft_world import make_clips
-    from craft_world.recipe import DISTILL, STAGE1, STAGE2, craft_train_config, distill_manifest
+    from craft_world.recipe import (
+        DISTILL,
+        STAGE1,
+        STAGE2,
+        craft_train_config,
+        distill_manifest,
+        save_untrained_module,
+    )
 
     work = Path(args.work)
     roots = [
@@ -101,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in runs:
             stage, init, extra = RUNS[name]
             if init == "fresh":
-                _fresh_module(work / init, args.backbone)
+                save_untrained_module(work / init, args.backbone)
             mine = [o[3:] for o in args.set if o.startswith(f"s{stage}:")]
             data = craft_train_config(
                 caps if stage == 1 else qas,
@@ -121,24 +128,6 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(final / "craft", ship, dirs_exist_ok=True)
         print(f"shipped {ship}")
     return 0
-
-
-def _fresh_module(folder: Path, backbone: str | None) -> None:
-    """An untrained module in `folder/craft` (a run's output layout), drawn as craft-eval
-    draws its untrained `craft` (`torch.manual_seed(config.seed)`): the same bits."""
-    import json
-
-    from craft_core import CraftCompressor, CraftConfig
-    from craft_world import WORLD_CRAFT, backbone_path
-
-    if (folder / "craft" / "config.json").is_file():
-        return
-    source = Path(backbone) if backbone else backbone_path()
-    hidden = json.loads((source / "config.json").read_text())["text_config"]["hidden_size"]
-    config = CraftConfig(hidden_size=hidden, **WORLD_CRAFT)
-    with torch.random.fork_rng():
-        torch.manual_seed(config.seed)
-        CraftCompressor(config).save_pretrained(folder / "craft")
 
 
 if __name__ == "__main__":

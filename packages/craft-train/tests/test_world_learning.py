@@ -58,19 +58,6 @@ def _config(root: Path, manifest: Path, out: Path, fresh: Path) -> Path:
     return path
 
 
-def _fresh_module(folder: Path) -> Path:
-    """An untrained module of the world's width, as a stage-1 run's output folder."""
-    from craft_core import CraftCompressor, CraftConfig
-    from craft_world import WORLD_CRAFT, backbone_path
-
-    hidden = json.loads((backbone_path() / "config.json").read_text())["text_config"]["hidden_size"]
-    torch.manual_seed(0)
-    CraftCompressor(CraftConfig(hidden_size=hidden, **WORLD_CRAFT)).save_pretrained(
-        folder / "craft"
-    )
-    return folder
-
-
 def _random_targets(manifest: Path, out: Path) -> Path:
     """The manifest with every answer redrawn at random, once (seed 1): targets that carry
     nothing about the clip."""
@@ -134,11 +121,12 @@ def _paired(before: list[float], after: list[float]) -> tuple[float, float]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from craft_world import make_clips
+    from craft_world.recipe import save_untrained_module
 
     root = tmp_path_factory.mktemp("world-learning")
     train = make_clips(root / "train", TRAIN_CLIPS, seed=0, split="craft", family="corners")
     test = make_clips(root / "test", HELDOUT, seed=0, split="test", family="corners")
-    fresh = _fresh_module(root / "fresh")
+    fresh = save_untrained_module(root / "fresh")
     manifests = {"trained": train / "qa.jsonl",
                  "control": _random_targets(train / "qa.jsonl", train / "qa-random.jsonl")}  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": ""}

@@ -13,7 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DISTILL", "STAGE1", "STAGE2", "craft_train_config", "distill_manifest"]
+__all__ = [
+    "DISTILL",
+    "STAGE1",
+    "STAGE2",
+    "craft_train_config",
+    "distill_manifest",
+    "save_untrained_module",
+]
 
 STAGE1: dict[str, Any] = {
     "optim": {"lr": 4e-3, "max_steps": 150, "grad_accum": 4},
@@ -119,3 +126,25 @@ def craft_train_config(
     for name, values in sections.items():
         cfg[name] = {**cfg.get(name, {}), **values}
     return cfg
+
+
+def save_untrained_module(folder: str | Path, backbone: str | Path | None = None) -> Path:
+    """An untrained merge module of the backbone's width in `folder/craft` (a craft-train
+    run's layout, what stage 2's `init_from` takes), drawn as craft-eval draws its untrained
+    `craft` (`torch.manual_seed(config.seed)`): the same bits. Kept if already there."""
+    import json
+
+    import torch
+
+    from craft_core import CraftCompressor, CraftConfig
+    from craft_world import WORLD_CRAFT, backbone_path
+
+    folder = Path(folder)
+    if not (folder / "craft" / "config.json").is_file():
+        source = Path(backbone) if backbone is not None else backbone_path()
+        hidden = json.loads((source / "config.json").read_text())["text_config"]["hidden_size"]
+        config = CraftConfig(hidden_size=hidden, **WORLD_CRAFT)
+        with torch.random.fork_rng():
+            torch.manual_seed(config.seed)
+            CraftCompressor(config).save_pretrained(folder / "craft")
+    return folder
