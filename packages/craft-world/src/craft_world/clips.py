@@ -79,8 +79,9 @@ CAPTION_PROMPT = "Describe this video in detail."
 """craft-train's default stage-1 prompt."""
 COUNT_OPTIONS = ("1", "2", "3")
 YES_NO = ("yes", "no")
-GENERATOR = 2
-"""Version of the scene generator and renderer (1: craft-world 0.1's 8 px squares). A folder
+GENERATOR = 3
+"""Version of the scene generator, renderer and encoder (1: craft-world 0.1's 8 px squares; 2:
+x264 with its macroblock tree, whose output differed between processes). A folder
 `make_clips` wrote with another version has its clip files rewritten, not reused."""
 
 
@@ -200,11 +201,18 @@ def render(scene: Scene) -> np.ndarray:
 
 
 def write_mp4(path: str | Path, frames: np.ndarray, fps: int = FPS) -> None:
-    """Write uint8 `[F, H, W, 3]` frames as an H.264 mp4 (near-lossless, one thread)."""
+    """Write uint8 `[F, H, W, 3]` frames as an H.264 mp4 (near-lossless, one thread): the same
+    bytes in every process.
+
+    x264's macroblock tree (`mbtree`, on by default) made the bytes differ between processes
+    even on one thread: 2 to 3 of 60 clips written by separate processes from the same frames
+    had other bytes and decoded up to 5 levels apart (PyAV's libx264; measured). With it off,
+    three processes wrote the same bytes."""
     import av
 
     if "libx264" in av.codecs_available:
-        write_video(path, frames, fps, "libx264", {"crf": "6", "preset": "medium", "threads": "1"})
+        options = {"crf": "6", "preset": "medium", "threads": "1", "x264-params": "mbtree=0"}
+        write_video(path, frames, fps, "libx264", options)
     else:  # pragma: no cover - PyAV wheels ship libx264
         write_video(path, frames, fps, "mpeg4", {"qscale": "1"})
 
