@@ -30,9 +30,9 @@ IDS = [f"{task}/{i}" for task in TASKS.split(",") for i in range(3)]
 # Per item (IDS order) first-token KL (nats, 6 significant digits) and option-letter hits of
 # craft-world's own measurement before it moved here: `craft_world.measure.evaluate` at
 # commit 8da4f5f on `make_clips(tmp, 3, seed=0, split="test")` (`WORLD_04 / "clips"`), every
-# compressor built by `build_compressor(method, hidden_size=128, allow_untrained=True)` ("craft-trained": "craft"
-# with the shipped checkpoint), ratio 8, the world backbone in float32 on the 2-core AMD
-# EPYC CPU. The mean and SE are that run's `Score.kl_mean` / `Score.kl_se`. That backbone and
+# compressor built by `build_compressor(method, hidden_size=128, allow_untrained=True)`
+# ("craft-trained": "craft" with the shipped checkpoint), ratio 8, the world backbone in
+# float32 on the 2-core AMD EPYC CPU. The mean and SE are that run's `Score.kl_mean` / `Score.kl_se`. That backbone and
 # module (craft-world 0.4's, shipped until 0.5) are kept as test fixtures, `WORLD_04`.
 MAIN_TABLE = """
 none             0         0           0          0           0           0           111111 0          0
