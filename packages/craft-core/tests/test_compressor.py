@@ -267,15 +267,15 @@ def test_checkpoint_of_another_width_is_rejected(tmp_path) -> None:
         loaded(x, coords, ratio=2.0)
 
 
-def test_compress_batch_equals_one_call_per_video(compressor: CraftCompressor) -> None:
+def test_compress_many_equals_one_call_per_video(compressor: CraftCompressor) -> None:
     videos = [tokens(n, seed=n) for n in (50, 130, 7)]
-    batch = compressor.compress_batch([v[0] for v in videos], [v[1] for v in videos], ratio=4.0)
+    batch = compressor.compress_many([v[0] for v in videos], [v[1] for v in videos], ratio=4.0)
     for (x, coords), got in zip(videos, batch):
         single = compressor(x, coords, ratio=4.0)
         assert torch.equal(got.features, single.features)
         assert torch.equal(got.assignment, single.assignment)
-    with pytest.raises(ValueError, match="coords_list"):
-        compressor.compress_batch([videos[0][0]], [], ratio=2.0)
+    with pytest.raises(ValueError, match="coords holds"):
+        compressor.compress_many([videos[0][0]], [], ratio=2.0)
 
 
 @pytest.mark.parametrize(

@@ -77,11 +77,11 @@ def test_a_passed_budget_is_not_checked_again(monkeypatch: pytest.MonkeyPatch) -
     counter = _Counter(monkeypatch)
     with torch.no_grad():
         compressor(features, coords, budget)
-        compressor.compress_batch([features, features[:32]], [coords, coords[:32]], budget)
+        compressor.compress_many([features, features[:32]], [coords, coords[:32]], budget)
     assert counter.count == 0
     with torch.no_grad():
         compressor(features, coords, ratio=4.0)  # the user's spelling: checked once, here
-        compressor.compress_batch([features, features[:32]], [coords, coords[:32]], ratio=4.0)
+        compressor.compress_many([features, features[:32]], [coords, coords[:32]], ratio=4.0)
     assert counter.count == 2
     assert budget_of(budget) is budget
 

@@ -144,11 +144,11 @@ def test_instruction_paths_agree(env: dict) -> None:
     assert json.loads(other.stdout) == json.loads(baseline.stdout)
 
 
-def test_compress_batch_equals_independent_calls() -> None:
+def test_compress_many_equals_independent_calls() -> None:
     compressor = trained_looking(CraftConfig(hidden_size=32), sim_block=50)
     videos = [static_video(seed, frames=4 + 2 * seed, grid=5) for seed in range(4)]
     with torch.no_grad():
-        batch = compressor.compress_batch([v[0] for v in videos], [v[1] for v in videos], ratio=3.0)
+        batch = compressor.compress_many([v[0] for v in videos], [v[1] for v in videos], ratio=3.0)
         for (x, coords), out in zip(videos, batch):
             alone = compressor(x, coords, ratio=3.0)
             assert signature(out) == signature(alone)

@@ -172,9 +172,9 @@ ENTRY_CASES: list[tuple[str, object, type[Exception], str]] = [
     ("forward-min-tokens-0", lambda: _call(threshold=0.5, min_tokens=0), ValueError, "min_tokens"),
     (
         "batch-lengths-differ",
-        lambda: _compressor().compress_batch([_X, _X], [_C], ratio=2.0),
+        lambda: _compressor().compress_many([_X, _X], [_C], ratio=2.0),
         ValueError,
-        "coords_list",
+        "coords holds",
     ),
     # fuse_groups: index dtypes, non-finite similarity, round_index, shapes, devices
     ("fuse-targets-float", lambda: _fuse(targets=_T.float()), TypeError, "targets"),

@@ -18,7 +18,7 @@ from craft_core.budget import (
 )
 from craft_core.compressor import CraftCompressor
 from craft_core.config import CraftConfig
-from craft_core.contract import TokenCompressor, budget_of
+from craft_core.contract import TokenCompressor, budget_of, compress_many
 from craft_core.merge import GatedMerge
 from craft_core.result import CompressionResult
 
@@ -34,6 +34,7 @@ __all__ = [
     "TokenCompressor",
     "budget_of",
     "check_tokens",
+    "compress_many",
     "default_min_tokens",
     "resolve_budget",
     "target_token_count",

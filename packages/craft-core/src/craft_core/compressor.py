@@ -430,30 +430,33 @@ class CraftCompressor(
             return FullPairing(embed, options.sim_block), square_norms
         return PairingState(embed, options.sim_block), square_norms
 
-    def compress_batch(
+    def compress_many(
         self,
-        features_list: Sequence[torch.Tensor],
-        coords_list: Sequence[torch.Tensor],
+        features: Sequence[torch.Tensor],
+        coords: Sequence[torch.Tensor],
         budget: TokenBudget | None = None,
         *,
         ratio: float | None = None,
         threshold: float | None = None,
         min_tokens: int | None = None,
+        importance: Sequence[torch.Tensor | None] | None = None,
     ) -> list[CompressionResult]:
-        """Compress several videos (of any lengths) with one budget: one result per video.
+        """Compress several videos (of any lengths) with one budget: one result per video,
+        each the same tokens and rows as compressing it alone.
 
         Args:
-            features_list: B tensors `[N_b, D]`.
-            coords_list: B tensors `[N_b, 3]`.
+            features: B tensors `[N_b, D]`.
+            coords: B tensors `[N_b, 3]`.
             budget: a `TokenBudget`, or its fields as keywords (as `forward`).
+            importance: accepted for the contract's uniform call (`compress_many`); unused.
         """
+        del importance
         budget = budget_of(budget, ratio=ratio, threshold=threshold, min_tokens=min_tokens)
-        if len(features_list) != len(coords_list):
+        if len(features) != len(coords):
             raise ValueError(
-                f"features_list has {len(features_list)} videos but coords_list has "
-                f"{len(coords_list)}"
+                f"features holds {len(features)} videos but coords holds {len(coords)}"
             )
-        return [self(f, c, budget) for f, c in zip(features_list, coords_list)]
+        return [self(f, c, budget) for f, c in zip(features, coords)]
 
     def fuse_groups(
         self,

@@ -11,6 +11,12 @@ when the compressor sets `needs_attention = True`. CRAFT (`CraftCompressor`) and
 craft-eval method implement it directly; craft-adapters asks `isinstance(c, TokenCompressor)`
 and `c.needs_attention`, never a signature.
 
+Many videos go through ONE call, `compress_many(compressor, features, coords, budget)`: a
+compressor with a batched entry of its own (CRAFT's `CraftCompressor.compress_many`: every
+video advances through each round together, each video's tokens and rows the same bits as
+alone) runs it; any other is called once per video. Every package that holds several videos
+at once (a batch of prompts, a training step, a served forward) calls this one function.
+
 The packages pass the `TokenBudget` object among themselves, unopened, parsed once where the
 user spelled it (a command-line option, a config key, `wrap(ratio=...)`). The protocol takes
 nothing else. The user's keywords (`ratio=`, `threshold=`, `min_tokens=`) stay on the calls
@@ -20,6 +26,7 @@ name accept them too and turn them into one `TokenBudget` there (`budget_of`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from craft_core.budget import TokenBudget
@@ -29,7 +36,7 @@ if TYPE_CHECKING:
 
     from craft_core.result import CompressionResult
 
-__all__ = ["TokenCompressor", "budget_of"]
+__all__ = ["TokenCompressor", "budget_of", "compress_many"]
 
 
 @runtime_checkable
@@ -81,3 +88,44 @@ def budget_of(
             f"give budget=TokenBudget(...) or its fields, not both (got budget and {given[0]})"
         )
     return budget
+
+
+def compress_many(
+    compressor: TokenCompressor,
+    features: Sequence[torch.Tensor],
+    coords: Sequence[torch.Tensor],
+    budget: TokenBudget,
+    *,
+    importance: Sequence[torch.Tensor | None] | None = None,
+) -> list[CompressionResult]:
+    """Compress several videos with one budget: one `CompressionResult` per video, in order.
+
+    Args:
+        compressor: any `TokenCompressor`; its own `compress_many` runs when it has one.
+        features: B tensors `[N_b, D]` (lengths may differ).
+        coords: B tensors `[N_b, 3]` integer `(t, h, w)`.
+        budget: one `TokenBudget` for every video (each resolves it for its own `N_b`).
+        importance: B tensors `[N_b]` (or None each), for a compressor that `needs_attention`.
+
+    Raises:
+        ValueError: `features`, `coords` and `importance` of different lengths.
+    """
+    features, coords = list(features), list(coords)
+    if len(features) != len(coords):
+        raise ValueError(
+            f"features holds {len(features)} videos but coords holds {len(coords)}"
+        )
+    if importance is not None:
+        importance = list(importance)
+        if len(importance) != len(features):
+            raise ValueError(
+                f"importance holds {len(importance)} entries but features {len(features)} videos"
+            )
+    own = getattr(compressor, "compress_many", None)
+    if callable(own):
+        return own(features, coords, budget, importance=importance)
+    if importance is None:
+        return [compressor(f, c, budget) for f, c in zip(features, coords)]
+    return [
+        compressor(f, c, budget, importance=i) for f, c, i in zip(features, coords, importance)
+    ]
