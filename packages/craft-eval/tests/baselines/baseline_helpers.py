@@ -12,6 +12,8 @@ METHODS = (
     "visionzip",
     "vidcom2",
     "fastvid",
+    "flashvid",
+    "holitom",
     "llava-scissor",
     "dtd",
     "scissor-merge",

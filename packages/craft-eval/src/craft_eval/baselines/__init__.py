@@ -19,6 +19,8 @@ from craft_eval.baselines._common import Baseline
 from craft_eval.baselines.divprune import divprune
 from craft_eval.baselines.dtd import dtd
 from craft_eval.baselines.fastvid import fastvid
+from craft_eval.baselines.flashvid import flashvid
+from craft_eval.baselines.holitom import holitom
 from craft_eval.baselines.scissor import SEARCH_STEPS, llava_scissor, scissor_plan
 from craft_eval.baselines.scissor_merge import ScissorMergeMethod, scissor_merge
 from craft_eval.baselines.tome import tome
@@ -32,6 +34,8 @@ __all__ = [
     "divprune",
     "dtd",
     "fastvid",
+    "flashvid",
+    "holitom",
     "llava_scissor",
     "scissor_merge",
     "scissor_plan",
