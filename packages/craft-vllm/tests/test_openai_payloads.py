@@ -7,13 +7,18 @@ them (vLLM's `video_embeds` content part, base64 tensors).
   `generate()` and the same greedy tokens (engine.compare). Control: a fresh CRAFT module's
   payloads (claiming the checkpoint's digest) are far in those log-probs.
 - Refusals: every field malformed (NaN / inf / negative / wrong dtype / wrong length / K = 0,
-  the made-with record) is a 400 naming the field; after all of them the same server process
-  answers the first payload again with the same tokens and log-probs.
+  the made-with record, bytes that are not a `torch.save` tensor: a pickled object, a dict, a
+  list, garbage) is a 400 naming the field; after all of them the same server process answers
+  the first payload again with the same tokens and log-probs. The pickled object would make a
+  folder if it were ever unpickled: the folder never appears.
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -110,6 +115,49 @@ def with_fields(part: dict[str, Any], **fields: torch.Tensor | None) -> dict[str
         if value is not None:
             sent[key] = tensor_base64(value)
     return {"type": "video_embeds", "video_embeds": sent}
+
+
+class Planted:
+    """An object whose unpickling makes the folder `path` (what a hostile client sends)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return os.mkdir, (str(self.path),)
+
+
+def saved_base64(value: Any) -> str:
+    """`torch.save(value)` as base64: what a field carries, here holding a non-tensor."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def with_bytes(part: dict[str, Any], field: str, encoded: str) -> dict[str, Any]:
+    """`part` with `field`'s base64 replaced by `encoded` (bytes that are no tensor)."""
+    return {"type": "video_embeds", "video_embeds": {**part["video_embeds"], field: encoded}}
+
+
+def unreadable(video: Any, marker: Path) -> dict[str, tuple[dict[str, Any], str]]:
+    """Fields whose bytes do not load as a tensor: (content part, a piece of the 400)."""
+    part = chat_part(video)
+    garbage = base64.b64encode(b"not torch.save bytes").decode()
+    return {
+        "rows pickled object": (
+            with_bytes(part, ROWS, saved_base64(Planted(marker))),
+            "video_embeds is not a tensor this server can read (UnpicklingError",
+        ),
+        "coords a dict": (
+            with_bytes(part, COORDS, saved_base64({"coords": video.coords})),
+            "craft_coords is not a tensor this server can read",
+        ),
+        "grid a list": (
+            with_bytes(part, GRID, saved_base64([1, 2, 3])),
+            "video_grid_thw is not a tensor this server can read",
+        ),
+        "count garbage": (with_bytes(part, COUNT, garbage), "craft_num_kept is not a tensor"),
+    }
 
 
 def malformed(video: Any) -> dict[str, tuple[dict[str, Any], str]]:
@@ -302,7 +350,9 @@ def test_malformed_payloads_get_a_400_naming_the_field(server, workdir, payloads
     model = str(workdir / "model")
     video = payloads[0][0]
     before = ask(server, model, chat_part(video))
-    assert_refused(server, model, malformed(video))
+    marker = tmp_path / "unpickled"
+    assert_refused(server, model, malformed(video) | unreadable(video, marker))
+    assert not marker.exists()  # the pickled object was never unpickled
     # the same process still serves: the README's request (python -m craft_vllm.payload's
     # body, POSTed as curl does) gets the first answer again
     file = craft_adapters.save_compressed_video(tmp_path / "clip.craft.safetensors", video)
