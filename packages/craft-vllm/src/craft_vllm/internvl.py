@@ -45,16 +45,20 @@ from craft_adapters.backbones.internvl import TOKENS
 from craft_adapters.registry import frame_grid_coords
 from craft_vllm.common import CraftModel, CraftProcessor
 from craft_vllm.flat import FlatPositions, PayloadInput, grid_tokens, index_columns, payload_input
-from craft_vllm.payload import GRID
-from craft_vllm.precompressed import (
-    CraftLlavaDataParser,
-    PayloadFields,
-    PayloadProcessingInfo,
-    flat_side,
-)
+from craft_vllm.payload import GRID, PayloadFormat
+from craft_vllm.precompressed import PayloadFields, PayloadProcessingInfo
 
 ARCHITECTURE = "CraftInternVLForConditionalGeneration"
+PAYLOAD = PayloadFormat("internvl", merge=1, flat=True)
+"""Payloads: `video_grid_thw` the `(F, S, S)` frame token grid itself, 1-D positions."""
 VIDEO = TOKENS["video_token"]  # every reserved slot of a video's placeholder
+
+
+def frame_side(config: Any) -> int:
+    """S, the side of a frame's token grid after the pixel shuffle: `image_size / patch *
+    downsample_ratio` (the sizes are `[H, W]` lists)."""
+    vision = config.vision_config
+    return int(vision.image_size[0] // vision.patch_size[0] * config.downsample_ratio)
 
 
 @lru_cache(maxsize=64)
@@ -79,7 +83,7 @@ class CraftInternVLMultiModalProcessor(PayloadFields, CraftProcessor, InternS1Mu
     architecture = ARCHITECTURE
 
     def _per_frame(self) -> int:
-        return flat_side(self.info.get_hf_config()) ** 2
+        return frame_side(self.info.get_hf_config()) ** 2
 
     def craft_video_tokens(self, item: Any, hf_processor_mm_kwargs: Mapping[str, Any]) -> int:
         return _frames(item) * self._per_frame()
@@ -95,7 +99,10 @@ class CraftInternVLMultiModalProcessor(PayloadFields, CraftProcessor, InternS1Mu
 class CraftInternVLProcessingInfo(PayloadProcessingInfo, InternS1ProcessingInfo):
     """InternVL's, with a parser that also takes compressed videos (precompressed.py)."""
 
-    parser = CraftLlavaDataParser
+    payload_format = PAYLOAD
+
+    def craft_frame_side(self) -> int:
+        return frame_side(self.get_hf_config())
 
     def get_max_video_tokens(self, seq_len: int, mm_counts: Mapping[str, int]) -> int:
         """N of the largest video a server of `seq_len` accepts (`common.check_settings`)."""
@@ -123,7 +130,7 @@ class CraftInternVLForConditionalGeneration(
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.craft_tokenizer = cached_tokenizer_from_config(vllm_config.model_config)
         self.craft_video_id = int(self.craft_tokenizer.convert_tokens_to_ids(VIDEO))
-        self.craft_side = flat_side(self.config)
+        self.craft_side = frame_side(self.config)
 
     def craft_media_ids(self) -> tuple[int, ...]:
         return (self.craft_video_id, int(self.config.image_token_id))

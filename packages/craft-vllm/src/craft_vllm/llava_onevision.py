@@ -40,9 +40,12 @@ from craft_vllm.flat import (
     index_columns,
     payload_input,
 )
-from craft_vllm.precompressed import CraftLlavaDataParser, PayloadFields, PayloadProcessingInfo
+from craft_vllm.payload import PayloadFormat
+from craft_vllm.precompressed import PayloadFields, PayloadProcessingInfo
 
 ARCHITECTURE = "CraftLlavaOnevisionForConditionalGeneration"
+PAYLOAD = PayloadFormat("llava_onevision", merge=1, flat=True)
+"""Payloads: `video_grid_thw` the `(F, P, P)` pooled grid itself, 1-D positions."""
 
 
 def pooled_side(hf_config: Any) -> int:
@@ -69,7 +72,10 @@ class CraftLlavaOnevisionMultiModalProcessor(
 class CraftLlavaOnevisionProcessingInfo(PayloadProcessingInfo, LlavaOnevisionProcessingInfo):
     """LLaVA-OneVision's, with a parser that also takes compressed videos (precompressed.py)."""
 
-    parser = CraftLlavaDataParser
+    payload_format = PAYLOAD
+
+    def craft_frame_side(self) -> int:
+        return pooled_side(self.get_hf_config())
 
 
 @MULTIMODAL_REGISTRY.register_processor(

@@ -146,10 +146,9 @@ def load_compressor(options: CraftOptions, hidden_size: int, device: Any) -> Any
             f"{asked[0]}: craft-core's padded CUDA-graph loop runs on CUDA only (on a CPU it "
             f"is slower than eager), but this server runs on {device}; leave {asked[0]} out"
         )
+    run: dict[str, Any] = dict(options.run)
     try:
-        compressor = CraftCompressor.from_pretrained(
-            options.checkpoint, device=device, **options.run
-        )
+        compressor = CraftCompressor.from_pretrained(options.checkpoint, device=device, **run)
     except (FileNotFoundError, ValueError) as error:
         raise CraftConfigError(f"craft_checkpoint: {error}") from None
     width = compressor.config.hidden_size

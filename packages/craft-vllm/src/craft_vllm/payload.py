@@ -24,11 +24,15 @@ Fields (K kept rows of width D, a grid of T x H x W merged tokens):
 from __future__ import annotations
 
 import argparse
+import ast
 import base64
 import io
 import json
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -82,19 +86,78 @@ def describe(value: Any) -> str:
     return type(value).__name__
 
 
-FLAT_GRID = ("llava_onevision", "internvl")
-"""Backbones whose `video_grid_thw` is the compressed video's grid itself (merge size 1)."""
-TIMED = ("qwen3_vl", "qwen3_5")
-"""Backbones whose prompt writes each frame run's seconds (`<t seconds>`): their payloads
-carry `timestamps`."""
-TEMPORAL_PATCH = 2  # frames per temporal group (Qwen3-VL's and Qwen3.5's temporal_patch_size)
+@dataclass(frozen=True)
+class PayloadFormat:
+    """What a served backbone needs of a payload, declared by its model file (`PAYLOAD =
+    PayloadFormat(...)` at the top of `craft_vllm/<backbone>.py`, as craft-adapters' backbones
+    declare theirs), read here from the file's source (`declared_formats`): a client needs
+    no vLLM.
+
+    Attributes:
+        model_type: the backbone's transformers `model_type` (the payload's `craft_made_with`).
+        merge: the spatial merge size: vLLM's `video_grid_thw` is the merged grid `(T, H *
+            merge, W * merge)` (1: the grid is the frames' token grid itself).
+        frame_runs: frames per run that the prompt writes with its seconds (`<t seconds>`,
+            Qwen3-VL and Qwen3.5: 2): the payload carries `timestamps`; 0: it does not.
+        flat: 1-D positions: the text after a video of N tokens starts where it does
+            uncompressed, whatever was kept (LLaVA-OneVision, InternVL).
+        seconds_positions: the temporal positions follow `second_per_grid_ts` (Qwen2.5-VL:
+            `tokens_per_second` per second of video).
+    """
+
+    model_type: str
+    merge: int = 2
+    frame_runs: int = 0
+    flat: bool = False
+    seconds_positions: bool = False
 
 
-def frame_timestamps(frames: int, fps: float, grid_frames: int) -> list[float]:
-    """The `[T]` seconds of each frame run of `frames` frames sampled at `fps` (indices
-    0, 1, ...: how `craft-compress` and `build_inputs` hand frames to the processor), by the
-    processor's rule (`_calculate_timestamps`): the last frame repeated up to a whole group,
-    each group the mean of its first and last frame's `index / fps`.
+def _declared(path: Path) -> PayloadFormat | None:
+    """The `PAYLOAD = PayloadFormat(...)` a module's source declares (literal arguments)."""
+    for node in ast.parse(path.read_text()).body:
+        if not isinstance(node, ast.Assign) or ast.unparse(node.targets[0]) != "PAYLOAD":
+            continue
+        call = node.value
+        if not (isinstance(call, ast.Call) and ast.unparse(call.func) == "PayloadFormat"):
+            raise TypeError(f"{path.name}: PAYLOAD must be PayloadFormat(...)")
+        args = [ast.literal_eval(a) for a in call.args]
+        kwargs = {str(k.arg): ast.literal_eval(k.value) for k in call.keywords}
+        return PayloadFormat(*args, **kwargs)
+    return None
+
+
+@lru_cache(maxsize=1)
+def declared_formats() -> dict[str, PayloadFormat]:
+    """Every served backbone's `PayloadFormat`, by `model_type`: each `craft_vllm` module's
+    `PAYLOAD`, read from its source without importing it (the model files import vLLM)."""
+    formats = {}
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        declared = _declared(path)
+        if declared is not None:
+            formats[declared.model_type] = declared
+    return formats
+
+
+def payload_format(model_type: Any) -> PayloadFormat:
+    """The served backbone `model_type`'s `PayloadFormat`.
+
+    Raises:
+        ValueError: no served backbone has that `model_type`.
+    """
+    formats = declared_formats()
+    if model_type not in formats:
+        raise ValueError(
+            f"no served backbone has model_type {model_type!r} (the payload's metadata; "
+            f"served: {', '.join(sorted(formats))})"
+        )
+    return formats[model_type]
+
+
+def frame_timestamps(frames: int, fps: float, grid_frames: int, run: int = 2) -> list[float]:
+    """The `[T]` seconds of each run of `run` frames of `frames` frames sampled at `fps`
+    (indices 0, 1, ...: how `craft-compress` and `build_inputs` hand frames to the
+    processor), by the processor's rule (`_calculate_timestamps`): the last frame repeated up
+    to a whole run, each run the mean of its first and last frame's `index / fps`.
 
     Raises:
         ValueError: `fps` not > 0 and finite, or `frames` not the `grid_frames` runs' frames.
@@ -103,31 +166,33 @@ def frame_timestamps(frames: int, fps: float, grid_frames: int) -> list[float]:
         raise ValueError(f"fps must be > 0 and finite, got {fps!r}")
     if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
         raise ValueError(f"frames must be an int >= 1, got {frames!r}")
-    if -(-frames // TEMPORAL_PATCH) != grid_frames:
+    if -(-frames // run) != grid_frames:
         raise ValueError(
-            f"{frames} frames make {-(-frames // TEMPORAL_PATCH)} frame runs of "
-            f"{TEMPORAL_PATCH}, the video's grid has T = {grid_frames}"
+            f"{frames} frames make {-(-frames // run)} frame runs of {run}, the video's grid "
+            f"has T = {grid_frames}"
         )
-    index = list(range(frames)) + [frames - 1] * (-frames % TEMPORAL_PATCH)
+    index = list(range(frames)) + [frames - 1] * (-frames % run)
     seconds = [i / fps for i in index]
-    pairs = range(0, len(seconds), TEMPORAL_PATCH)
-    return [(seconds[i] + seconds[i + TEMPORAL_PATCH - 1]) / 2 for i in pairs]
+    return [(seconds[i] + seconds[i + run - 1]) / 2 for i in range(0, len(seconds), run)]
 
 
 def video_timestamps(video: CompressedVideo, fps: float | None = None) -> list[float] | None:
-    """A `TIMED` backbone's video: its frame runs' seconds (`frame_timestamps`) from the
-    `fps` and `frames` its metadata records (`craft-compress` writes them), or from `fps`
-    (the rate the frames were sampled at; their count then `frames` or `2 T`). None for
-    other backbones.
+    """The frame runs' seconds (`frame_timestamps`) of a video whose backbone writes them
+    (`PayloadFormat.frame_runs`), from the `fps` and `frames` its metadata records
+    (`craft-compress` writes them), or from `fps` (the rate the frames were sampled at; their
+    count then `frames` or `frame_runs * T`). None for other backbones.
 
     Raises:
         ValueError: the rate is unknown (no `fps` recorded or given), or it and the frame
-            count do not fit the grid; `fps` given for another backbone.
+            count do not fit the grid; `fps` given for another backbone; a backbone that
+            is not served.
     """
-    if video.metadata.get("model_type") not in TIMED:
+    run = payload_format(video.metadata.get("model_type")).frame_runs
+    if not run:
         if fps is not None:  # not ignored: the caller thinks it matters
+            timed = [f.model_type for f in declared_formats().values() if f.frame_runs]
             raise ValueError(
-                f"fps is for {' / '.join(TIMED)} payloads only (their frame runs' timestamps), "
+                f"fps is for {' / '.join(timed)} payloads only (their frame runs' timestamps), "
                 f"this one is {video.metadata.get('model_type')!r}"
             )
         return None
@@ -138,8 +203,8 @@ def video_timestamps(video: CompressedVideo, fps: float | None = None) -> list[f
             "video's metadata has no fps (give the rate its frames were sampled at: --fps, "
             "or the timestamps: video_payload / chat_part's timestamps=)"
         )
-    frames = video.metadata.get("frames", video.grid[0] * TEMPORAL_PATCH)
-    return frame_timestamps(frames, rate, video.grid[0])
+    frames = video.metadata.get("frames", video.grid[0] * run)
+    return frame_timestamps(frames, rate, video.grid[0], run)
 
 
 def video_payload(
@@ -148,18 +213,18 @@ def video_payload(
     """The `multi_modal_data["video"]` of a request carrying `video` (one video).
 
     `merge`: the backbone's spatial merge size: vLLM's `video_grid_thw` counts patches, the
-    compressed video's grid merged tokens. None: from the video's `model_type` (1 for
-    LLaVA-OneVision and InternVL, whose grid is their frames' token grid; else 2, every Qwen's).
+    compressed video's grid merged tokens. None: the served backbone's (`payload_format` of
+    the video's `model_type`: 1 for LLaVA-OneVision and InternVL, 2 for every Qwen).
     Qwen3-VL: the rows are the main rows and the deepstack rows side by side (`[K, D +
     levels * D]`, vLLM's layout of Qwen3-VL's embedding inputs).
-    `timestamps`: Qwen3-VL and Qwen3.5 (`TIMED`) only: the T seconds its frame runs are
-    written with, as its processor gives them (`processor._calculate_timestamps(indices,
-    fps, 2)`). None: from the video's metadata (`video_timestamps`; refused where it has no
-    `fps`).
+    `timestamps`: for a backbone that writes frame runs' seconds (Qwen3-VL, Qwen3.5) only: the
+    T seconds its frame runs are written with, as its processor gives them
+    (`processor._calculate_timestamps(indices, fps, 2)`). None: from the video's metadata
+    (`video_timestamps`; refused where it has no `fps`).
     """
     t, h, w = video.grid
     if merge is None:
-        merge = 1 if video.metadata.get("model_type") in FLAT_GRID else 2
+        merge = payload_format(video.metadata.get("model_type")).merge
     seconds = float(video.metadata.get("second_per_grid", 1.0))
     rows = video.features
     if video.deepstack is not None:

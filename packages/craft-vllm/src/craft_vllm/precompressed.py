@@ -27,17 +27,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import cache, lru_cache, partial
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
-from vllm.model_executor.models.qwen2_vl import (
-    Qwen2VLMultiModalDataParser,
-    _create_qwen2vl_field_factory,
-)
 from vllm.multimodal.inputs import MultiModalFieldConfig
-from vllm.multimodal.parse import DictEmbeddingItems, MultiModalDataParser
+from vllm.multimodal.parse import DictEmbeddingItems
 
 from craft_adapters import CompressedVideo
 from craft_adapters.compressed import check_made_with, checkpoint_sha256
@@ -50,6 +46,7 @@ from craft_vllm.payload import (
     ROWS,
     SECONDS,
     TIMESTAMPS,
+    PayloadFormat,
     decode_made_with,
     describe,
     video_payload,
@@ -85,11 +82,12 @@ class PayloadLimits:
         max_model_len: the server's `--max-model-len`.
         tokens_per_second: Qwen2.5-VL's temporal position step per second, else None (the
             temporal positions do not follow `second_per_grid_ts`).
-        timed: the backbone writes frame timestamps (Qwen3.5): `timestamps` is required.
+        timed: the backbone writes frame timestamps (Qwen3-VL, Qwen3.5): `timestamps` is
+            required.
         side: the merged grid's fixed H = W, else None (LLaVA-OneVision: its pooled side P;
             the rows are placed by `t * P * P + h * P + w`).
-        flat: 1-D positions (LLaVA-OneVision): the text after a video of N tokens starts
-            N + 1 positions after its start, whatever was kept.
+        flat: 1-D positions (LLaVA-OneVision, InternVL): the text after a video of N tokens
+            starts N (+ its fixed rows) positions after its start, whatever was kept.
         deepstack_levels: Qwen3-VL's deepstack levels L: each row is `[D + L * D]`, the
             main row and the kept token's deepstack rows side by side.
     """
@@ -155,7 +153,7 @@ def _check_counts(data: Mapping[str, Any], limits: PayloadLimits) -> list[tuple[
         )
     if bool((seconds <= 0).any()):
         raise ValueError(f"compressed video payload: {SECONDS} must be > 0, got {seconds.tolist()}")
-    out = []
+    out: list[tuple[int, ...]] = []
     for (t, h, w), k in zip(grids.tolist(), counts.tolist()):
         if min(t, h, w) < 1 or h % limits.merge or w % limits.merge:
             raise ValueError(
@@ -265,16 +263,16 @@ def check_payload(data: Mapping[str, Any], limits: PayloadLimits) -> None:
         _check_timestamps(data, videos)
 
 
-def served_limits(model_config: Any, timed: bool, flat: bool = False) -> PayloadLimits:
-    """The `PayloadLimits` of the server whose vLLM `ModelConfig` is `model_config` (`flat`:
-    LLaVA-OneVision's pooled frames and 1-D positions)."""
+def served_limits(model_config: Any, form: PayloadFormat, side: int | None) -> PayloadLimits:
+    """The `PayloadLimits` of the server whose vLLM `ModelConfig` is `model_config`, serving
+    a backbone of payload format `form` (its model file's `PAYLOAD`) whose frames are token
+    grids of side `side` (a flat backbone's; None: any)."""
     config = model_config.hf_config
     text = config.get_text_config()
     vision = config.vision_config
-    per_second = getattr(vision, "tokens_per_second", None)
     folder = getattr(config, "craft_checkpoint", None)  # None: the settings check refuses it
-    side = flat_side(config) if flat else None
     levels = len(getattr(vision, "deepstack_visual_indexes", None) or [])  # vLLM's rule
+    per_second = getattr(vision, "tokens_per_second", None) if form.seconds_positions else None
     return PayloadLimits(
         merge=getattr(vision, "spatial_merge_size", 1),
         hidden_size=text.hidden_size,
@@ -282,23 +280,12 @@ def served_limits(model_config: Any, timed: bool, flat: bool = False) -> Payload
         craft_checkpoint=str(Path(str(folder)).expanduser()) if folder else "",
         max_positions=text.max_position_embeddings,
         max_model_len=model_config.max_model_len,
-        tokens_per_second=None if timed or flat else per_second,
-        timed=timed,
+        tokens_per_second=per_second,
+        timed=bool(form.frame_runs),
         side=side,
-        flat=flat,
+        flat=form.flat,
         deepstack_levels=levels,
     )
-
-
-def flat_side(config: Any) -> int:
-    """The side of a frame's token grid of a 1-D RoPE backbone: InternVL's pixel-shuffled
-    `S * downsample_ratio` (its sizes are `[H, W]` lists), LLaVA-OneVision's pooled
-    `ceil(S / 2)` (S: patches per side)."""
-    vision = config.vision_config
-    size, patch = vision.image_size, vision.patch_size
-    if isinstance(size, (list, tuple)):
-        return int(size[0] // patch[0] * config.downsample_ratio)
-    return int(-(-(size // patch) // 2))
 
 
 def field_factory(
@@ -311,8 +298,8 @@ def field_factory(
         counts = data[COUNT]  # [V] after check_payload (the chat path calls this before it)
         out["video_embeds"] = MultiModalFieldConfig.flat_from_sizes("video", counts)
         out[COORDS] = MultiModalFieldConfig.flat_from_sizes("video", counts, keep_on_cpu=True)
-        for key in (GRID, COUNT, SECONDS, MADE_WITH):  # GRID: vLLM's own where it has one
-            if key not in out or key != GRID:
+        for key in (GRID, COUNT, SECONDS, MADE_WITH, TIMESTAMPS):  # one entry per video
+            if key in data and (key not in out or key not in (GRID, TIMESTAMPS)):
                 out[key] = MultiModalFieldConfig.batched("video", keep_on_cpu=True)
         return out
 
@@ -320,25 +307,14 @@ def field_factory(
 
 
 def _no_fields(data: Mapping[str, torch.Tensor]) -> Mapping[str, MultiModalFieldConfig]:
-    """A backbone without an embedding-input layout of its own (LLaVA-OneVision)."""
     return {}
 
 
 class PayloadParser:
-    """Mixin of a vLLM data parser (first base): a video given as a dict is a
-    compressed-video payload, checked (`check_payload`) before it becomes embedding items."""
+    """Mixin of a vLLM data parser (first base, `payload_parser`): a video given as a dict is
+    a compressed-video payload, checked (`check_payload`) before it becomes embedding items."""
 
-    embedding_fields: ClassVar[Mapping[str, Mapping[str, Any]]]
-    craft_timed = False  # the payload carries frame timestamps (Qwen3.5)
-    craft_flat = False  # pooled frames, 1-D positions (LLaVA-OneVision)
-    craft_parser_kwargs: ClassVar[dict[str, Any]] = {}  # vLLM parser options of the backbone
     _craft_limits: PayloadLimits
-
-    def craft_base_fields(
-        self,
-    ) -> Callable[[Mapping[str, torch.Tensor]], Mapping[str, MultiModalFieldConfig]]:
-        """vLLM's own field layout of this backbone's embedding inputs."""
-        return _no_fields
 
     def _parse_video_data(self, data: Any) -> Any:
         if not isinstance(data, dict):
@@ -351,69 +327,38 @@ class PayloadParser:
             modality="video",
             required_fields=required - {MADE_WITH},
             optional_fields=optional,
-            fields_factory=field_factory(self.craft_base_fields()),
+            fields_factory=field_factory(_no_fields),
         )
 
 
-class CraftQwenDataParser(PayloadParser, Qwen2VLMultiModalDataParser):
-    """vLLM's Qwen data parser; a video given as a dict is a compressed-video payload."""
-
-    embedding_fields: ClassVar[dict[str, dict[str, str]]] = {
-        **Qwen2VLMultiModalDataParser.embedding_fields,
-        "video": FIELDS,
-    }
-    craft_parser_kwargs: ClassVar[dict[str, Any]] = {"video_needs_metadata": True}
-
-    def __init__(self, limits: PayloadLimits, **kwargs: Any) -> None:
-        self._craft_limits = limits
-        super().__init__(limits.merge, **kwargs)
-
-    def craft_base_fields(
-        self,
-    ) -> Callable[[Mapping[str, torch.Tensor]], Mapping[str, MultiModalFieldConfig]]:
-        return _create_qwen2vl_field_factory(self._craft_limits.merge)  # type: ignore[no-any-return]
-
-
-class CraftQwen3DataParser(CraftQwenDataParser):
-    """The same for Qwen3.5: a payload also carries each frame run's timestamp."""
-
-    craft_timed = True
-    embedding_fields: ClassVar[dict[str, dict[str, str]]] = {
-        **Qwen2VLMultiModalDataParser.embedding_fields,
-        "video": {**FIELDS, TIMESTAMPS: "metadata"},
-    }
-
-
-class CraftLlavaDataParser(PayloadParser, MultiModalDataParser):
-    """vLLM's default parser (LLaVA-OneVision's, InternVL's); a video given as a dict is a
-    payload."""
-
-    craft_flat = True
-    embedding_fields: ClassVar[dict[str, dict[str, str]]] = {
-        **MultiModalDataParser.embedding_fields,
-        "video": FIELDS,
-    }
-
-    def __init__(self, limits: PayloadLimits, **kwargs: Any) -> None:
-        self._craft_limits = limits
-        super().__init__(**kwargs)
+@cache
+def payload_parser(base: Any) -> type:
+    """vLLM's data parser class `base` (a backbone's own) that also takes payloads: its video
+    embedding fields and the payload's (`FIELDS`; Qwen3's `timestamps` are vLLM's own)."""
+    video = {**base.embedding_fields.get("video", {}), **FIELDS}  # type: ignore[attr-defined]
+    fields = {**base.embedding_fields, "video": video}  # type: ignore[attr-defined]
+    return type(f"Payload{base.__name__}", (PayloadParser, base), {"embedding_fields": fields})
 
 
 class PayloadProcessingInfo:
-    """A vLLM ProcessingInfo mixin (first base): its data parser, `parser`, also takes
-    compressed videos."""
+    """A vLLM ProcessingInfo mixin (first base): its own data parser, also taking compressed
+    videos as the model file's `PAYLOAD` declares them (`payload_format`)."""
 
-    parser: ClassVar[type[CraftQwenDataParser] | type[CraftLlavaDataParser]]
+    payload_format: ClassVar[PayloadFormat]
 
-    def get_data_parser(self) -> PayloadParser:
+    def craft_frame_side(self) -> int | None:
+        """The side of a frame's token grid (H = W) every payload must have (a 1-D RoPE
+        backbone's fixed frame grid), else None."""
+        return None
+
+    def get_data_parser(self) -> Any:
+        parser = super().get_data_parser()  # type: ignore[misc]
+        base: Any = type(parser)
+        parser.__class__ = payload_parser(base)  # the same parser, payloads added
         model_config = self.ctx.model_config  # type: ignore[attr-defined]
-        parser = self.parser
-        return parser(
-            served_limits(model_config, parser.craft_timed, parser.craft_flat),
-            **parser.craft_parser_kwargs,
-            expected_hidden_size=self._get_expected_hidden_size(),  # type: ignore[attr-defined]
-            allow_missing_mm_embeddings=self.allow_missing_mm_embeddings,  # type: ignore[attr-defined]
-        )
+        side = self.craft_frame_side()
+        parser._craft_limits = served_limits(model_config, self.payload_format, side)
+        return parser
 
 
 class PayloadFields:

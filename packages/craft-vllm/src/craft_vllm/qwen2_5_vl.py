@@ -28,15 +28,14 @@ from vllm.model_executor.models.qwen2_5_vl import (
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
 from craft_vllm.common import CraftModel, CraftProcessor
+from craft_vllm.payload import PayloadFormat
 from craft_vllm.positions import grid_positions, prompt_positions, pruned_position_columns
-from craft_vllm.precompressed import (
-    CraftQwenDataParser,
-    PayloadFields,
-    PayloadProcessingInfo,
-    PayloadVideoInput,
-)
+from craft_vllm.precompressed import PayloadFields, PayloadProcessingInfo, PayloadVideoInput
 
 ARCHITECTURE = "CraftQwen2_5_VLForConditionalGeneration"
+PAYLOAD = PayloadFormat("qwen2_5_vl", merge=2, seconds_positions=True)
+"""Payloads: `video_grid_thw` in patches (2 x 2 merge), temporal positions scaled by
+`second_per_grid_ts` (`tokens_per_second` per second)."""
 
 
 class CraftQwen2_5_VLMultiModalProcessor(
@@ -53,7 +52,7 @@ class CraftQwen2_5_VLMultiModalProcessor(
 class CraftQwen2_5_VLProcessingInfo(PayloadProcessingInfo, Qwen2_5_VLProcessingInfo):
     """Qwen2.5-VL's, with a parser that also takes compressed videos (precompressed.py)."""
 
-    parser = CraftQwenDataParser
+    payload_format = PAYLOAD
 
 
 @MULTIMODAL_REGISTRY.register_processor(

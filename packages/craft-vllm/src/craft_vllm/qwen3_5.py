@@ -21,7 +21,8 @@ from vllm.model_executor.models.qwen3_5 import (
 from vllm.model_executor.models.qwen3_vl import Qwen3VLDummyInputsBuilder
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
-from craft_vllm.precompressed import CraftQwen3DataParser, PayloadProcessingInfo
+from craft_vllm.payload import PayloadFormat
+from craft_vllm.precompressed import PayloadProcessingInfo
 from craft_vllm.qwen3_vl import (
     CraftQwen3VLForConditionalGeneration,
     CraftQwen3VLMultiModalProcessor,
@@ -29,6 +30,8 @@ from craft_vllm.qwen3_vl import (
 )
 
 ARCHITECTURE = "CraftQwen3_5ForConditionalGeneration"
+PAYLOAD = PayloadFormat("qwen3_5", merge=2, frame_runs=2)
+"""Payloads: Qwen3-VL's, without deepstack columns."""
 
 patch_positions_factor(qwen3_5)  # Qwen3.5 imports vLLM's rule by name
 
@@ -43,7 +46,7 @@ class CraftQwen3_5MultiModalProcessor(CraftQwen3VLMultiModalProcessor):
 class CraftQwen3_5ProcessingInfo(PayloadProcessingInfo, Qwen3_5ProcessingInfo):
     """Qwen3.5's, with a parser that also takes compressed videos (precompressed.py)."""
 
-    parser = CraftQwen3DataParser
+    payload_format = PAYLOAD
 
 
 @MULTIMODAL_REGISTRY.register_processor(

@@ -46,14 +46,13 @@ from vllm.multimodal.inputs import (
 from craft_adapters import group_mean
 from craft_adapters.backbones.qwen3_vl import timestamp_coords
 from craft_vllm.common import CraftModel, CraftProcessor
-from craft_vllm.precompressed import (
-    CraftQwen3DataParser,
-    PayloadFields,
-    PayloadProcessingInfo,
-    PayloadVideoInput,
-)
+from craft_vllm.payload import PayloadFormat
+from craft_vllm.precompressed import PayloadFields, PayloadProcessingInfo, PayloadVideoInput
 
 ARCHITECTURE = "CraftQwen3VLForConditionalGeneration"
+PAYLOAD = PayloadFormat("qwen3_vl", merge=2, frame_runs=2)
+"""Payloads: `video_grid_thw` in patches (2 x 2 merge), `timestamps` of each run of 2 frames
+(the prompt's `<t seconds>`); the rows `[K, D + levels * D]` (deepstack beside each row)."""
 
 
 class CraftQwen3VLMultiModalProcessor(PayloadFields, CraftProcessor, Qwen3VLMultiModalProcessor):
@@ -97,7 +96,7 @@ class CraftQwen3VLProcessingInfo(PayloadProcessingInfo, Qwen3VLProcessingInfo):
     """Qwen3-VL's, with a parser that also takes compressed videos (precompressed.py; the
     payload carries the frame timestamps and, in its rows, the deepstack rows)."""
 
-    parser = CraftQwen3DataParser
+    payload_format = PAYLOAD
 
 
 @MULTIMODAL_REGISTRY.register_processor(
