@@ -1,10 +1,16 @@
-"""Every eager runner against the round written once (`craft_core.algorithm.compress`): the
-same kept tokens, owners, rounds and rows, bit for bit, on the 216 reference cases, for each
-pairing strategy and both row stores (autograd on and off). `test_reference.py` checks the
+"""The eager runner (`batched.py`) against the round written once (`craft_core.algorithm.
+compress`): the same kept tokens, owners, rounds and rows, bit for bit, on the 216 reference
+cases (autograd on and off), alone and shuffled into batches of other videos. `test_reference.py` checks the
 plain loop's tokens against an independent integer re-statement of algorithm.md; the
 compiled runner is checked against the same pins (`test_compiled.py`)."""
 
 from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,24 +18,106 @@ from core_testkit import (
     Case,
     case_id,
     equals_the_plain_round,
+    make_tokens,
     reference_cases,
+    reference_gate,
     run_reference_case,
 )
 
-from craft_core import resolve_budget
+from craft_core import CompressionResult, CraftCompressor, resolve_budget
 from craft_core.algorithm import compress, pair, select
 
 
-@pytest.mark.parametrize("pairing", ["incremental", "full", "dense"])
-def test_every_runner_equals_the_plain_round(pairing: str) -> None:
+def test_the_batched_runner_equals_the_plain_round() -> None:
     wrong = []
     for case in reference_cases():
-        if case.options["pairing"] != "full":
-            continue  # each case once (the pairing is ours to choose here)
-        compressor, x, coords, out = run_reference_case(case, pairing=pairing)
+        compressor, x, coords, out = run_reference_case(case)
         if not equals_the_plain_round(out, compressor, x, coords, case.budget):
             wrong.append(case_id(case))
     assert not wrong, wrong
+
+
+def _compressor_of(case: Case) -> CraftCompressor:
+    """The compressor of a group of cases: seeded by its first case (the reference gate for
+    `reduce="gate"`)."""
+    torch.manual_seed(case.seed)
+    compressor = CraftCompressor(case.config, **case.options)
+    if case.config.reduce == "gate":
+        reference_gate(compressor, case.seed)
+    return compressor
+
+
+def _batch_results(
+    compressor: CraftCompressor, cases: list[Case], order: list[int]
+) -> dict[str, CompressionResult]:
+    """The cases `order` (one config and budget) compressed in ONE `compress_many` call."""
+    hidden = cases[0].config.hidden_size
+    videos = [make_tokens(cases[i].seed, cases[i].n, hidden) for i in order]
+    with torch.set_grad_enabled(cases[0].grad):
+        outs = compressor.compress_many(
+            [v[0] for v in videos], [v[1] for v in videos], **cases[0].budget
+        )
+    return {case_id(cases[i]): out for i, out in zip(order, outs)}
+
+
+@pytest.mark.parametrize("path", ["", "ATEN_CPU_CAPABILITY=default", "MKL_CBWR=AVX2"])
+def test_batches_in_any_composition_and_order_equal_one_video_alone(path: str) -> None:
+    """Batch invariance: the 216 reference cases shuffled into batches (cases of one config
+    and budget share a compressor), each video's tokens, owners, rounds and rows equal to
+    compressing it alone (`exact` precision), on every CPU instruction path."""
+    if path:  # the same check in a process on another instruction path
+        name, value = path.split("=")
+        script = (
+            "import sys; sys.path.insert(0, %r); import test_algorithm as t; "
+            "t.test_batches_in_any_composition_and_order_equal_one_video_alone('')"
+        ) % str(Path(__file__).parent)
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            env={**os.environ, name: value},
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return
+    groups: dict[tuple, list[Case]] = {}
+    for case in reference_cases():
+        key = (
+            case.config.reduce,
+            case.config.weighting,
+            str(case.budget),
+            case.options["sim_block"],
+        )
+        groups.setdefault(key, []).append(case)
+    shuffle = random.Random(0)
+    wrong = []
+    for cases in groups.values():
+        compressor = _compressor_of(cases[0])
+        alone = {}
+        for case in cases:
+            x, coords = make_tokens(case.seed, case.n, case.config.hidden_size)
+            with torch.set_grad_enabled(cases[0].grad):
+                alone[case_id(case)] = compressor(x, coords, **case.budget)
+        order = list(range(len(cases)))
+        shuffle.shuffle(order)
+        # One batch of every case, then the shuffled cases in batches of 1-5.
+        batches = [order]
+        start = 0
+        while start < len(order):
+            size = shuffle.randint(1, 5)
+            batches.append(order[start : start + size])
+            start += size
+        for batch in batches:
+            for name, out in _batch_results(compressor, cases, batch).items():
+                want = alone[name]
+                same = (
+                    torch.equal(out.kept_index, want.kept_index)
+                    and torch.equal(out.assignment, want.assignment)
+                    and out.rounds == want.rounds
+                    and torch.equal(out.features.detach(), want.features.detach())
+                )
+                if not same:
+                    wrong.append((name, len(batch)))
+    assert not wrong, wrong[:10]
 
 
 def test_the_plain_round_can_fail() -> None:

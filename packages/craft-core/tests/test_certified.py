@@ -1,4 +1,5 @@
-"""The certified fast path (float32 + bound + exact rechecks) against the exact rule.
+"""The certified fast path (float32 + bound + exact rechecks: the padded loop's pairing)
+against the exact rule, and the eager loop on the same adversarial input.
 
 The independent references are the plain round (`algorithm.compress`: every similarity an
 exact float64 product, recomputed every round) and, for one pass, `selection.full_partners`. Inputs are
@@ -56,7 +57,7 @@ def live(config: CraftConfig, **options) -> CraftCompressor:
 
 def run(x, coords, budget, *, sim_dim=128, reduce="gate", **options):
     """Compress with a live compressor: `sim_dim`, `reduce` are config fields, `options`
-    run options (pairing, sim_block, precision)."""
+    run options (sim_block, precision)."""
     config = CraftConfig(hidden_size=x.shape[1], sim_dim=sim_dim, reduce=reduce)
     with torch.no_grad():
         return live(config, **options)(x, coords, **budget)
@@ -75,36 +76,35 @@ def assert_same(a, b) -> None:
     assert torch.equal(a.features, b.features)  # the same rows, bit for bit
 
 
-@pytest.mark.parametrize("pairing", ["full", "incremental"])
 @pytest.mark.parametrize("budget", [{"ratio": 8.0}, {"threshold": 0.8}])
 @pytest.mark.parametrize("kind", ["static", "letterbox", "ulp", "drift"])
-def test_certified_equals_exact_on_adversarial_input(kind: str, budget: dict, pairing: str):
+def test_eager_loop_equals_exact_on_adversarial_input(kind: str, budget: dict) -> None:
+    # Exact ties everywhere (static frames, letterbox bars, rows 1 ulp apart): the batched
+    # loop's incremental pairing must still give the plain round's answer, alone and beside
+    # the other kinds in one batch.
     x, coords = clip(kind, seed=len(kind))
-    common = {"sim_block": 40, "pairing": pairing}
-    certified = run(x, coords, budget, **common)
-    assert_plain(certified, x, coords, budget, **common)
-    rounds = len(certified.info["rows_fast"])
-    assert rounds == len(certified.info["rows_rechecked"]) >= certified.rounds
-    if kind in ("static", "letterbox", "ulp"):  # the exact rechecks must have been exercised
-        assert sum(certified.info["rows_rechecked"]) > 0
-        # and, on the full pairing, a static clip overflows the in-graph recheck buffer
-        assert certified.info["fallbacks"] > 0 or kind != "static" or pairing != "full"
-    else:  # ordinary drift: the float32 pass decides almost everything
-        total = sum(certified.info["rows_fast"]) + sum(certified.info["rows_rechecked"])
-        assert sum(certified.info["rows_rechecked"]) < 0.1 * total
+    alone = run(x, coords, budget, sim_block=40)
+    assert_plain(alone, x, coords, budget, sim_block=40)
+    kinds = ["static", "letterbox", "ulp", "drift"]
+    clips = [clip(other, seed=len(other)) for other in kinds]
+    config = CraftConfig(hidden_size=x.shape[1])
+    with torch.no_grad():
+        batch = live(config, sim_block=40).compress_many(
+            [c[0] for c in clips], [c[1] for c in clips], **budget
+        )
+    assert_same(batch[kinds.index(kind)], alone)
 
 
-@pytest.mark.parametrize("pairing", ["full", "incremental"])
-def test_bf16_input_certified_equals_exact_and_upcast(pairing: str) -> None:
+def test_bf16_input_equals_exact_and_upcast() -> None:
     x, coords = clip("ulp", seed=5)
     low = x.to(torch.bfloat16)  # the ulp moves mostly vanish: exact duplicates in bf16
-    common = {"sim_block": 40, "pairing": pairing}
-    certified = run(low, coords, {"ratio": 6.0}, **common)
-    assert certified.features.dtype == torch.bfloat16
-    assert_plain(certified, low, coords, {"ratio": 6.0}, **common)
+    common = {"sim_block": 40}
+    result = run(low, coords, {"ratio": 6.0}, **common)
+    assert result.features.dtype == torch.bfloat16
+    assert_plain(result, low, coords, {"ratio": 6.0}, **common)
     upcast = run(low.float(), coords, {"ratio": 6.0}, **common)
-    assert certified.kept_index.tolist() == upcast.kept_index.tolist()
-    assert torch.equal(certified.features, upcast.features.to(torch.bfloat16))
+    assert result.kept_index.tolist() == upcast.kept_index.tolist()
+    assert torch.equal(result.features, upcast.features.to(torch.bfloat16))
 
 
 def grid_embedding(n: int, dim: int, seed: int) -> torch.Tensor:

@@ -45,10 +45,12 @@ from typing import Protocol
 import torch
 
 from craft_core.algorithm import retire
-from craft_core.certify import buffered_partners
+from craft_core.budget import Budget
+from craft_core.certify import buffered_partners, certified_partners
 from craft_core.compiling import inductor_options
-from craft_core.merge import EXACT, GatedMerge
-from craft_core.selection import rank_edges, row_keys
+from craft_core.merge import EXACT, GatedMerge, round_embedding
+from craft_core.runtime import RunOptions
+from craft_core.selection import lay_out, rank_edges, row_keys
 
 MIN_BUCKET = 64
 """Fewest slots of a padded active set: below it, rounds cost their ops, not their size."""
@@ -415,10 +417,37 @@ class PaddedState:
         if bucket(self.n) < self.active.numel():
             self.active = self.active[: bucket(self.n)].clone()
 
-    def gather(self, ids: torch.Tensor) -> torch.Tensor:
-        """Rows `ids` (`[k]`) -> `[k, D]` float32 (the eager round's row store interface)."""
-        return self.rows[ids]
 
-    def replace(self, ids: torch.Tensor, rows: torch.Tensor) -> None:
-        """Rows `ids` (`[k]`, distinct) now read from `rows` (`[k, D]` float32)."""
-        self.rows[ids] = rows
+def fallback_round(
+    merge: GatedMerge,
+    state: PaddedState,
+    budget: Budget,
+    run: tuple[torch.Tensor, int, RunOptions],
+) -> bool:
+    """A padded round whose rows in doubt overflowed its buffer, redone eagerly on the same
+    state with exact partners (host syncs); False if the budget allows no edge.
+
+    `run` is `(grid_projection(W_rand) [D, d], the round m, the run options)`."""
+    weight, round_index, options = run
+    active = state.kept()
+    sim, position, _ = certified_partners(state.embed[active], options.sim_block)
+    edges = rank_edges(active, active[position], sim, state.norms, budget.floor, budget.threshold)
+    sizes = [] if edges is None else edges.sizes.tolist()
+    if not sizes or sizes[0] == 0:
+        return False
+    plan = lay_out(edges, *sizes[:3])  # type: ignore[arg-type]
+    targets, sources = plan.layout.targets, plan.sources
+    phi = round_embedding(round_index, merge.config.round_embed_dim, active.device)
+    new_rows = merge.fuse_all(
+        (state.rows[targets], state.rows[sources]),
+        plan.layout.group,
+        (state.coords[targets], state.coords[sources]),
+        plan.similarity.float(),
+        phi,
+        options.merge_dtype(),
+    )
+    _store_rows(state.tables(), targets, new_rows, weight, options.sim_block)
+    owner, active = retire(state.owner, active, sources, plan.targets, state.rows.shape[0])
+    state.owner.copy_(owner)  # in place: a CUDA graph reads the table at its address
+    state.set_active(active[: active.numel() - sources.numel()])
+    return True

@@ -31,7 +31,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from craft_core import hub
-from craft_core.algorithm import retire, room
+from craft_core.algorithm import room
+from craft_core.batched import run_rounds, start_tables
 from craft_core.budget import Budget, TokenBudget, check_tokens
 from craft_core.certify import similarity_bound
 from craft_core.checks import (
@@ -40,21 +41,15 @@ from craft_core.checks import (
     check_index_tensor,
     check_int,
 )
-from craft_core.compiled import SPARE, PaddedState, RoundRunner, runner
+from craft_core.compiled import SPARE, RoundRunner, fallback_round, runner
 from craft_core.config import CraftConfig
 from craft_core.contract import budget_of
-from craft_core.dense import DENSE_MAX_TOKENS, DensePairing
 from craft_core.merge import GatedMerge, group_edges, round_embedding
-from craft_core.pairing import FullPairing, Pairing, PairingState, ranked_edges
 from craft_core.result import CompressionResult
-from craft_core.rows import RowStore, row_store
 from craft_core.runtime import RunOptions, split_legacy
 from craft_core.selection import (
-    RoundPlan,
     grid_projection,
-    lay_out,
     make_projection,
-    row_keys,
 )
 
 CONFIG_NAME = "config.json"
@@ -89,45 +84,6 @@ def _result(
         rounds=rounds,
         info=info,
     )
-
-
-def _plan_round(
-    pairing: Pairing,
-    active_ids: torch.Tensor,
-    square_norms: torch.Tensor,
-    budget: Budget,
-) -> RoundPlan | None:
-    """Pairing and selection of one round, with its one host sync (the round's sizes and the
-    rows in doubt); an overflow of the exact recheck's buffer falls back exactly."""
-    edges = pairing.round_edges(active_ids, square_norms, budget.floor, budget.threshold)
-    sizes = edges.sizes.tolist()  # the round's one host sync
-    if not pairing.settle(active_ids, sizes[3] if len(sizes) > 3 else 0):
-        return _exact_plan(pairing, active_ids, square_norms, budget)
-    num_edges, num_targets, num_lone = sizes[:3]
-    return lay_out(edges, num_edges, num_targets, num_lone) if num_edges else None
-
-
-def _exact_plan(
-    pairing: Pairing,
-    active_ids: torch.Tensor,
-    square_norms: torch.Tensor,
-    budget: Budget,
-) -> RoundPlan | None:
-    """A round planned from exact partners found with host syncs: the fallback of a round
-    whose rows in doubt overflowed the recheck buffer (eager and compiled loops alike)."""
-    partner, sim = pairing.fallback(active_ids)
-    edges = ranked_edges(active_ids, partner, sim, square_norms, budget.floor, budget.threshold)
-    num_edges, num_targets, num_lone = edges.sizes.tolist()[:3]
-    return lay_out(edges, num_edges, num_targets, num_lone) if num_edges else None
-
-
-def _retire(
-    owner: torch.Tensor, active_ids: torch.Tensor, plan: RoundPlan
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`algorithm.retire` on the eager loop's compact active list (`[n]` ascending ->
-    `[n - E]`): the leaving ids, pushed past every id, cut off."""
-    owner, active = retire(owner, active_ids, plan.sources, plan.targets, owner.numel())
-    return owner, active[: active_ids.numel() - plan.sources.numel()]
 
 
 def _check_groups(
@@ -281,70 +237,30 @@ class CraftCompressor(
                 )
             with torch.no_grad():
                 return self._compress_padded(features, coords, budget)
+        return self._compress_eager([features], [coords], [budget])[0]
+
+    def _compress_eager(
+        self, features: list[torch.Tensor], coords: list[torch.Tensor], budgets: list[Budget]
+    ) -> list[CompressionResult]:
+        """The batched loop (`batched.py`) on videos checked by the caller: one result each."""
         started = time.perf_counter()
-        n, device = features.shape[0], features.device
-        store = row_store(features, self._tracks_grad(features))
-        owner = torch.arange(n, device=device)  # the token each input token now belongs to
-        active_ids = torch.arange(n, device=device)
-        rounds = 0
+        tracks_grad = any(self._tracks_grad(f) for f in features)
+        dtype, block = self.options.merge_dtype(), self.options.sim_block
         with torch.no_grad():
             weight = grid_projection(self.projection)
-            pairing, square_norms = self._start_pairing(features, weight, budget)
-        counts: list[tuple[int, int]] = []
-        with self.merge.parameters_cast(self.options.merge_dtype()):
-            while pairing is not None and room(active_ids.numel(), budget.floor) > 0:
-                with torch.no_grad():
-                    plan = _plan_round(pairing, active_ids, square_norms, budget)
-                    counts.append(pairing.counts)
-                if plan is None:
-                    break
-                rounds += 1
-                owner, active_ids = self._apply_round(
-                    plan, (store, pairing, square_norms, weight), coords, owner, active_ids, rounds
-                )
-        info: dict[str, object] = {}
-        if pairing is not None:
-            info["pairing_passes"] = pairing.full_rows / n
-            info["pairing"] = type(pairing).__name__
-            # Per round: rows whose partner the float32 pass decided, and rows rechecked exactly.
-            info["rows_fast"] = [fast for fast, _ in counts]
-            info["rows_rechecked"] = [rechecked for _, rechecked in counts]
-            info["fallbacks"] = pairing.fallbacks
-        rows = store.gather(active_ids)
-        return _result(features, coords, (rows, active_ids, owner), rounds, budget, started, info)
-
-    def _apply_round(
-        self,
-        plan: RoundPlan,
-        state: tuple[RowStore, Pairing, torch.Tensor, torch.Tensor],
-        coords: torch.Tensor,
-        owner: torch.Tensor,
-        active_ids: torch.Tensor,
-        round_index: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fuse a round's groups, retire its sources, update the rows' keys (in place).
-
-        `state` is `(row store, pairing, square norms [N], grid_projection(W_rand))`;
-        returns the new `(owner [N], active_ids [n - E])`."""
-        store, pairing, square_norms, weight = state
-        targets, sources = plan.layout.targets, plan.sources
-        # Two gathers, not one split: a matmul's bits may depend on its input's alignment.
-        new_rows = self.merge(
-            store.gather(targets),
-            store.gather(sources),
-            plan.layout,
-            coords[targets],
-            coords[sources],
-            plan.similarity.float(),
-            round_index,
-            self.options.merge_dtype(),
-        )
-        store.replace(targets, new_rows)
-        with torch.no_grad():
-            owner, active_ids = _retire(owner, active_ids, plan)
-            new_embed, square_norms[targets] = row_keys(new_rows, weight, self.options.sim_block)
-            pairing.update(targets, new_embed, active_ids, sources)
-        return owner, active_ids
+            tables, active = start_tables(features, coords, weight, block)
+        with self.merge.parameters_cast(dtype):
+            run = (weight, block, dtype, tracks_grad)
+            kept, rounds = run_rounds(self.merge, tables, active, budgets, run)
+        results, offset = [], 0
+        for video, (feats, coord, budget) in enumerate(zip(features, coords, budgets)):
+            n = feats.shape[0]
+            ids = kept[video]
+            final = (tables.rows[ids], ids - offset, tables.owner[offset : offset + n] - offset)
+            info = {"pairing": "batched", "batch": len(features)}
+            results.append(_result(feats, coord, final, rounds[video], budget, started, info))
+            offset += n
+        return results
 
     def _compress_padded(
         self, features: torch.Tensor, coords: torch.Tensor, budget: Budget
@@ -367,7 +283,7 @@ class CraftCompressor(
             sizes = rounds_runner.run(self.merge, state, scalars, weight, block_and_delta)
             if sizes[3] > SPARE:  # the graph merged nothing: this round, eagerly
                 fallbacks += 1
-                if not self._fallback_round(state, budget, weight, rounds + 1):
+                if not fallback_round(self.merge, state, budget, (weight, rounds + 1, options)):
                     break
             elif sizes[0] == 0:
                 break
@@ -383,52 +299,11 @@ class CraftCompressor(
             info["graph_replays"] = rounds_runner.replays - replays  # rounds that were one launch
         return _result(features, coords, final, rounds, budget, started, info)
 
-    def _fallback_round(
-        self, state: PaddedState, budget: Budget, weight: torch.Tensor, round_index: int
-    ) -> bool:
-        """A compiled round whose rows in doubt overflowed its buffer, redone eagerly (exact
-        rechecks with host syncs) on the same state; False if the budget allows no edge."""
-        active_ids = state.kept()
-        pairing = FullPairing(state.embed, self.options.sim_block)
-        plan = _exact_plan(pairing, active_ids, state.norms, budget)
-        if plan is None:
-            return False
-        owner, active_ids = self._apply_round(
-            plan,
-            (state, pairing, state.norms, weight),
-            state.coords,
-            state.owner,
-            active_ids,
-            round_index,
-        )
-        state.owner.copy_(owner)  # in place: a CUDA graph reads the table at its address
-        state.set_active(active_ids)
-        return True
-
     def _tracks_grad(self, features: torch.Tensor) -> bool:
         """Whether a gradient must flow (to the features or the merge's weights)."""
         return torch.is_grad_enabled() and (
             features.requires_grad or any(p.requires_grad for p in self.merge.parameters())
         )
-
-    def _start_pairing(
-        self, features: torch.Tensor, weight: torch.Tensor, budget: Budget
-    ) -> tuple[Pairing | None, torch.Tensor]:
-        """The strategy choice: `full` (fixed shapes, one host sync a round: the CUDA default),
-        `incremental` (fewer multiply-adds, data-dependent shapes: the CPU default) or `dense`
-        (every exact similarity in one matrix: the CPU default up to `DENSE_MAX_TOKENS`)."""
-        n = features.shape[0]
-        if room(n, budget.floor) <= 0:
-            return None, torch.empty(0, device=features.device)
-        options = self.options
-        embed, square_norms = row_keys(features, weight, options.sim_block)
-        auto = options.pairing == "auto"
-        on_cpu = features.device.type != "cuda"
-        if options.pairing == "dense" or (auto and on_cpu and n <= DENSE_MAX_TOKENS):
-            return DensePairing(embed), square_norms
-        if options.pairing == "full" or (auto and not on_cpu):
-            return FullPairing(embed, options.sim_block), square_norms
-        return PairingState(embed, options.sim_block), square_norms
 
     def compress_many(
         self,
@@ -441,22 +316,47 @@ class CraftCompressor(
         min_tokens: int | None = None,
         importance: Sequence[torch.Tensor | None] | None = None,
     ) -> list[CompressionResult]:
-        """Compress several videos (of any lengths) with one budget: one result per video,
-        each the same tokens and rows as compressing it alone.
+        """Compress several videos (of any lengths) with one budget in ONE batched loop: all
+        videos advance through each round together (`batched.py`), so 16 videos cost the
+        ops and host syncs of one. Each result is the same tokens and rows as `forward` on
+        that video alone (`exact` precision), whatever else is in the batch.
 
         Args:
-            features: B tensors `[N_b, D]`.
-            coords: B tensors `[N_b, 3]`.
-            budget: a `TokenBudget`, or its fields as keywords (as `forward`).
+            features: B tensors `[N_b, D]` on one device (any float dtypes).
+            coords: B tensors `[N_b, 3]` integer (t, h, w).
+            budget: a `TokenBudget`, or its fields as keywords (as `forward`); each video
+                resolves it for its own `N_b`.
             importance: accepted for the contract's uniform call (`compress_many`); unused.
+
+        Raises:
+            ValueError / TypeError: as `forward`, naming the video (`features[b]`), and
+                lists of different lengths or videos on different devices.
         """
         del importance
         budget = budget_of(budget, ratio=ratio, threshold=threshold, min_tokens=min_tokens)
+        features, coords = list(features), list(coords)
         if len(features) != len(coords):
             raise ValueError(
                 f"features holds {len(features)} videos but coords holds {len(coords)}"
             )
-        return [self(f, c, budget) for f, c in zip(features, coords)]
+        if not features:
+            return []
+        for index, (feats, coord) in enumerate(zip(features, coords)):
+            try:
+                check_tokens(feats, coord, self.config.hidden_size)
+            except (TypeError, ValueError) as error:
+                raise type(error)(f"features[{index}] / coords[{index}]: {error}") from None
+            if feats.device != self.projection.device:
+                raise ValueError(
+                    f"features[{index}] is on {feats.device} but the compressor is on "
+                    f"{self.projection.device}; move one of them (compressor.to(device))"
+                )
+        budgets = [budget.resolve(int(f.shape[0])) for f in features]
+        coords = [c.long() for c in coords]
+        with self.options.cpu_threads(features[0].device):
+            if self.options.padded() and not any(self._tracks_grad(f) for f in features):
+                return [self._compress(f, c, b) for f, c, b in zip(features, coords, budgets)]
+            return self._compress_eager(features, coords, budgets)
 
     def fuse_groups(
         self,

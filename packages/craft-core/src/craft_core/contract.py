@@ -112,9 +112,7 @@ def compress_many(
     """
     features, coords = list(features), list(coords)
     if len(features) != len(coords):
-        raise ValueError(
-            f"features holds {len(features)} videos but coords holds {len(coords)}"
-        )
+        raise ValueError(f"features holds {len(features)} videos but coords holds {len(coords)}")
     if importance is not None:
         importance = list(importance)
         if len(importance) != len(features):
@@ -126,6 +124,4 @@ def compress_many(
         return own(features, coords, budget, importance=importance)
     if importance is None:
         return [compressor(f, c, budget) for f, c in zip(features, coords)]
-    return [
-        compressor(f, c, budget, importance=i) for f, c, i in zip(features, coords, importance)
-    ]
+    return [compressor(f, c, budget, importance=i) for f, c, i in zip(features, coords, importance)]

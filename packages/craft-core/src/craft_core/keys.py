@@ -91,13 +91,17 @@ def row_keys(
         rows = features[start : start + block].detach()
         low, high = torch.aminmax(rows, dim=1, keepdim=True)  # one read, no |rows| temporary
         scale = _row_scale(torch.maximum(high, -low).double(), X_BITS)
-        scaled = rows * scale  # float64, exact: a power of two
+        # float64, exact: a power of two. Upcast, then scaled in place: a mixed-dtype
+        # product, or a second [n, D] float64 temporary, costs 10x (measured, 1 thread).
+        scaled = rows.to(torch.float64).mul_(scale)
         # The norm's grid is 2^(NORM_BITS - X_BITS) coarser: one more exact scaling.
         grid = torch.mul(scaled, 2.0 ** (NORM_BITS - X_BITS)).round_()
         # Row-wise dot products of integers below 2^53: exact in any order.
         square = torch.einsum("nd,nd->n", grid, grid)
         norms.append(square * 2.0 ** (2 * (X_BITS - NORM_BITS)) / (scale * scale).squeeze(1))
-        projected = scaled.round_() @ weight  # integers below 2^53: exact
+        # Integers below 2^53: exact in any order. `W^T X^T` runs MKL's float64 kernel about
+        # twice as fast as `X W` here (measured, [2048, 1024] x [1024, 128], 1 thread).
+        projected = torch.mm(weight.T, scaled.round_().T).T
         top = projected.abs().amax(dim=1, keepdim=True)
         projected = torch.round(projected * _row_scale(top, P_BITS))
         norm = torch.einsum("nd,nd->n", projected, projected).sqrt().unsqueeze(1)  # exact sum

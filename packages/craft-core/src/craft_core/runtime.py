@@ -10,7 +10,8 @@ these changes the selected tokens' rule; `precision` decides whether the rows ar
 bits on every CPU instruction path (`exact`) or only within float32 rounding (`fast`).
 Checkpoints written before 1.0 carry `compile`, `pairing`, `selection` and `sim_block` in
 `config.json`: `from_pretrained` drops them with a warning (`LEGACY_FIELDS`); `selection`
-is no run option any more (its `exact` and `recheck` checks were removed in 1.0).
+(removed in 1.0) and `pairing` (removed in 1.1: one eager runner) are no run options any
+more, and naming one is an error that says so.
 """
 
 from __future__ import annotations
@@ -59,19 +60,11 @@ class RunOptions(BaseModel):
         "replayed: one launch a round. CUDA only, without autograd. compile=True does the "
         "same with the round fused by Inductor first (a cold compile per size bucket).",
     )
-    pairing: Literal["auto", "incremental", "full", "dense"] = Field(
-        default="auto",
-        description="How each round finds every token's best partner (same partners either "
-        "way): 'full' re-pairs the active set every round (fixed shapes: the CUDA path); "
-        "'incremental' recomputes only what a round changed (the CPU path); 'dense' keeps "
-        "every exact similarity in one N x N float64 matrix (a few hundred tokens); 'auto' = "
-        "'full' on CUDA, else 'dense' up to 1,024 tokens, else 'incremental'.",
-    )
     sim_block: StrictInt = Field(
         default=2048,
         gt=0,
         description="Rows per block of the similarity passes: bounds their extra memory to "
-        "about sim_block x N values. A memory knob only.",
+        "about sim_block x N float64 values per video of a call. A memory knob only.",
     )
     threads: StrictInt | None = Field(
         default=1,
@@ -91,6 +84,12 @@ class RunOptions(BaseModel):
                 "selection was removed in craft-core 1.0 ('exact' and 'recheck' gave the "
                 "certified values and never ran faster where they run): drop the argument"
             )
+        if isinstance(data, dict) and "pairing" in data:
+            raise ValueError(
+                "pairing was removed in craft-core 1.1: every eager call runs the batched "
+                "round (exact incremental pairing, one host sync a round), and "
+                "compile / cuda_graphs their own fixed-shape pairing: drop the argument"
+            )
         return data
 
     @model_validator(mode="after")
@@ -100,12 +99,6 @@ class RunOptions(BaseModel):
                 "compile=True already replays its rounds as CUDA graphs; cuda_graphs=True is "
                 "the same loop without Inductor: choose one of them"
             )
-        for name in ("compile", "cuda_graphs"):
-            if getattr(self, name) and self.pairing not in ("auto", "full"):
-                raise ValueError(
-                    f"{name}=True runs its own fixed-shape pairing ('full'): it needs pairing "
-                    f"'auto' or 'full', got pairing {self.pairing!r}"
-                )
         return self
 
     def padded(self) -> bool:

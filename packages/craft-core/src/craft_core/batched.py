@@ -1,0 +1,381 @@
+"""The batched round: many videos advance together through CRAFT's loop, one host sync a round.
+
+    from craft_core.batched import compress_videos
+    results = compress_videos(compressor, features, coords, budgets)   # one result a video
+
+Every video's tokens live in ONE flat table (video b holds ids `[offset_b, offset_b + N_b)`,
+then one dummy id `Z` that padding points at), and the active sets of all videos are one
+padded `[B, M]` matrix of ids, ascending in each row. A round (`algorithm.md`, steps 1-9) is
+the same fixed-shape ops for one video or sixteen:
+
+1. **Select** (`select`): every active token's exact partner is kept in the tables; the
+   candidates of each video are ranked (a sort along the row), cut to the video's room,
+   oriented, chains dropped and one target per source kept, with masks and scatters into the
+   flat tables. The round's sizes (edges, targets, rows to re-pair, per video) reach the
+   host in ONE transfer: the stop test and every slice after it.
+2. **Fuse**: the kept edges of all videos, grouped by target, go through `GatedMerge.fuse_all`
+   in one call; the targets' rows and exact keys (`keys.row_keys`) are rewritten.
+3. **Retire**: sources hand their tokens to their targets and leave each row of the active
+   matrix (one sort pushes them to the padding).
+4. **Re-pair exactly, incrementally** (`_repair`): a token whose partner is neither a source
+   nor a target of this round keeps it as its best among the unchanged tokens, so only the
+   changed targets can beat it (one `[B, M, T]` product); the targets themselves and the
+   tokens whose partner left or changed are re-paired against their whole video (one
+   `[B, R, M]` product). Every similarity is an exact float64 product of grid values
+   (`keys.py`), so the partners are those of a full recompute, ties to the smallest id.
+
+Each video's kept tokens and rows are the same as compressing it alone, whatever else is in
+the batch (its rows and columns never meet another video's; tested on the reference cases
+shuffled into batches). Videos leave the batch when their budget allows no edge or a round
+selects none for them. With autograd (training) the row table is rewritten out of place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from craft_core.algorithm import orient, room
+from craft_core.budget import Budget
+from craft_core.keys import row_keys
+from craft_core.merge import GatedMerge, round_embedding
+
+NEG = float("-inf")
+
+
+@dataclass
+class Tables:
+    """The flat state of a batch of videos (`Z` real tokens, then the dummy id `Z`).
+
+    Attributes:
+        rows: `[Z + 1, D]` float32 current rows (the dummy row zero).
+        coords: `[Z + 1, 3]` long original (t, h, w).
+        embed: `[Z + 1, d]` float64 exact embeddings (`keys.row_keys`; dummy zero).
+        norms: `[Z + 1]` float64 exact squared norms of the current rows.
+        partner: `[Z + 1]` long each active token's exact best partner (dummy: `Z`).
+        partner_sim: `[Z + 1]` float64 its exact similarity (dummy: -inf).
+        owner: `[Z]` long the token each input token now belongs to.
+    """
+
+    rows: torch.Tensor
+    coords: torch.Tensor
+    embed: torch.Tensor
+    norms: torch.Tensor
+    partner: torch.Tensor
+    partner_sim: torch.Tensor
+    owner: torch.Tensor
+
+    @property
+    def dummy(self) -> int:
+        return self.owner.numel()
+
+
+def exact_partners(
+    embed: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, dummy: int, block: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's most similar column of its own video, exactly; ties to the smallest id.
+
+    Args:
+        embed: `[Z + 1, d]` float64 exact embeddings.
+        rows: `[B, R]` ids (padding: `dummy`).
+        cols: `[B, M]` ids of each row's candidates, ascending (padding: `dummy`, last).
+        dummy: the padding id.
+        block: rows per product (extra memory `B x block x M` float64).
+
+    Returns:
+        `(similarity [B, R] float64, partner [B, R] id)`: -inf and a meaningless id where no
+        column qualifies (a row is never its own partner; padding is nobody's).
+    """
+    # 0 on real columns, -inf on padding: added by the product, exactly (`x + 0 == x`).
+    bias = torch.where(cols == dummy, NEG, 0.0).to(embed.dtype).unsqueeze(1)
+    keys = embed[cols].transpose(1, 2)  # [B, d, M]
+    sims, partners = [], []
+    for start in range(0, rows.shape[1], block):
+        part = rows[:, start : start + block]
+        # Grid values: every product and partial sum is exact in float64, in any order.
+        scores = torch.baddbmm(bias, embed[part], keys)
+        scores.masked_fill_(part.unsqueeze(2) == cols.unsqueeze(1), NEG)  # not its own
+        best, position = scores.max(dim=2)  # the first maximum: the smallest id
+        sims.append(best)
+        partners.append(cols.gather(1, position))
+    if len(sims) == 1:
+        return sims[0], partners[0]
+    return torch.cat(sims, dim=1), torch.cat(partners, dim=1)
+
+
+@dataclass
+class Selection:
+    """One round's selection on device, fixed shapes (before its sizes are read).
+
+    Attributes:
+        targets, sources, similarity: `[B * K]` each candidate edge's target, source and
+            exact similarity, kept edges first, grouped by ascending target.
+        group: `[B * K]` the target row of each edge (meaningful for kept edges).
+        row_target: `[B * K]` the target id of each target row (the first `T`).
+        changed: `[B, M]` ids of each video's targets, ascending, then padding.
+        redo: `[B, M]` ids to re-pair in full (targets, and tokens whose partner was in an
+            edge), ascending, then padding.
+        leaving: `[Z + 2]` bool, the sources.
+        sizes: `[3B + 1]` long: kept edges, targets, ids to re-pair per video; all targets.
+    """
+
+    targets: torch.Tensor
+    sources: torch.Tensor
+    similarity: torch.Tensor
+    group: torch.Tensor
+    row_target: torch.Tensor
+    changed: torch.Tensor
+    redo: torch.Tensor
+    leaving: torch.Tensor
+    sizes: torch.Tensor
+
+
+def select(
+    tables: Tables, active: torch.Tensor, rooms: torch.Tensor, threshold: float | None
+) -> Selection:
+    """Steps 2-7 for every video at once (`algorithm.select`), with no host sync.
+
+    `active [B, M]` ids ascending per row (padding `Z` last); `rooms [B]` long, the edges
+    each video may keep (`algorithm.room`, 0 for none)."""
+    dummy, spare = tables.dummy, tables.dummy + 1
+    sim = tables.partner_sim[active]
+    if threshold is not None:
+        sim = sim.masked_fill(sim < threshold, NEG)
+    width = active.shape[1] // 2  # no video keeps more than half its tokens
+    ranked, position = torch.sort(sim, dim=1, descending=True, stable=True)
+    ranked, position = ranked[:, :width], position[:, :width]
+    first = active.gather(1, position)
+    second = tables.partner[first]
+    slots = torch.arange(width, device=active.device)
+    keep = (ranked > NEG) & (slots < rooms.unsqueeze(1))
+    targets, sources = orient(first, second, tables.norms)
+    # No chains: a token that is any kept edge's target is no edge's source.
+    is_target = torch.zeros(spare + 1, dtype=torch.bool, device=active.device)
+    is_target.index_put_((torch.where(keep, targets, spare),), keep)
+    keep = keep & ~is_target[sources]
+    # One target per source: highest similarity, then the smaller target, and of the two
+    # copies of a mutual pair the one ranked from its target. One integer key orders all
+    # three (the rank of the similarity among the video's distinct values).
+    sim_rank = torch.nn.functional.pad(torch.cumsum(ranked[:, 1:] != ranked[:, :-1], 1), (1, 0))
+    key = (sim_rank * (spare + 1) + targets) * 2 + (targets != first)
+    slot = torch.where(keep, sources, spare)
+    lowest = torch.full((spare + 1,), torch.iinfo(torch.long).max, device=active.device)
+    lowest.scatter_reduce_(0, slot.flatten(), key.flatten(), "amin")
+    keep = keep & (key == lowest[sources])
+    # The surviving targets and sources, as flags on the flat table.
+    is_target = torch.zeros_like(is_target).index_put_((torch.where(keep, targets, spare),), keep)
+    leaving = torch.zeros_like(is_target).index_put_((torch.where(keep, sources, spare),), keep)
+    touched = is_target | leaving
+    touched[dummy] = False
+    # Kept edges first, grouped by ascending target (one sort of the flat edge list).
+    order_key = torch.where(keep, targets, spare + 1).flatten()
+    sorted_key, order = torch.sort(order_key, stable=True)
+    group = torch.nn.functional.pad(torch.cumsum(sorted_key[1:] != sorted_key[:-1], 0), (1, 0))
+    edge_targets = sorted_key.clamp(max=dummy)
+    row_target = torch.empty_like(edge_targets).scatter_(0, group, edge_targets)
+    # Ids each video re-pairs: targets (changed rows) and tokens whose partner was touched.
+    target_here = is_target[active]
+    redo = (target_here | touched[tables.partner[active]]) & ~leaving[active]
+    changed = torch.sort(torch.where(target_here, active, dummy), dim=1).values
+    redo_ids = torch.sort(torch.where(redo, active, dummy), dim=1).values
+    sizes = torch.cat(
+        [keep.sum(1), target_here.sum(1), redo.sum(1), is_target[:dummy].sum().view(1)]
+    )
+    return Selection(
+        edge_targets,
+        sources.flatten()[order],
+        ranked.flatten()[order],
+        group,
+        row_target,
+        changed,
+        redo_ids,
+        leaving,
+        sizes,
+    )
+
+
+def start_tables(
+    features: list[torch.Tensor], coords: list[torch.Tensor], weight: torch.Tensor, block: int
+) -> tuple[Tables, torch.Tensor]:
+    """The flat tables of a batch and its `[B, max N]` active matrix, every token paired."""
+    device, width = features[0].device, features[0].shape[1]
+    counts = torch.tensor([f.shape[0] for f in features], device=device)
+    total = int(sum(f.shape[0] for f in features))
+    zero_row = torch.zeros(1, width, device=device)
+    rows = torch.cat([*(f.float() for f in features), zero_row])
+    embed, norms = row_keys(rows, weight, block)  # the dummy's row is zero: zero keys
+    coords_table = torch.cat([*coords, coords[0].new_zeros(1, 3)])
+    offsets = torch.cumsum(counts, 0) - counts
+    slots = torch.arange(max(f.shape[0] for f in features), device=device)
+    active = torch.where(slots < counts.unsqueeze(1), offsets.unsqueeze(1) + slots, total)
+    tables = Tables(
+        rows,
+        coords_table,
+        embed,
+        norms,
+        torch.full((total + 1,), total, device=device),
+        torch.full((total + 1,), NEG, dtype=torch.float64, device=device),
+        torch.arange(total, device=device),
+    )
+    sim, partner = exact_partners(embed, active, active, total, block)
+    _write_partners(tables, active, sim, partner)
+    return tables, active
+
+
+def _write_partners(
+    tables: Tables, ids: torch.Tensor, sim: torch.Tensor, partner: torch.Tensor
+) -> None:
+    """`ids`' partners (`[B, R]` each) written; padding writes land on the dummy, reset."""
+    tables.partner_sim.index_put_((ids,), sim)
+    tables.partner.index_put_((ids,), partner)
+    tables.partner_sim[tables.dummy] = NEG
+    tables.partner[tables.dummy] = tables.dummy
+
+
+def _repair(
+    tables: Tables,
+    active: torch.Tensor,
+    changed: torch.Tensor,
+    redo: torch.Tensor,
+    block: int,
+) -> None:
+    """Step 1 of the next round, exactly: `active [B, M]` after the round, `changed [B, T]`
+    its targets (new keys), `redo [B, R]` ids to re-pair against their whole video."""
+    dummy = tables.dummy
+    if changed.shape[1]:
+        # An untouched partner is still the best of the unchanged tokens: only a changed
+        # target can beat it (higher similarity, or equal and a smaller id).
+        sim, partner = exact_partners(tables.embed, active, changed, dummy, block)
+        old_sim, old_partner = tables.partner_sim[active], tables.partner[active]
+        better = (sim > old_sim) | ((sim == old_sim) & (partner < old_partner))
+        _write_partners(
+            tables,
+            active,
+            torch.where(better, sim, old_sim),
+            torch.where(better, partner, old_partner),
+        )
+    if redo.shape[1]:
+        sim, partner = exact_partners(tables.embed, redo, active, dummy, block)
+        _write_partners(tables, redo, sim, partner)
+
+
+def run_rounds(
+    merge: GatedMerge,
+    tables: Tables,
+    active: torch.Tensor,
+    budgets: list[Budget],
+    run: tuple[torch.Tensor, int, torch.dtype, bool],
+) -> tuple[list[torch.Tensor], list[int]]:
+    """The loop, until no video may or does merge.
+
+    Args:
+        merge: the `GatedMerge`.
+        tables, active: from `start_tables` (row b of `active` is video b).
+        budgets: each video's resolved budget (one threshold for all).
+        run: `(grid_projection(W_rand) [D, d], block, the merge's dtype, tracks_grad)`.
+
+    Returns:
+        `(kept ids [n_b] ascending, rounds)` of each video; `tables` hold the rows and owners.
+    """
+    block = run[1]
+    threshold = budgets[0].threshold
+    count = [int(n) for n in (active != tables.dummy).sum(1).tolist()]
+    live = list(range(len(budgets)))  # the video of each row of `active`
+    kept: list[torch.Tensor] = [active[0, :0]] * len(budgets)
+    rounds = [0] * len(budgets)
+    while live:
+        allowed = [room(count[v], budgets[v].floor) for v in live]
+        active, live = _leave(active, live, [a > 0 for a in allowed], count, kept)
+        if not live:
+            break
+        rooms = torch.tensor([a for a in allowed if a > 0], device=active.device)
+        with torch.no_grad():
+            chosen = select(tables, active, rooms, threshold)
+        sizes = chosen.sizes.tolist()  # the round's one host sync
+        b = len(live)
+        edges, targets, redo = sizes[:b], sizes[b : 2 * b], sizes[2 * b : 3 * b]
+        if sum(edges) == 0:
+            _leave(active, live, [False] * b, count, kept)
+            break
+        round_index = max(rounds[v] for v in live) + 1
+        phi = round_embedding(round_index, merge.config.round_embed_dim, active.device)
+        _fuse(merge, tables, chosen, (sum(edges), sizes[-1]), phi, run)
+        # A video that selected nothing would select nothing again: it leaves the batch.
+        going = [e > 0 for e in edges]
+        changed, redo_ids = chosen.changed, chosen.redo
+        if not all(going):
+            rows = torch.tensor([i for i in range(b) if going[i]], device=active.device)
+            changed, redo_ids = changed[rows], redo_ids[rows]
+            edges, targets, redo = (
+                [x[i] for i in range(b) if going[i]] for x in (edges, targets, redo)
+            )
+        active, live = _leave(active, live, going, count, kept)
+        with torch.no_grad():
+            # Retire: the sources leave each row (one sort pushes them into the padding).
+            active = torch.sort(
+                torch.where(chosen.leaving[active], tables.dummy, active), dim=1
+            ).values
+            for i, v in enumerate(live):
+                count[v] -= edges[i]
+                rounds[v] += 1
+            active = active[:, : max(count[v] for v in live)]
+            _repair(tables, active, changed[:, : max(targets)], redo_ids[:, : max(redo)], block)
+    return kept, rounds
+
+
+def _leave(
+    active: torch.Tensor,
+    live: list[int],
+    stays: list[bool],
+    count: list[int],
+    kept: list[torch.Tensor],
+) -> tuple[torch.Tensor, list[int]]:
+    """Videos whose `stays` is False leave the batch: their kept ids recorded in `kept`;
+    `(active, live)` of those that stay, the matrix cut to the longest of them."""
+    if all(stays):
+        return active, live
+    for i, v in enumerate(live):
+        if not stays[i]:
+            kept[v] = active[i, : count[v]]
+    rows = [i for i in range(len(live)) if stays[i]]
+    if not rows:
+        return active[:0], []
+    live = [live[i] for i in rows]
+    active = active[torch.tensor(rows, device=active.device)]
+    return active[:, : max(count[v] for v in live)], live
+
+
+def _fuse(
+    merge: GatedMerge,
+    tables: Tables,
+    chosen: Selection,
+    sizes: tuple[int, int],
+    phi: torch.Tensor,
+    run: tuple[torch.Tensor, int, torch.dtype, bool],
+) -> None:
+    """Fuse every kept edge of the batch (`sizes = (edges, targets)`), rewrite the targets'
+    rows and keys, and hand the sources' tokens to their targets."""
+    num_edges, num_targets = sizes
+    weight, block, dtype, tracks_grad = run
+    targets = chosen.row_target[:num_targets]
+    sources = chosen.sources[:num_edges]
+    new_rows = merge.fuse_all(
+        (tables.rows[targets], tables.rows[sources]),
+        chosen.group[:num_edges],
+        (tables.coords[targets], tables.coords[sources]),
+        chosen.similarity[:num_edges].float(),
+        phi,
+        dtype,
+    )
+    if tracks_grad:
+        tables.rows = tables.rows.index_put((targets,), new_rows)
+    else:
+        tables.rows.index_put_((targets,), new_rows)
+    with torch.no_grad():
+        embed, norms = row_keys(new_rows, weight, block)
+        tables.embed.index_put_((targets,), embed)
+        tables.norms.index_put_((targets,), norms)
+        redirect = torch.arange(tables.dummy + 1, device=targets.device)
+        redirect.index_put_((sources,), chosen.targets[:num_edges])
+        tables.owner = redirect[tables.owner]
