@@ -29,10 +29,11 @@ import torch
 
 from craft_adapters.attention import encode_videos_with_attention
 from craft_adapters.compressed import CompressedVideo, checkpoint_sha256
+from craft_adapters.in_model import refuse_compress_once
 from craft_adapters.registry import BackboneAdapter, get_adapter
 from craft_adapters.report import CompressionReport, VideoCompression
 from craft_adapters.session import VideoSession
-from craft_adapters.splice import PER_TOKEN_KEYS, Prepared, compress_video, splice_sequence
+from craft_adapters.splice import PER_TOKEN_KEYS, Prepared, compress_videos, splice_sequence
 from craft_core import TokenBudget, budget_of
 from craft_core.checks import check_has_data, check_index_tensor
 
@@ -245,10 +246,13 @@ class CraftModel(torch.nn.Module):
 
         keep = mask.bool().clone()
         kept_rows_all, new_feats_all, assigns_all, reports = [], [], [], []
-        for feats, layout, importance in zip(features, layouts, attention):
-            kept_rows, new_feats, assign, rep = compress_video(
-                self.compressor, self.token_budget, feats, layout, importance
-            )
+        # every video of the batch in ONE compressor call (craft_core.compress_many)
+        compressed = compress_videos(
+            self.compressor, self.token_budget, features, layouts, attention
+        )
+        for feats, layout, (kept_rows, new_feats, assign, rep) in zip(
+            features, layouts, compressed
+        ):
             dropped = torch.ones(feats.shape[0], dtype=torch.bool, device=feats.device)
             dropped[kept_rows] = False
             keep[layout.batch_index, layout.seq_index[dropped]] = False
@@ -335,6 +339,7 @@ class CraftModel(torch.nn.Module):
         in the merged grid (LLaVA-OneVision, InternVL: frame, row, column of a frame's grid), the grid, and metadata (model_type, hidden_size, craft_sha256:
         what a server checks with `check_made_with`; budget, seconds per grid step).
         """
+        refuse_compress_once(self, "compress_videos")
         adapter = self.adapter
         if self.compressor is None or not adapter.saves_compressed_videos:
             raise ValueError(
@@ -411,6 +416,7 @@ class CraftModel(torch.nn.Module):
         example the chat template's user turn up to and including the video). Ask questions
         about it with `session.ask(question_inputs)`.
         """
+        refuse_compress_once(self, "encode_video")
         inputs, rest = self._split(kwargs)
         ids = inputs.get("input_ids")
         if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[0] != 1:

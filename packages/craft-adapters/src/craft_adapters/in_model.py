@@ -1,0 +1,293 @@
+"""A stage inside the language model: at layer L, keep some of the video's rows by a score.
+
+`InModelDrop(model, rule, layer=L, name=...)` hooks a Hugging Face VLM (wrapped by `wrap`
+or not) so that, in every prefill of one prompt, the rows on the video placeholders that
+reach decoder layer `L` are cut to those `rule` keeps (FastV-style methods; the language-
+model stage of FlashVID and HoliTom in craft-eval). The score is the attention the LAST
+token of the prompt pays each row in layer `L - 1` (softmax over every key, mean over
+heads), recorded from that layer's own query and keys by an attention function wrapped
+around the model's (`sdpa`, `eager`, ...). Layers before `L` and their KV cache keep every
+row; layers from `L` on see, and cache, the kept rows at their ORIGINAL positions (the
+rotary embeddings, position ids and masks are index-selected, never recomputed), so
+decoding and later turns on the same cache continue from the original positions. The
+logits of the prefill are over the kept positions (`report.kept`).
+
+A method that drops rows inside the model depends on the question (the last token), so
+the compressed video cannot be stored and served again: `refuse_compress_once` raises,
+naming the method, wherever craft-adapters compresses a video once for many questions.
+Batches of one prompt only (ValueError otherwise); every video of the prompt is scored
+together, as the official code does with its one visual span.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import eager_attention_forward
+
+from craft_adapters.registry import get_adapter
+
+#: The attention implementation installed on layer `L - 1` (it wraps the model's own).
+SCORING = "craft_last_query"
+#: `rule(hidden [n, D], score [n]) -> (kept positions [k] ascending in 0..n-1, rows [k, D]
+#: or None to keep the kept rows as they are)`: what a method does at layer L.
+KeepRule = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor | None]]
+
+
+@dataclass(frozen=True)
+class DropReport:
+    """The last prefill's drop: `rows_before` / `rows_after` video rows at layer `layer`;
+    `kept` `[K]` the positions of the language model's input sequence kept from `layer`."""
+
+    name: str
+    layer: int
+    rows_before: int
+    rows_after: int
+    kept: torch.Tensor
+
+
+def top_fraction(fraction: float, rounding: Callable[[float], int] = math.ceil) -> KeepRule:
+    """FastV's rule: the `rounding(n * fraction)` rows with the highest score, unchanged
+    (ties: the smaller position)."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must lie in (0, 1], got {fraction}")
+
+    def rule(hidden: torch.Tensor, score: torch.Tensor) -> tuple[torch.Tensor, None]:
+        count = min(hidden.shape[0], int(rounding(hidden.shape[0] * fraction)))
+        order = torch.sort(score, descending=True, stable=True).indices
+        return torch.sort(order[:count]).values, None
+
+    return rule
+
+
+def _last_query_attention(
+    query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float
+) -> torch.Tensor:
+    """`[B, S]`: softmax(q_last k^T * scaling) over the keys, mean over the heads.
+    `query [B, H, Q, d]`, `key [B, Hkv, S, d]`, `mask` `[B, 1, Q, S]` (bool or additive)."""
+    heads = query.shape[1]
+    key = key.repeat_interleave(heads // key.shape[1], dim=1)
+    logits = (query[:, :, -1:].float() @ key.float().transpose(-1, -2)) * scaling
+    if mask is not None:
+        row = mask[:, :, -1:, : key.shape[2]]
+        if row.dtype == torch.bool:
+            logits = logits.masked_fill(~row, float("-inf"))
+        else:
+            logits = logits + row.float()
+    return torch.softmax(logits, dim=-1)[:, :, 0].mean(dim=1)
+
+
+def _scoring_attention(module: Any, query: torch.Tensor, key: torch.Tensor, *args: Any, **kw: Any):  # type: ignore[no-untyped-def]
+    """The wrapped attention of layer `L - 1`: the model's own, plus the last-query score
+    recorded on the hook while it waits for a prefill."""
+    drop: InModelDrop = module._craft_in_model_drop
+    own = ALL_ATTENTION_FUNCTIONS.get_interface(drop.base_attention, eager_attention_forward)
+    out = own(module, query, key, *args, **kw)
+    if drop.waiting and query.shape[2] > 1:
+        mask = args[1] if len(args) > 1 else kw.get("attention_mask")
+        scaling = kw.get("scaling") or query.shape[-1] ** -0.5
+        drop.scores = _last_query_attention(query, key, mask, scaling)
+    return out
+
+
+AttentionInterface.register(SCORING, _scoring_attention)
+
+
+def _decoder_layers(model: Any) -> torch.nn.ModuleList:
+    """The decoder layers of the VLM's language model (`model.model.language_model`)."""
+    inner = getattr(model, "model", model)
+    lm = getattr(inner, "language_model", None)
+    layers = getattr(lm, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ValueError(
+            f"InModelDrop: {type(model).__name__} has no model.language_model.layers; "
+            "give the Hugging Face VLM (or a wrap() of it)"
+        )
+    return layers
+
+
+class InModelDrop:
+    """Hooks that keep, at decoder layer `layer`, the video rows `rule` chooses.
+
+    Args:
+        model: a Hugging Face VLM of a supported backbone, or `wrap(...)` of one.
+        rule: a `KeepRule` (e.g. `top_fraction(0.3)`), called once per prefill.
+        layer: `L`, 1 <= L < number of layers; layer `L - 1` must be an attention layer.
+        name: the method's name, for reports and refusals.
+
+    `report` is the last prefill's `DropReport` (None before one); `remove()` undoes
+    every hook.
+    """
+
+    def __init__(self, model: Any, rule: KeepRule, *, layer: int, name: str) -> None:
+        hf = getattr(model, "model", model) if hasattr(model, "compressor") else model
+        layers = _decoder_layers(hf)
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 1 <= layer < len(layers):
+            raise ValueError(f"layer must be an int in [1, {len(layers) - 1}], got {layer!r}")
+        attention = getattr(layers[layer - 1], "self_attn", None)
+        if attention is None or not hasattr(attention, "config"):
+            raise ValueError(
+                f"layer {layer - 1} of {type(hf).__name__} is not an attention layer "
+                "(the score is the last token's attention there): choose another layer"
+            )
+        self.name, self.rule, self.layer = name, rule, layer
+        self.report: DropReport | None = None
+        self.waiting = False
+        self.scores: torch.Tensor | None = None
+        self._video: torch.Tensor | None = None
+        self._keep: torch.Tensor | None = None
+        self._prefill = 0
+        self._adapter = get_adapter(hf)
+        self._attention = attention
+        self._original_config = attention.config
+        self.base_attention = attention.config._attn_implementation
+        scoring = copy.copy(attention.config)
+        scoring._attn_implementation_internal = SCORING
+        attention.config = scoring
+        attention._craft_in_model_drop = self
+        self._handles = [hf.register_forward_pre_hook(self._on_model, with_kwargs=True)]
+        self._handles += [
+            layers[i].register_forward_pre_hook(self._on_layer(i), with_kwargs=True)
+            for i in range(layer, len(layers))
+        ]
+        hf._craft_in_model_drop = self
+        self._model = hf
+
+    def remove(self) -> None:
+        """Undo every hook and the scoring attention."""
+        for handle in self._handles:
+            handle.remove()
+        self._attention.config = self._original_config
+        del self._attention._craft_in_model_drop
+        if getattr(self._model, "_craft_in_model_drop", None) is self:
+            del self._model._craft_in_model_drop
+
+    def _on_model(self, _module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+        """Before each VLM call: a prefill (more than one id, an empty cache) is scored."""
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        past = kwargs.get("past_key_values")
+        fresh = past is None or past.get_seq_length() == 0
+        if ids is None or ids.shape[1] < 2 or not fresh:
+            self.waiting = False  # a later call on a dropped cache keeps `_keep`
+            return
+        if ids.shape[0] != 1:
+            raise ValueError(
+                f"method {self.name!r} drops rows inside the language model: one prompt per "
+                f"call (batch of 1), got a batch of {ids.shape[0]}"
+            )
+        self._video = self._adapter.video_mask({"input_ids": ids})[0]
+        self.waiting, self.scores, self._keep = bool(self._video.any()), None, None
+
+    def _on_layer(self, index: int) -> Callable[..., Any]:
+        """The pre-hook of decoder layer `index >= L`: the drop at `L`, then the layer's
+        inputs index-selected to the kept positions (keys: kept, then later tokens)."""
+
+        def hook(_module: Any, args: tuple, kwargs: dict[str, Any]) -> Any:
+            hidden = args[0] if args else kwargs["hidden_states"]
+            if index == self.layer and self.waiting:
+                hidden = self._drop(hidden)
+            if self._keep is None:
+                return None
+            kwargs = self._select(dict(kwargs), hidden.shape[1])
+            if args:
+                return (hidden, *args[1:]), kwargs
+            kwargs["hidden_states"] = hidden
+            return args, kwargs
+
+        return hook
+
+    def _drop(self, hidden: torch.Tensor) -> torch.Tensor:
+        """`[1, S, D] -> [1, S', D]`: the rule's rows of the video, every other position."""
+        self.waiting = False
+        if self.scores is None:
+            raise RuntimeError(
+                f"method {self.name!r}: no attention score was recorded in layer "
+                f"{self.layer - 1} during this prefill"
+            )
+        assert self._video is not None
+        rows_at = torch.nonzero(self._video.to(hidden.device)).squeeze(1)
+        kept, rows = self.rule(hidden[0, rows_at], self.scores[0, rows_at].to(hidden.device))
+        kept = _checked_kept(kept, rows_at.numel(), self.name)
+        if rows is not None:
+            hidden = hidden.clone()
+            hidden[0, rows_at[kept]] = rows.to(hidden.dtype)
+        others = torch.nonzero(~self._video.to(hidden.device)).squeeze(1)
+        keep = torch.sort(torch.cat([others, rows_at[kept]])).values
+        self._keep, self._prefill = keep, hidden.shape[1]
+        self.report = DropReport(self.name, self.layer, rows_at.numel(), kept.numel(), keep)
+        return hidden[:, keep]
+
+    def _select(self, kwargs: dict[str, Any], length: int) -> dict[str, Any]:
+        """A layer's keyword inputs for the kept positions: the prefill's queries AND keys
+        (`length == len(keep)` and inputs of the prefill's length), or, on later calls
+        (decode, another turn), the keys of the mask only."""
+        keep, full = self._keep, self._prefill
+        assert keep is not None
+        prefill = length == keep.numel() and _seq_len(kwargs) == full
+        if prefill:
+            for key in ("position_embeddings", "position_ids", "cache_position"):
+                kwargs[key] = _take(kwargs.get(key), keep, full)
+        mask = kwargs.get("attention_mask")
+        if isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[-1] >= full:
+            keys = torch.cat([keep, torch.arange(full, mask.shape[-1], device=keep.device)])
+            mask = mask[..., keys.to(mask.device)]
+            kwargs["attention_mask"] = mask[..., keep.to(mask.device), :] if prefill else mask
+        return kwargs
+
+
+def _seq_len(kwargs: dict[str, Any]) -> int | None:
+    """The sequence length of a layer's inputs (its position ids' last dimension)."""
+    ids = kwargs.get("position_ids")
+    if isinstance(ids, torch.Tensor):
+        return int(ids.shape[-1])
+    emb = kwargs.get("position_embeddings")
+    return int(emb[0].shape[-2]) if emb is not None else None
+
+
+def _take(value: Any, keep: torch.Tensor, full: int) -> Any:
+    """`value` index-selected to `keep` along its sequence dimension (the last of ids,
+    the one before the last of rotary tables); a pair of tables pairwise; else as it is."""
+    if isinstance(value, tuple):
+        return tuple(_take(v, keep, full) for v in value)
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.dim() >= 1 and value.shape[-1] == full and not value.is_floating_point():
+        return value[..., keep.to(value.device)]
+    if value.dim() >= 2 and value.shape[-2] == full:
+        return value[..., keep.to(value.device), :]
+    return value
+
+
+def _checked_kept(kept: Any, n: int, name: str) -> torch.Tensor:
+    """The rule's kept positions, checked: 1-D integer, ascending, distinct, in [0, n)."""
+    if not isinstance(kept, torch.Tensor) or kept.dim() != 1 or kept.is_floating_point():
+        raise ValueError(
+            f"method {name!r}: the rule must return kept positions as a 1-D long tensor"
+        )
+    kept = kept.long()
+    if kept.numel() and (
+        int(kept.min()) < 0 or int(kept.max()) >= n or bool((kept.diff() <= 0).any())
+    ):
+        raise ValueError(
+            f"method {name!r}: kept positions must be ascending, distinct, in [0, {n})"
+        )
+    return kept
+
+
+def refuse_compress_once(model: Any, what: str) -> None:
+    """Raise if `model` drops rows inside its language model: such a method depends on the
+    question, so `what` (compressing a video once for many questions) cannot serve it."""
+    hf = getattr(model, "model", model) if hasattr(model, "compressor") else model
+    drop = getattr(hf, "_craft_in_model_drop", None)
+    if drop is not None:
+        raise ValueError(
+            f"{what}: method {drop.name!r} drops video rows inside the language model by the "
+            "question's attention (query-dependent); a video compressed once cannot serve it"
+        )
