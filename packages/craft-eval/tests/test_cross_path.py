@@ -86,8 +86,11 @@ def _write_checkpoint(folder: Path, hidden_size: int) -> None:
 def _options(name: str, world: dict[str, Any]) -> dict[str, Any]:
     from craft_eval.methods import get_method_info
 
-    needs = get_method_info(name).needs
-    return {"checkpoint": str(world["ckpt"])} if "checkpoint" in needs else {}
+    info = get_method_info(name)
+    out = {"checkpoint": str(world["ckpt"])} if "checkpoint" in info.needs else {}
+    if "layer" in (info.options or ()):  # a stage inside the LM: the tiny model has 2 layers
+        out["layer"] = 1
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +149,8 @@ def _cli_path(name: str, world: dict[str, Any], tag: str = "") -> tuple[list[str
     argv = ["run", "--model", str(world["model"]), "-b", "videomme"]
     argv += ["--data-root", str(world["data"]), "-o", str(out), "--method", name]
     argv += ["--ratio", str(RATIO), "--fps", "8", "--frames", "4"]
-    argv += [x for k, v in _options(name, world).items() for x in (f"--{k}", v)]
+    for key, value in _options(name, world).items():
+        argv += [f"--{key}", value] if key == "checkpoint" else ["--method-arg", f"{key}={value}"]
     assert cli.main([*argv, "--no-progress"]) == 0
     (records,) = list(out.rglob("records.jsonl"))
     rows = [json.loads(line) for line in records.read_text().splitlines()]

@@ -196,6 +196,7 @@ class HFBackend:
     ) -> None:
         import craft_adapters
         from craft_core import budget_of
+        from craft_eval.in_model import attach_in_model, in_model_fields
         from craft_eval.methods.build import build_compressor
 
         self.processor = processor
@@ -214,6 +215,8 @@ class HFBackend:
         else:
             budget = budget_of(budget, ratio=ratio, threshold=threshold, min_tokens=min_tokens)
         self.model = craft_adapters.wrap(model, self.compressor, budget=budget)
+        self.in_model = attach_in_model(self.model, self.compressor)  # two-stage methods
+        self._in_model_fields = in_model_fields
         self.probe = _PrefillProbe(_language_model(model), self.device)
         self.merge_map_dir = None if merge_map_dir is None else Path(merge_map_dir)
         self.merge_maps = merge_maps
@@ -250,6 +253,7 @@ class HFBackend:
             extra["kv_mb"] = self.probe.kv_bytes / 2**20
         if self.probe.seq_len is not None:
             extra["prefill_len"] = self.probe.seq_len
+        extra.update(self._in_model_fields(self.in_model))
         self._maybe_save_merge_map(item, frames)
         return Generation(
             reply=reply,

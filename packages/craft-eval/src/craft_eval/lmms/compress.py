@@ -44,8 +44,19 @@ def parse_budget(method: str, ratio: Any, threshold: Any, min_tokens: Any) -> To
     return TokenBudget.parse(ratio, threshold, min_tokens, names=_BUDGET_NAMES)
 
 
-def _options(checkpoint: str | None) -> dict[str, Any]:
-    return {"checkpoint": str(checkpoint)} if checkpoint else {}
+def _options(checkpoint: str | None, **stage: Any) -> dict[str, Any]:
+    """The method's options from model_args: `checkpoint`, and a two-stage method's `layer`
+    (int), `llm_retention` / `llm_merged` (float) where given."""
+    out: dict[str, Any] = {"checkpoint": str(checkpoint)} if checkpoint else {}
+    for key, value in stage.items():
+        if value is None:
+            continue
+        try:
+            out[key] = int(str(value)) if key == "layer" else float(str(value))
+        except ValueError:
+            kind = "an integer" if key == "layer" else "a number"
+            raise ValueError(f"model_args {key}={value!r}: must be {kind}") from None
+    return out
 
 
 def row_fields(row: RowLog) -> dict[str, Any]:
@@ -73,10 +84,12 @@ class CompressedGenerate:
         self, model: Any, compressor: TimedCompressor | None, budget: TokenBudget | None
     ) -> None:
         import craft_adapters
+        from craft_eval.in_model import attach_in_model
 
         self._hf = model
         self._compressor = compressor
         self._wrapped = craft_adapters.wrap(model, compressor, budget=budget)
+        self.in_model = attach_in_model(self._wrapped, compressor)  # two-stage methods
         self._video_token_id = self._wrapped.adapter.video_token_id
         self.rows: list[RowLog] = []
 
@@ -145,18 +158,24 @@ class CraftLMMixin:
         threshold: Any = None,
         min_tokens: Any = None,
         allow_untrained: bool = False,
+        layer: Any = None,
+        llm_retention: Any = None,
+        llm_merged: Any = None,
         **kwargs: Any,
     ) -> None:
         method = str(method).lower()
+        stage = {"layer": layer, "llm_retention": llm_retention, "llm_merged": llm_merged}
         untrained = allow_untrained is True or str(allow_untrained).lower() == "true"
         budget = parse_budget(method, ratio, threshold, min_tokens)
         # checked before the model loads; built (sized to the model) after
-        check_method(method, _options(checkpoint), allow_untrained=untrained, spelling=MODEL_ARGS)
+        check_method(
+            method, _options(checkpoint, **stage), allow_untrained=untrained, spelling=MODEL_ARGS
+        )
         super().__init__(**kwargs)
         hf_model = getattr(self, "model", self._model)  # unwrapped from accelerate's wrappers
         compressor = build_compressor(
             method,
-            _options(checkpoint),
+            _options(checkpoint, **stage),
             hidden_size=int(hf_model.config.get_text_config().hidden_size),
             allow_untrained=untrained,
             spelling=MODEL_ARGS,

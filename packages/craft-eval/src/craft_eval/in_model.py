@@ -1,0 +1,51 @@
+"""The stage inside the language model of a two-stage method (`flashvid-llm`,
+`holitom-llm`), put on a model: every craft-eval path that wraps a model for a method
+(`backend.HFBackend`, the lmms-eval plugin) calls `attach_in_model` after `wrap`.
+
+The stage (`craft_eval.baselines.in_model.InModelStage`: layer and rule) runs through
+craft-adapters' `InModelDrop`; a method without one attaches nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from craft_adapters.in_model import InModelDrop
+
+
+def attach_in_model(model: Any, compressor: Any) -> InModelDrop | None:
+    """Hook `compressor`'s stage inside the language model onto `model` (a `wrap(...)` or
+    a Hugging Face VLM); None for a method without one.
+
+    Raises:
+        ValueError: the stage's layer is not inside the model (naming the method, the
+            layer and how many layers the model has).
+    """
+    stage = getattr(compressor, "in_model_stage", None)
+    if stage is None:
+        return None
+    hf = getattr(model, "model", model) if hasattr(model, "compressor") else model
+    count = int(hf.config.get_text_config().num_hidden_layers)
+    if not 1 <= stage.layer < count:
+        raise ValueError(
+            f"method {stage.name!r}: layer {stage.layer} is not inside this language model "
+            f"({count} layers): give a layer in [1, {count - 1}] (--method-arg layer=N, "
+            "lmms-eval model_args layer=N)"
+        )
+    return InModelDrop(model, stage.rule, layer=stage.layer, name=stage.name)
+
+
+def in_model_fields(drop: InModelDrop | None) -> dict[str, Any]:
+    """The record of the last prefill's stage inside the model (empty without one)."""
+    if drop is None or drop.report is None:
+        return {}
+    report = drop.report
+    return {
+        "in_model": {
+            "method": report.name,
+            "layer": report.layer,
+            "rows_before": report.rows_before,
+            "rows_after": report.rows_after,
+            "query_dependent": True,
+        }
+    }
