@@ -20,10 +20,11 @@ LOGPROBS = 20  # vLLM's top log-probs at the first step, compared with transform
 
 
 class CraftCall(NamedTuple):
-    """One call of a CRAFT module: its input rows and the rows it kept."""
+    """One video through a CRAFT module: its input rows and the rows it kept."""
 
     features: torch.Tensor  # [N, D] float32 copy of the input rows
     kept: torch.Tensor  # [K] kept_index
+    rows: torch.Tensor | None = None  # [K, D] the kept rows as computed (vLLM's side)
 
 
 class Served(NamedTuple):
@@ -159,10 +160,15 @@ def sampling() -> Any:
     return SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, logprobs=LOGPROBS)
 
 
-def vllm_generate(llm: Any, videos: list[np.ndarray], kind: Any = tiny) -> list[Served]:
-    """Each video served, all requests in one batch."""
+def vllm_generate(
+    llm: Any, videos: list[np.ndarray], kind: Any = tiny, uuids: list[str] | None = None
+) -> list[Served]:
+    """Each video served, all requests in one batch (`uuids`: each video's multimodal id,
+    instead of its hash: a new id is never served from vLLM's caches)."""
     text = prompt(kind=kind)
     requests = [{"prompt": text, "multi_modal_data": {"video": video_item(v)}} for v in videos]
+    for request, uuid in zip(requests, uuids or []):
+        request["multi_modal_uuids"] = {"video": [uuid]}
     return served(llm.generate(requests, sampling()))
 
 
@@ -372,14 +378,26 @@ def recorded_rows(llm: Any) -> list[torch.Tensor]:
 
 
 def _record_craft_calls(model: Any) -> None:
-    """Runs inside vLLM's worker: record each call of the served CRAFT module."""
-    model.craft_calls = []
-    model.craft.register_forward_hook(_recorder(model.craft_calls))
+    """Runs inside vLLM's worker: record each video the served model compresses
+    (`craft_compress`, one call per forward) and how many videos each call held."""
+    model.craft_calls, model.craft_batches = [], []
+    compress = model.craft_compress
+
+    def record(features: list[torch.Tensor], coords: list[torch.Tensor]) -> Any:
+        results = compress(features, coords)
+        model.craft_batches.append(len(features))
+        for f, r in zip(features, results):
+            rows = r.features.detach().cpu().clone()
+            model.craft_calls.append(CraftCall(f.detach().float().cpu(), r.kept_index.cpu(), rows))
+        return results
+
+    model.craft_compress = record
 
 
-def _take_craft_calls(model: Any) -> list[CraftCall]:
-    calls, model.craft_calls = model.craft_calls, []
-    return calls  # type: ignore[no-any-return]
+def _take_craft_calls(model: Any) -> tuple[list[CraftCall], list[int]]:
+    taken = model.craft_calls, model.craft_batches
+    model.craft_calls, model.craft_batches = [], []
+    return taken
 
 
 def record_craft_calls(llm: Any) -> None:
@@ -387,8 +405,9 @@ def record_craft_calls(llm: Any) -> None:
     llm.apply_model(_record_craft_calls)
 
 
-def craft_calls(llm: Any) -> list[CraftCall]:
-    """The CRAFT module's calls in the worker since the last call, in the order it ran them."""
+def craft_calls(llm: Any) -> tuple[list[CraftCall], list[int]]:
+    """The videos the worker compressed since the last call, in order, and the number of
+    videos of each compression call (one call per forward: `[3]` for 3 videos at once)."""
     return llm.apply_model(_take_craft_calls)[0]  # type: ignore[no-any-return]
 
 

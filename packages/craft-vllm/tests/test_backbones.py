@@ -11,7 +11,9 @@ pooled grid rows compressed, the newline row kept, original 1-D positions; a tin
 text kept around each frame's kept rows, original 1-D positions. Control: the engine's CRAFT module holds the
 checkpoint's weights bit for bit and not a fresh module's (read from vLLM's worker). Besides
 the greedy tokens, the first step's log-probs are compared (`engine.compare`), and the rows
-the served CRAFT module kept (recorded in vLLM's worker) equal craft-adapters'. In bfloat16
+the served CRAFT module kept (recorded in vLLM's worker) equal craft-adapters' (which
+compresses one video at a time), all three videos compressed in ONE call (craft-core's
+`compress_many`). In bfloat16
 (Qwen3.5) the two vision towers' rows differ by up to one bfloat16 step (measured), so at 8x /
 16x the merge plan may follow that difference: a video whose kept rows differ is left out of
 the comparison only when its input rows differ (asserted), and at least one video per ratio
@@ -85,9 +87,10 @@ def test_uncompressed_equals_transformers(model, kind, videos) -> None:
 @pytest.mark.parametrize("ratio", RATIOS)
 def test_craft_equals_craft_adapters(workdir, model, kind, videos, ratio) -> None:
     checkpoint = workdir / "craft"
-    served, state, calls = _served(
+    served, state, (calls, batches) = _served(
         model, kind, engine.overrides(checkpoint, ratio, kind), videos, True
     )
+    assert batches == [len(videos)]  # the three videos' forward: ONE compression call
     loaded = CraftCompressor.from_pretrained(checkpoint)
     # Control: the engine holds the checkpoint's weights, not a fresh module's. (Greedy tokens
     # cannot tell them apart on these tiny models: a merge only re-weights similar tokens, and

@@ -8,7 +8,9 @@ the reference is within `engine.TIE` of a tie end the token comparison (vLLM's C
 round differently; a tie may break either way). Controls, judged on log-probs (far beyond
 `engine.GAP`, so on every CPU): at ratio 4 a FRESH (unloaded) CRAFT module on the library
 side, and uncompressed the library's default position rule (transformers 5.x's), are both
-far from what vLLM serves.
+far from what vLLM serves. Batches: the three videos of one forward are compressed in ONE
+call of craft-core's `compress_many`, each with the kept rows it gets when served alone (bit
+for bit, the same engine).
 """
 
 from __future__ import annotations
@@ -41,14 +43,35 @@ def test_uncompressed_equals_transformers(workdir, videos) -> None:
     engine.control_gaps(served, library)
 
 
+def _batch_then_alone(llm, videos: list) -> tuple[list, list, list[int], list]:
+    """The videos served in one batch, then each alone (a multimodal id of its own, so
+    nothing comes from vLLM's caches) -> (served, the batch's compressed videos, videos per
+    compression call, the videos compressed alone)."""
+    engine.record_craft_calls(llm)
+    served = engine.vllm_generate(llm, videos, uuids=[f"batch-{i}" for i in range(len(videos))])
+    batch, sizes = engine.craft_calls(llm)
+    alone = []
+    for i, video in enumerate(videos):
+        engine.vllm_generate(llm, [video], uuids=[f"alone-{i}"])
+        calls, one = engine.craft_calls(llm)
+        assert one == [1]
+        alone.extend(calls)
+    return served, batch, sizes, alone
+
+
 @pytest.mark.parametrize("ratio", RATIOS)
 def test_craft_equals_craft_adapters(workdir, videos, ratio) -> None:
     checkpoint = workdir / "craft"
-    served = engine.run(
+    served, batch, sizes, alone = engine.run(
         workdir / "model",
         engine.overrides(checkpoint, ratio),
-        lambda llm: engine.vllm_generate(llm, videos),
+        lambda llm: _batch_then_alone(llm, videos),
     )
+    # the three videos reached one forward: ONE compression call (craft-core's
+    # compress_many), and each video's kept rows are those it gets served alone, bit for bit
+    assert sizes == [len(videos)]
+    for together, one in zip(batch, alone):
+        assert torch.equal(together.kept, one.kept) and torch.equal(together.rows, one.rows)
     loaded = CraftCompressor.from_pretrained(checkpoint)
     reference = engine.adapters_generate(workdir / "model", loaded, ratio, videos)
     engine.compare(served, reference)

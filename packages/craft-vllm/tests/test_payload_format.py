@@ -1,9 +1,11 @@
-"""Each served backbone's payload format lives in its model file (`PAYLOAD`), no engine.
+"""Each served backbone's knowledge lives in its model file (`ARCHITECTURE`, `PAYLOAD`), no
+engine.
 
 A client (`payload.video_payload`, `python -m craft_vllm.payload`) reads the declarations from
-the model files' sources (it has no vLLM); the server imports them. Checked here: the two
-readings are the same objects for every served architecture, and each processing info serves
-its own file's; the declared merge is the served config's and the timed backbones' processor
+the model files' sources (it has no vLLM), the plugin registers the architectures they name,
+the server imports them. Checked here: the readings are the same objects for every served
+architecture (its class is named `ARCHITECTURE`, the 1-D RoPE ones are the files declaring
+`flat`), and each processing info serves its own file's; the declared merge is the served config's and the timed backbones' processor
 writes the frame runs the format says; a declaration that is not literal, and a payload of a
 backbone that is not served, are refused by name. The payloads themselves are served in
 test_precompressed.py and test_openai_*.py.
@@ -21,7 +23,7 @@ import tiny_qwen3
 import tiny_qwen3_5
 import torch
 from craft_vllm import payload
-from craft_vllm.plugin import ARCHITECTURES
+from craft_vllm.plugin import ARCHITECTURES, ONE_D
 from craft_vllm.precompressed import PayloadProcessingInfo
 
 from craft_adapters import CompressedVideo
@@ -37,8 +39,13 @@ def test_every_served_backbone_declares_its_format_in_its_own_file() -> None:
     declared = payload.declared_formats()
     modules = [_module(target) for target in ARCHITECTURES.values()]
     assert sorted(declared) == sorted(m.PAYLOAD.model_type for m in modules)
+    assert len(modules) == 5 and set(ONE_D) == {
+        "CraftLlavaOnevisionForConditionalGeneration",
+        "CraftInternVLForConditionalGeneration",
+    }
     for module in modules:
         assert declared[module.PAYLOAD.model_type] == module.PAYLOAD  # source == import
+        assert getattr(module, module.ARCHITECTURE).architecture == module.ARCHITECTURE
         infos = [
             v
             for v in vars(module).values()
@@ -61,12 +68,21 @@ def test_declared_format_fits_the_served_config(kind) -> None:
 
 def test_a_declaration_must_be_literal(tmp_path) -> None:
     good = tmp_path / "sixth.py"
-    good.write_text('import vllm\nPAYLOAD = PayloadFormat("glm4v", merge=2, frame_runs=2)\n')
-    assert payload._declared(good) == payload.PayloadFormat("glm4v", 2, 2)
+    good.write_text(
+        'import vllm\nARCHITECTURE = "CraftGlm4vForConditionalGeneration"\n'
+        'PAYLOAD = PayloadFormat("glm4v", merge=2, frame_runs=2)\n'
+    )
+    sixth = payload.ServedBackbone(
+        "sixth", "CraftGlm4vForConditionalGeneration", payload.PayloadFormat("glm4v", 2, 2)
+    )
+    assert payload._declared(good) == sixth
     bad = tmp_path / "bad.py"
-    bad.write_text("PAYLOAD = make_format()\n")
+    bad.write_text('ARCHITECTURE = "X"\nPAYLOAD = make_format()\n')
     with pytest.raises(TypeError, match=r"bad\.py: PAYLOAD must be PayloadFormat"):
         payload._declared(bad)
+    (tmp_path / "nameless.py").write_text('PAYLOAD = PayloadFormat("x")\n')
+    with pytest.raises(TypeError, match=r"nameless\.py: a model file declares ARCHITECTURE"):
+        payload._declared(tmp_path / "nameless.py")
     (tmp_path / "none.py").write_text("ARCHITECTURE = 'x'\n")
     assert payload._declared(tmp_path / "none.py") is None
 

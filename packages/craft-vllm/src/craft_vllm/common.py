@@ -4,7 +4,8 @@
 built (a bad setting fails in a second, not after loading the backbone), runs vLLM's own
 `__init__`, then loads the CRAFT checkpoint once the language model's width is known.
 `CraftProcessor` (mixed in before vLLM's multimodal processor) gives the number of
-placeholders a video reserves, from craft-core's budget (`CraftOptions.kept`).
+placeholders a video reserves, from craft-core's budget (`CraftOptions.kept`). Every video of
+one forward is compressed in one call (`CraftModel.craft_compress`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+import torch
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.multimodal.processing import PromptReplacement
 
+from craft_core import CompressionResult, compress_many
 from craft_vllm.options import CraftConfigError, CraftOptions, load_compressor, read_options
 from craft_vllm.payload import COUNT
 
@@ -68,6 +71,30 @@ class CraftModel:
         self.craft_options = check_settings(vllm_config, self.architecture)  # before any weight
         super().__init__(vllm_config=vllm_config, prefix=prefix)  # type: ignore[call-arg]
         attach_compressor(self, vllm_config)
+
+    def craft_compress(
+        self, features: list[torch.Tensor], coords: list[torch.Tensor]
+    ) -> list[CompressionResult]:
+        """The raw videos of one forward, compressed in ONE call of craft-core's batched
+        entry (`craft_core.compress_many`, each video the same tokens and rows as alone).
+
+        Args:
+            features: B tensors `[N_b, D]` (one video's rows each).
+            coords: B tensors `[N_b, 3]`, each row's `(t, h, w)`.
+
+        Returns:
+            B results: `floor(N_b / ratio)` kept rows each.
+
+        Raises:
+            CraftConfigError: a video too short for the ratio (refused, never clamped).
+        """
+        options: CraftOptions = self.craft_options  # type: ignore[attr-defined]
+        for rows in features:
+            options.kept(int(rows.shape[0]))
+        if not features:
+            return []
+        craft = self.craft  # type: ignore[attr-defined]
+        return compress_many(craft, features, coords, options.budget)
 
 
 class CraftProcessor:

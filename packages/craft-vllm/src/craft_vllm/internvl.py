@@ -164,13 +164,12 @@ class CraftInternVLForConditionalGeneration(
         embeds[ids == self.craft_video_id] = rows[order.to(rows.device)].to(embeds.dtype)
         return torch.cat([embeds, index_columns(slots.to(rows.device), embeds.dtype)], dim=1)
 
-    def _craft_video(self, rows: torch.Tensor, frames: int) -> torch.Tensor:
-        """One raw video's frame rows `[F * T, D]` -> its placeholder's rows (CRAFT's)."""
-        n = int(rows.shape[0])
-        self.craft_options.kept(n)  # refuse a ratio that leaves nothing, never clamp
-        coords = frame_grid_coords(n, self.craft_side, rows.device)
-        result = self.craft(rows, coords, self.craft_options.budget)
-        return self._layout_rows(result.features, result.kept_index, frames)
+    def _craft_videos(self, videos: list[torch.Tensor], frames: list[int]) -> list[torch.Tensor]:
+        """Each raw video's frame rows `[F * T, D]` -> its placeholder's rows (CRAFT's, every
+        video in one call)."""
+        coords = [frame_grid_coords(int(v.shape[0]), self.craft_side, v.device) for v in videos]
+        results = self.craft_compress(videos, coords)
+        return [self._layout_rows(r.features, r.kept_index, f) for r, f in zip(results, frames)]
 
     def _process_vision_input(self, image_input: Any) -> tuple[torch.Tensor, ...]:
         """Videos: each placeholder's rows (`_layout_rows`); images: vLLM's rows, each with
@@ -182,7 +181,7 @@ class CraftInternVLForConditionalGeneration(
         items = super()._process_vision_input(image_input)
         if image_input["type"] == "pixel_values_videos":
             frames = [int(f) for f in image_input["num_patches"]]
-            return tuple(self._craft_video(v, f) for v, f in zip(items, frames))
+            return tuple(self._craft_videos(list(items), frames))
         out = []
         for image in items:
             slot = 1 + torch.arange(image.shape[0], device=image.device)

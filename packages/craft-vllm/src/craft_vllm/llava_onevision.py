@@ -32,6 +32,7 @@ from vllm.model_executor.models.llava_onevision import (
 )
 from vllm.multimodal import MULTIMODAL_REGISTRY
 
+from craft_adapters.registry import frame_grid_coords
 from craft_vllm.common import CraftModel, CraftProcessor
 from craft_vllm.flat import (
     FlatPositions,
@@ -111,23 +112,21 @@ class CraftLlavaOnevisionForConditionalGeneration(
 
     def _process_video_pixels(self, inputs: Any) -> list[torch.Tensor]:
         """vLLM's `[F * P * P + 1, D]` per video -> `[floor(N / ratio) + 1, D + 2]`: CRAFT's
-        rows, the newline, each row's original index (`index_columns`); a payload's rows
-        as they arrived (`_payload_rows`)."""
+        rows (every video of the forward in one call), the newline, each row's original index
+        (`index_columns`); a payload's rows as they arrived (`_payload_rows`)."""
         if isinstance(inputs, PayloadInput):
             return self._payload_rows(inputs)
         side = pooled_side(self.config)
-        per_frame = side * side
-        options = self.craft_options
+        videos = [v.reshape(-1, v.shape[-1]) for v in super()._process_video_pixels(inputs)]
+        grids = [v[:-1] for v in videos]  # the newline row, last, is not compressed
+        coords = [frame_grid_coords(int(g.shape[0]), side, g.device) for g in grids]
         out = []
-        for video in super()._process_video_pixels(inputs):
-            video = video.reshape(-1, video.shape[-1])
+        for video, result in zip(videos, self.craft_compress(grids, coords)):
             n = int(video.shape[0]) - 1
-            options.kept(n)  # refuse a ratio that leaves nothing, never clamp
-            idx = torch.arange(n, device=video.device)
-            coords = torch.stack([idx // per_frame, (idx % per_frame) // side, idx % side], -1)
-            result = self.craft(video[:n], coords, options.budget)
             rows = torch.cat([result.features.to(video.dtype), video[n:]])
-            index = torch.cat([result.kept_index.to(video.device), idx.new_tensor([n])])
+            index = torch.cat(
+                [result.kept_index.to(video.device), result.kept_index.new_tensor([n])]
+            )
             out.append(torch.cat([rows, index_columns(index, rows.dtype)], dim=1))
         return out
 

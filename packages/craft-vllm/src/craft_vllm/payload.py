@@ -112,30 +112,52 @@ class PayloadFormat:
     seconds_positions: bool = False
 
 
-def _declared(path: Path) -> PayloadFormat | None:
-    """The `PAYLOAD = PayloadFormat(...)` a module's source declares (literal arguments)."""
+@dataclass(frozen=True)
+class ServedBackbone:
+    """One model file of `craft_vllm`: its module name, the CRAFT architecture it serves
+    (`ARCHITECTURE`, also its model class's name) and its `PAYLOAD`."""
+
+    module: str
+    architecture: str
+    payload: PayloadFormat
+
+
+def _declared(path: Path) -> ServedBackbone | None:
+    """The model file `path`'s `ARCHITECTURE = "..."` and `PAYLOAD = PayloadFormat(...)`
+    (literal arguments), read from its source; None for a module without `PAYLOAD`."""
+    found: dict[str, Any] = {}
     for node in ast.parse(path.read_text()).body:
-        if not isinstance(node, ast.Assign) or ast.unparse(node.targets[0]) != "PAYLOAD":
+        if not isinstance(node, ast.Assign):
             continue
-        call = node.value
+        name, call = ast.unparse(node.targets[0]), node.value
+        if name == "ARCHITECTURE":
+            found[name] = ast.literal_eval(call)
+        if name != "PAYLOAD":
+            continue
         if not (isinstance(call, ast.Call) and ast.unparse(call.func) == "PayloadFormat"):
             raise TypeError(f"{path.name}: PAYLOAD must be PayloadFormat(...)")
         args = [ast.literal_eval(a) for a in call.args]
         kwargs = {str(k.arg): ast.literal_eval(k.value) for k in call.keywords}
-        return PayloadFormat(*args, **kwargs)
-    return None
+        found[name] = PayloadFormat(*args, **kwargs)
+    if "PAYLOAD" not in found:
+        return None
+    if not isinstance(found.get("ARCHITECTURE"), str):
+        raise TypeError(f'{path.name}: a model file declares ARCHITECTURE = "Craft..."')
+    return ServedBackbone(path.stem, found["ARCHITECTURE"], found["PAYLOAD"])
 
 
 @lru_cache(maxsize=1)
+def served_backbones() -> tuple[ServedBackbone, ...]:
+    """Every model file of `craft_vllm` (a module declaring `PAYLOAD`), read from the sources
+    without importing them (they import vLLM): the plugin registers their architectures, a
+    client reads their payload formats."""
+    found = (_declared(path) for path in sorted(Path(__file__).parent.glob("*.py")))
+    return tuple(b for b in found if b is not None)
+
+
 def declared_formats() -> dict[str, PayloadFormat]:
-    """Every served backbone's `PayloadFormat`, by `model_type`: each `craft_vllm` module's
-    `PAYLOAD`, read from its source without importing it (the model files import vLLM)."""
-    formats = {}
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        declared = _declared(path)
-        if declared is not None:
-            formats[declared.model_type] = declared
-    return formats
+    """Every served backbone's `PayloadFormat`, by `model_type`."""
+    return {b.payload.model_type: b.payload for b in served_backbones()}
 
 
 def payload_format(model_type: Any) -> PayloadFormat:

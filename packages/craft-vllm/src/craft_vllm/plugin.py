@@ -1,7 +1,7 @@
 """The `vllm.general_plugins` entry point: registers the CRAFT architectures, patches the runner.
 
 vLLM calls `register()` in every process it starts (API server, engine core, workers), so
-everything here is idempotent. Two runner patches, both applied after `load_model`:
+everything here is idempotent. Three runner patches, the first two applied after `load_model`:
 
 1. CRAFT models need vLLM's pruning path in the runner (`recompute_mrope_positions`), which
    the runner turns on only for `--video-pruning-rate`: `is_multimodal_pruning_enabled` is
@@ -10,6 +10,15 @@ everything here is idempotent. Two runner patches, both applied after `load_mode
    (the GPU runner does), so EVS (`--video-pruning-rate`) crashes on the CPU with a broadcast
    error (`[n, D + 4]` into `[n, D]`). Guarded by version: applied for vLLM < 0.33 only,
    where the bug is known; a later vLLM runs its own code.
+3. With pruning on, vLLM's `_execute_mm_encoder` hands the model ONE video a call (a
+   stop-gap for EVS's memory: the scheduler's encoder budget counts pruned tokens). A CRAFT
+   model gets the step's videos in one call instead (`_execute_mm_encoder` runs with the flag
+   off; the flag is read there and in `_gather_mm_embeddings` only), as vLLM gives a model
+   without pruning, so its model file compresses them in one batched call. The vision tower
+   then runs on every video of the step at once: the encoder budget (`--max-num-batched-tokens`)
+   is counted in KEPT tokens, so a step may hold up to `craft_ratio` times the video the
+   budget suggests (lower the budget where the tower's memory is tight; not measured on a
+   GPU).
 
 `register()` also gives the 1-D RoPE variants (LLaVA-OneVision, InternVL) their M-RoPE layout (vLLM's per-architecture
 config hook, `MODELS_CONFIG_MAP`), which must be in the config before the runner is built.
@@ -25,30 +34,17 @@ from typing import Any
 
 from craft_vllm import video_checks
 from craft_vllm.options import KEYS, OPTIONAL_KEYS, REFUSED, CraftConfigError
+from craft_vllm.payload import served_backbones
 
 logger = logging.getLogger("craft_vllm")
 
 ARCHITECTURES = {
-    "CraftQwen2_5_VLForConditionalGeneration": (
-        "craft_vllm.qwen2_5_vl:CraftQwen2_5_VLForConditionalGeneration"
-    ),
-    "CraftQwen3VLForConditionalGeneration": (
-        "craft_vllm.qwen3_vl:CraftQwen3VLForConditionalGeneration"
-    ),
-    "CraftQwen3_5ForConditionalGeneration": (
-        "craft_vllm.qwen3_5:CraftQwen3_5ForConditionalGeneration"
-    ),
-    "CraftLlavaOnevisionForConditionalGeneration": (
-        "craft_vllm.llava_onevision:CraftLlavaOnevisionForConditionalGeneration"
-    ),
-    "CraftInternVLForConditionalGeneration": (
-        "craft_vllm.internvl:CraftInternVLForConditionalGeneration"
-    ),
+    b.architecture: f"craft_vllm.{b.module}:{b.architecture}" for b in served_backbones()
 }
-ONE_D = (  # 1-D RoPE served as M-RoPE row 0 (flat.py)
-    "CraftLlavaOnevisionForConditionalGeneration",
-    "CraftInternVLForConditionalGeneration",
-)
+"""Every CRAFT architecture -> its model class, one per model file (`payload.served_backbones`:
+each file's `ARCHITECTURE` and `PAYLOAD`, read from the sources)."""
+ONE_D = tuple(b.architecture for b in served_backbones() if b.payload.flat)
+"""1-D RoPE served as M-RoPE row 0 (flat.py): the files whose PAYLOAD says `flat`."""
 CPU_PRUNING_BUG = ((0, 32), (0, 33))  # [first, first fixed) (major, minor) of the CPU bug
 
 
@@ -112,11 +108,31 @@ def _patch_load_model(cls: type, fix_cpu: bool) -> None:
     cls.load_model = load_model  # type: ignore[attr-defined]
 
 
+def _patch_encoder_batches(cls: Any) -> None:
+    """Patch 3 of the module docstring: a CRAFT model's videos of one step in one call."""
+    original = cls.__dict__["_execute_mm_encoder"]
+    if getattr(original, "_craft_patched", False):
+        return
+
+    def _execute_mm_encoder(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not getattr(self.get_model(), "craft_compression", False):
+            return original(self, *args, **kwargs)
+        self.is_multimodal_pruning_enabled = False  # read there: one video a call
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            self.is_multimodal_pruning_enabled = True
+
+    _execute_mm_encoder._craft_patched = True  # type: ignore[attr-defined]
+    cls._execute_mm_encoder = _execute_mm_encoder
+
+
 def patch_runners() -> None:
-    """Apply the two runner patches of the module docstring (idempotent)."""
+    """Apply the three runner patches of the module docstring (idempotent)."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     _patch_load_model(GPUModelRunner, fix_cpu=False)
+    _patch_encoder_batches(GPUModelRunner)
     try:
         from vllm.v1.worker.cpu_model_runner import CPUModelRunner
     except ImportError:  # a build without the CPU runner

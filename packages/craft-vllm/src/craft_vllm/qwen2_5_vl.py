@@ -82,30 +82,30 @@ class CraftQwen2_5_VLForConditionalGeneration(
     def _postprocess_video_embeds_evs(
         self, video_embeds_split: tuple[torch.Tensor, ...], video_input: Any
     ) -> tuple[torch.Tensor, ...]:
-        """Each video `[N, D]` -> `[floor(N / ratio), D + 4]` (CRAFT rows + position columns);
-        a compressed video's `[K, D]` rows are placed at their coords as they are."""
+        """Each video `[N, D]` -> `[floor(N / ratio), D + 4]` (CRAFT rows + position columns),
+        every video of the forward in one CRAFT call; a compressed video's `[K, D]` rows are
+        placed at their coords as they are."""
         merge = self.visual.spatial_merge_size
         seconds = video_input.get("second_per_grid_ts")
         per_second = float(getattr(self.config.vision_config, "tokens_per_second", 1.0))
-        given = getattr(video_input, "craft_coords", None)
-        options = self.craft_options
-        out = []
-        for i, (emb, (t, h, w)) in enumerate(
-            zip(video_embeds_split, video_input["video_grid_thw"].tolist())
-        ):
+        sizes = [(t, h // merge, w // merge) for t, h, w in video_input["video_grid_thw"].tolist()]
+        grids = []
+        for i, size in enumerate(sizes):
             factor = per_second * (float(seconds[i]) if seconds is not None else 1.0)
-            grid = grid_positions(t, h // merge, w // merge, factor)
-            if given is not None:  # already compressed: kept_index from the (t, h, w)
-                c = given[i]
-                kept = (c[:, 0] * (h // merge) + c[:, 1]) * (w // merge) + c[:, 2]
-                rows = emb
-            else:
-                options.kept(grid.shape[1])  # refuse a ratio leaving nothing, never clamp
-                coords = torch.from_numpy(grid).T.to(emb.device)
-                result = self.craft(emb, coords, options.budget)
-                kept, rows = result.kept_index, result.features.to(emb.dtype)
-            cols = pruned_position_columns(grid, kept).to(emb.device, emb.dtype)
-            out.append(torch.cat([rows, cols], dim=1))
+            grids.append(grid_positions(*size, factor))
+        given = getattr(video_input, "craft_coords", None)
+        if given is not None:  # already compressed: kept_index from the (t, h, w)
+            kept = [(c[:, 0] * h + c[:, 1]) * w + c[:, 2] for c, (_, h, w) in zip(given, sizes)]
+            rows = list(video_embeds_split)
+        else:
+            coords = [torch.from_numpy(g).T.to(e.device) for g, e in zip(grids, video_embeds_split)]
+            results = self.craft_compress(list(video_embeds_split), coords)
+            kept = [r.kept_index for r in results]
+            rows = [r.features.to(e.dtype) for r, e in zip(results, video_embeds_split)]
+        out = []
+        for emb, grid, index in zip(rows, grids, kept):
+            cols = pruned_position_columns(grid, index).to(emb.device, emb.dtype)
+            out.append(torch.cat([emb, cols], dim=1))
         return tuple(out)
 
     def get_mrope_input_positions(

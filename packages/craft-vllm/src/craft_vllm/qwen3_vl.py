@@ -131,25 +131,34 @@ class CraftQwen3VLForConditionalGeneration(
         return pos[:, torch.tensor(ids) == self.config.video_token_id]
 
     def _craft_rows(
-        self, emb: torch.Tensor, size: list[int], timestamps: Any, given: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One video's kept rows `[K, D (+ deepstack)]` and their `kept_index` `[K]` in the
-        uncompressed `[N]` order: CRAFT's at the fixed ratio, or a compressed video's rows as
-        they arrived, at their coords `given` (`[K, 3]`, `precompressed.py`)."""
+        self, embeds: Sequence[torch.Tensor], sizes: list[list[int]], video_input: Any
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each video's kept rows `[K, D (+ deepstack)]` and their `kept_index` `[K]` in the
+        uncompressed `[N]` order: CRAFT's at the fixed ratio (every video in one call), or a
+        compressed video's rows as they arrived, at their coords (`craft_coords`, `[K, 3]`
+        each, `precompressed.py`)."""
         merge = self.visual.spatial_merge_size
+        given = getattr(video_input, "craft_coords", None)
         if given is not None:
-            c = given.to(emb.device)
-            h, w = size[1] // merge, size[2] // merge
-            return emb, (c[:, 0] * h + c[:, 1]) * w + c[:, 2]
-        kept = self.craft_options.kept(int(emb.shape[0]))  # refuse, never clamp
-        pos = self._video_positions(size, timestamps).to(emb.device)
-        coords = timestamp_coords(pos)  # craft-adapters' rule, so the same tokens
-        result = self.craft(emb[:, : self.visual_dim], coords, self.craft_options.budget)
-        rows = result.features.to(emb.dtype)
-        if self.use_deepstack:
-            deep = group_mean(emb[:, self.visual_dim :], result.assignment, kept)
-            rows = torch.cat([rows, deep], dim=1)
-        return rows, result.kept_index
+            out = []
+            for emb, c, (_, h, w) in zip(embeds, given, sizes):
+                c = c.to(emb.device)
+                out.append((emb, (c[:, 0] * (h // merge) + c[:, 1]) * (w // merge) + c[:, 2]))
+            return out
+        coords = []  # craft-adapters' rule (timestamp_coords), so the same tokens
+        for emb, size, stamps in zip(embeds, sizes, video_input.timestamps):
+            coords.append(timestamp_coords(self._video_positions(size, stamps).to(emb.device)))
+        main = [emb[:, : self.visual_dim] for emb in embeds]
+        results = self.craft_compress(main, coords)
+        out = []
+        for emb, result in zip(embeds, results):
+            rows = result.features.to(emb.dtype)
+            if self.use_deepstack:
+                kept = int(result.kept_index.shape[0])
+                deep = group_mean(emb[:, self.visual_dim :], result.assignment, kept)
+                rows = torch.cat([rows, deep], dim=1)
+            out.append((rows, result.kept_index))
+        return out
 
     def _postprocess_video_embeds_evs(
         self, video_embeds_split: tuple[torch.Tensor, ...], video_input: Any
@@ -158,16 +167,12 @@ class CraftQwen3VLForConditionalGeneration(
         rebuilt placeholder (kept rows at their frames, timestamp/marker text rows between)
         + 5 position columns."""
         merge = self.visual.spatial_merge_size
-        given = getattr(video_input, "craft_coords", None)
+        sizes = video_input["video_grid_thw"].tolist()
+        kept = self._craft_rows(video_embeds_split, sizes, video_input)
         out = []
-        for i, (emb, size) in enumerate(
-            zip(video_embeds_split, video_input["video_grid_thw"].tolist())
-        ):
-            timestamps = video_input.timestamps[i]
+        for (rows, kept_index), size, timestamps in zip(kept, sizes, video_input.timestamps):
             per_frame = (size[1] // merge) * (size[2] // merge)
-            coords = given[i] if given is not None else None
-            rows, kept_index = self._craft_rows(emb, size, timestamps, coords)
-            mask = torch.zeros(size[0] * per_frame, dtype=torch.bool, device=emb.device)
+            mask = torch.zeros(size[0] * per_frame, dtype=torch.bool, device=rows.device)
             mask[kept_index] = True
             counts = torch.bincount(kept_index.cpu() // per_frame, minlength=size[0])
             out.append(
