@@ -122,3 +122,41 @@ def test_a_layer_outside_the_model_is_named(tiny: tuple[Any, Any]) -> None:
     model, processor = tiny
     with pytest.raises(ValueError, match=r"'holitom-llm': layer 18 .* \(2 layers\)"):
         HFBackend(model, processor, method="holitom-llm", budget=TokenBudget(ratio=2.0))
+
+
+def test_flops_count_every_layer_before_the_drop_on_every_token() -> None:
+    """`craft-eval efficiency`: layers before L on the first stage's rows, the rest on the
+    kept ones, plus the score; checked against the per-layer formula written out here."""
+    from craft_eval.efficiency import measure_efficiency, parse_overrides
+
+    small = "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,"
+    small += "num_key_value_heads=2,vocab_size=300"
+    result = measure_efficiency(
+        "qwen2.5-vl-7b",
+        num_frames=4,
+        ratios=[4.0],
+        methods=["flashvid-llm"],
+        text_tokens=16,
+        device="cpu",
+        warmup=0,
+        repeats=1,
+        overrides=parse_overrides(small),
+        progress=False,
+        method_options={"layer": 1},
+    )
+    none, row = result["rows"]
+    d, m, h, g, e, vocab = 64, 128, 4, 2, 16, 300
+
+    def layer(n: int) -> float:
+        return (
+            2 * n * d * (h * e + 2 * g * e) + 4 * n * n * h * e + 2 * n * h * e * d + 6 * n * d * m
+        )
+
+    full = none["seq_len"]
+    first = row["seq_len"]
+    kept = 16 + math.ceil(0.3 * row["video_tokens"])
+    staged = layer(first) + layer(kept) + 2 * first * h * e + 2 * d * vocab
+    assert row["in_model_layer"] == 1
+    assert row["flops_reduction"] == pytest.approx(1 - staged / (2 * layer(full) + 2 * d * vocab))
+    every_layer_kept = 1 - (2 * layer(kept) + 2 * d * vocab) / (2 * layer(full) + 2 * d * vocab)
+    assert row["flops_reduction"] < every_layer_kept

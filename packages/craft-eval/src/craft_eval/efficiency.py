@@ -153,32 +153,57 @@ def video_grid(arch: dict[str, Any], num_frames: int) -> tuple[int, int, int]:
     return -(-num_frames // int(video["temporal_patch_size"])), grid, grid
 
 
-def prefill_flops(text_config: dict[str, Any], seq_len: int) -> float:
-    """Analytical prefill FLOPs of the language model for `seq_len` tokens (module docstring)."""
+def prefill_flops(
+    text_config: dict[str, Any], seq_len: int, drop: tuple[int, int] | None = None
+) -> float:
+    """Analytical prefill FLOPs of the language model for `seq_len` tokens (module
+    docstring). `drop = (layer, kept_len)`: a stage inside the model (FlashVID, HoliTom):
+    layers before `layer` run on all `seq_len` tokens, the others on `kept_len`, plus the
+    score (the last query against every key of layer `layer - 1`, `2 L h e`)."""
     c = text_config
-    d, m, L = int(c["hidden_size"]), int(c["intermediate_size"]), float(seq_len)
-    h, g = int(c["num_attention_heads"]), int(c["num_key_value_heads"])
-    e = int(c.get("head_dim") or d // h)
-    gate = 1 if c.get("attn_output_gate") else 0
+    d = int(c["hidden_size"])
     total = 0.0
-    for kind in layer_types(c):
-        mlp = 6 * L * d * m
-        if kind == "linear_attention":
-            hk, hv = int(c["linear_num_key_heads"]), int(c["linear_num_value_heads"])
-            dk, dv = int(c["linear_key_head_dim"]), int(c["linear_value_head_dim"])
-            k = int(c.get("linear_conv_kernel_dim", 4))
-            total += 2 * L * d * (2 * hk * dk + 2 * hv * dv + 2 * hv)
-            total += 2 * L * k * (2 * hk * dk + hv * dv)
-            total += 6 * L * hv * dk * dv + 2 * L * hv * dv * d + mlp
-        else:
-            total += 2 * L * d * (h * e * (1 + gate) + 2 * g * e)
-            total += 4 * L * L * h * e + 2 * L * h * e * d + mlp
+    for index, kind in enumerate(layer_types(c)):
+        length = seq_len if drop is None or index < drop[0] else drop[1]
+        total += _layer_flops(c, kind, float(length))
+    if drop is not None:
+        h = int(c["num_attention_heads"])
+        total += 2 * seq_len * h * int(c.get("head_dim") or d // h)
     return total + 2 * d * int(c["vocab_size"])
 
 
-def flops_reduction(text_config: dict[str, Any], full_len: int, compressed_len: int) -> float:
-    """1 - F(compressed) / F(full), in [0, 1)."""
-    return 1.0 - prefill_flops(text_config, compressed_len) / prefill_flops(text_config, full_len)
+def _layer_flops(c: dict[str, Any], kind: str, L: float) -> float:
+    """One layer's prefill FLOPs for `L` tokens (module docstring)."""
+    d, m = int(c["hidden_size"]), int(c["intermediate_size"])
+    h, g = int(c["num_attention_heads"]), int(c["num_key_value_heads"])
+    e = int(c.get("head_dim") or d // h)
+    mlp = 6 * L * d * m
+    if kind == "linear_attention":
+        hk, hv = int(c["linear_num_key_heads"]), int(c["linear_num_value_heads"])
+        dk, dv = int(c["linear_key_head_dim"]), int(c["linear_value_head_dim"])
+        k = int(c.get("linear_conv_kernel_dim", 4))
+        return (
+            2 * L * d * (2 * hk * dk + 2 * hv * dv + 2 * hv)
+            + 2 * L * k * (2 * hk * dk + hv * dv)
+            + 6 * L * hv * dk * dv
+            + 2 * L * hv * dv * d
+            + mlp
+        )
+    gate = 1 if c.get("attn_output_gate") else 0
+    return (
+        2 * L * d * (h * e * (1 + gate) + 2 * g * e) + 4 * L * L * h * e + 2 * L * h * e * d + mlp
+    )
+
+
+def flops_reduction(
+    text_config: dict[str, Any],
+    full_len: int,
+    compressed_len: int,
+    drop: tuple[int, int] | None = None,
+) -> float:
+    """1 - F(compressed) / F(full), in [0, 1); `drop` as `prefill_flops`."""
+    full = prefill_flops(text_config, full_len)
+    return 1.0 - prefill_flops(text_config, compressed_len, drop) / full
 
 
 def kv_cache_bytes_analytical(text_config: dict[str, Any], seq_len: int, bytes_per: int = 2) -> int:
@@ -266,6 +291,9 @@ class EfficiencyRow:
     kv_mb_growing: float
     kv_mb_analytical: float
     flops_reduction: float
+    #: a two-stage method's layer inside the LM (its FLOPs count both stages; prefill ms
+    #: and KV are measured on the rows reaching the LM, without the drop)
+    in_model_layer: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -421,7 +449,24 @@ class _Bench:
                 return bare(self.features, self.coords, budget)
 
         ms, result = time_call(run, self.device, warmup=self.warmup, repeats=self.repeats)
+        self.stage = getattr(timed, "in_model_stage", None)
         return ms, int(result.num_kept) + self.extra_tokens
+
+    def in_model_drop(self, method: str, rows: int) -> tuple[int, int] | None:
+        """`(layer, tokens from it)` of the last built method's stage inside the LM (its
+        rule run on `rows` random rows), or None."""
+        stage = getattr(self, "stage", None)
+        if stage is None:
+            return None
+        count = len(layer_types(self.arch["text_config"]))
+        if not 1 <= stage.layer < count:
+            raise ValueError(
+                f"method {method!r}: layer {stage.layer} is not inside this language model "
+                f"({count} layers): --method-arg layer=N"
+            )
+        g = self.generator
+        kept, _ = stage.rule(torch.randn(rows, 8, generator=g), torch.rand(rows, generator=g))
+        return stage.layer, self.text_tokens + int(kept.numel())
 
     def prefill(self, seq_len: int) -> tuple[float, int, int]:
         """(median prefill ms, KV bytes, growing KV bytes) of a `seq_len` prompt."""
@@ -439,9 +484,10 @@ class _Bench:
         return ms, total, growing
 
     def row(self, method: str, ratio: float | None) -> EfficiencyRow:
-        compress_ms, kept = None, self.n_video
+        compress_ms, kept, drop = None, self.n_video, None
         if method != "none":
             compress_ms, kept = self.compress(method, ratio)
+            drop = self.in_model_drop(method, kept)
         text_config = self.arch["text_config"]
         seq_len = self.text_tokens + kept
         ms, total, growing = self.prefill(seq_len)
@@ -456,7 +502,10 @@ class _Bench:
             kv_mb=total / 2**20,
             kv_mb_growing=growing / 2**20,
             kv_mb_analytical=kv_cache_bytes_analytical(text_config, seq_len, bytes_per) / 2**20,
-            flops_reduction=flops_reduction(text_config, self.text_tokens + self.n_video, seq_len),
+            flops_reduction=flops_reduction(
+                text_config, self.text_tokens + self.n_video, seq_len, drop
+            ),
+            in_model_layer=None if drop is None else drop[0],
         )
 
 
