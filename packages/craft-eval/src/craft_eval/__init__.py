@@ -1,3 +1,3 @@
 """craft-eval: benchmarks, baseline compressors, efficiency measurement and reports for CRAFT."""
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
