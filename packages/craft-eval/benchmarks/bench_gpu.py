@@ -6,8 +6,10 @@
 A lent GPU comes for minutes, so everything a session measures runs here in one go, each
 part writing its JSON to `--out` as soon as it is done (a run cut short keeps what it had).
 
-Part 1, compression alone: video-like bf16 tokens (`bench_compressor.video_like`), ratio 8,
-N x D from `--sizes` x `--dims`. Each `--variant NAME=opt=value,...` is a `CraftCompressor`
+Part 1, compression alone: video-like bf16 tokens (`bench_compressor.video_like`), ratio 8
+(and `--compress-ratios`' others at the smallest N), N x D from `--sizes` x `--dims`, and
+`--batch` videos of the smallest N in ONE `compress_many` call (per video: time, launches,
+the same tokens and rows as alone). Each `--variant NAME=opt=value,...` is a `CraftCompressor`
 built with those run options (`exact` and `fast` by default; `--variant graphs=cuda_graphs=true`
 for the captured round; `compile=true` variants run only
 at `--compile-size`, since each new video length pays a compile). Per variant: the first
@@ -83,49 +85,83 @@ def pairing_pass(features: torch.Tensor, block: int = 4096) -> None:
 
 
 def compression_rows(args: argparse.Namespace, device: torch.device) -> list[dict[str, Any]]:
-    """Part 1: one row per (N, D, runner)."""
+    """Part 1: one row per (N, D, ratio, runner); `--batch` videos in one `compress_many`
+    call beside the one-video runners (at the smallest N)."""
     rows: list[dict[str, Any]] = []
     for dim in args.dims:
         weights = CraftCompressor(CraftConfig(hidden_size=dim)).state_dict()
         for n in args.sizes:
-            features, coords = video_like(n // 256, 16, 16, dim)
-            features, coords = features.to(device, torch.bfloat16), coords.to(device)
-            runners: dict[str, Any] = {
-                "DivPrune": lambda f=features, c=coords: divprune(f, c, ratio=8.0),
-                "pairing pass": lambda f=features: pairing_pass(f),
-            }
-            kept: dict[str, torch.Tensor] = {}
-            for name, options in args.variant:
-                if options.get("compile") and n != args.compile_size:
-                    continue
-                module = CraftCompressor(CraftConfig(hidden_size=dim), **options)
-                module.load_state_dict(weights)
-                module = module.to(device).eval()
-                runners[name] = lambda m=module, f=features, c=coords: m(f, c, ratio=8.0)
-            for name, fn in runners.items():
-                with torch.inference_mode():
-                    first = first_call(fn, device)
-                    times = timed_pair(fn, lambda: None, args.repeats, device)[0]
-                    out = fn()
-                    launches = launch_calls(fn) if device.type == "cuda" else None
-                if hasattr(out, "kept_index") and name not in ("DivPrune",):
-                    kept[name] = out.kept_index.cpu()
-                row = {
-                    "N": n,
-                    "D": dim,
-                    "runner": name,
-                    "first_s": round(first, 3),
-                    "ms": round(1e3 * statistics.median(times), 2),
-                    "launches": launches,
-                }
-                if kept and name in kept:
-                    reference = next(iter(kept.values()))
-                    row["same_tokens_as_first_variant"] = bool(torch.equal(kept[name], reference))
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-            del features, runners
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+            for ratio in args.compress_ratios:
+                if ratio != args.compress_ratios[0] and n != args.sizes[0]:
+                    continue  # the second ratio at the smallest size only (device time)
+                rows += _compression_cell(args, device, (n, dim, ratio), weights)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    return rows
+
+
+def _compression_cell(
+    args: argparse.Namespace,
+    device: torch.device,
+    shape: tuple[int, int, float],
+    weights: dict[str, torch.Tensor],
+) -> list[dict[str, Any]]:
+    """The rows of one (N, D, ratio): every variant, DivPrune, one pairing pass, a batch."""
+    n, dim, ratio = shape
+    features, coords = video_like(n // 256, 16, 16, dim)
+    features, coords = features.to(device, torch.bfloat16), coords.to(device)
+    runners: dict[str, Any] = {
+        "DivPrune": lambda f=features, c=coords: divprune(f, c, ratio=ratio),
+        "pairing pass": lambda f=features: pairing_pass(f),
+    }
+    modules = {}
+    for name, options in args.variant:
+        if options.get("compile") and n != args.compile_size:
+            continue
+        module = CraftCompressor(CraftConfig(hidden_size=dim), **options)
+        module.load_state_dict(weights)
+        modules[name] = module.to(device).eval()
+        runners[name] = lambda m=modules[name], f=features, c=coords: m(f, c, ratio=ratio)
+    batch: list[torch.Tensor] = []
+    if args.batch > 1 and n == args.sizes[0] and "exact" in modules:
+        videos = [video_like(n // 256, 16, 16, dim, seed=s) for s in range(args.batch)]
+        batch = [v[0].to(device, torch.bfloat16) for v in videos]
+        batch_coords = [v[1].to(device) for v in videos]
+        runners[f"exact, {args.batch} videos in one call"] = lambda: modules["exact"].compress_many(
+            batch, batch_coords, ratio=ratio
+        )
+    rows, kept = [], {}
+    for name, fn in runners.items():
+        with torch.inference_mode():
+            first = first_call(fn, device)
+            times = timed_pair(fn, lambda: None, args.repeats, device)[0]
+            out = fn()
+            launches = launch_calls(fn) if device.type == "cuda" else None
+        if hasattr(out, "kept_index") and name != "DivPrune":
+            kept[name] = out.kept_index.cpu()
+        row = {
+            "N": n,
+            "D": dim,
+            "ratio": ratio,
+            "runner": name,
+            "first_s": round(first, 3),
+            "ms": round(1e3 * statistics.median(times), 2),
+            "launches": launches,
+        }
+        if isinstance(out, list):  # the batch: per video, and the same tokens as alone
+            row["ms_per_video"] = round(row["ms"] / len(out), 2)
+            row["launches_per_video"] = None if launches is None else launches / len(out)
+            alone = modules["exact"](batch[0], batch_coords[0], ratio=ratio)
+            row["first_video_same_as_alone"] = bool(
+                torch.equal(out[0].kept_index, alone.kept_index)
+                and torch.equal(out[0].features, alone.features)
+            )
+        if name in kept:
+            row["same_tokens_as_first_variant"] = bool(
+                torch.equal(kept[name], next(iter(kept.values())))
+            )
+        rows.append(row)
+        print(json.dumps(row), flush=True)
     return rows
 
 
@@ -170,7 +206,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="folder for the JSON files")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a dry run on a CPU)")
-    parser.add_argument("--sizes", default="4096,16384,65536")
+    parser.add_argument("--sizes", default="6272,16384,65536")
+    parser.add_argument("--compress-ratios", default="8,16")
+    parser.add_argument("--batch", type=int, default=8, help="videos in one compress_many call")
     parser.add_argument("--dims", default="2560,3584")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--variant", action="append", type=parse_variant, default=None)
@@ -186,6 +224,7 @@ def main() -> None:
         raise SystemExit("--device cuda: no CUDA device here (use --device cpu for a dry run)")
     if args.quick:
         args.sizes, args.dims, args.repeats, args.frames = "512,1024", "64", 2, 4
+        args.batch = 3
         args.override = args.override or json.dumps(
             {
                 "num_hidden_layers": 4,
@@ -199,6 +238,7 @@ def main() -> None:
     args.dims = [int(d) for d in args.dims.split(",")]
     args.archs = args.archs.split(",")
     args.ratios = [float(r) for r in args.ratios.split(",")]
+    args.compress_ratios = [float(r) for r in args.compress_ratios.split(",")]
     args.variant = args.variant or [("exact", {}), ("fast", {"precision": "fast"})]
     args.compile_size = args.sizes[1] if args.quick else args.compile_size
     args.out.mkdir(parents=True, exist_ok=True)

@@ -33,6 +33,7 @@ selects none for them. With autograd (training) the row table is rewritten out o
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -42,6 +43,9 @@ from craft_core.keys import row_keys
 from craft_core.merge import GatedMerge, round_embedding
 
 NEG = float("-inf")
+LIST = 6
+"""Candidates each token keeps with their exact similarities: when its partner leaves or
+changes, the next one listed is its partner if it still beats the bound (no full pass)."""
 
 
 @dataclass
@@ -55,6 +59,13 @@ class Tables:
         norms: `[Z + 1]` float64 exact squared norms of the current rows.
         partner: `[Z + 1]` long each active token's exact best partner (dummy: `Z`).
         partner_sim: `[Z + 1]` float64 its exact similarity (dummy: -inf).
+        listed: `[Z + 1, LIST]` long, a few of each token's most similar tokens.
+        listed_sim: `[Z + 1, LIST]` float64 their exact similarities (-inf: none).
+        bound: `[Z + 1]` float64, at least the exact similarity of every active token of
+            the video that is not listed: the partner is sure while the best listed one
+            beats it.
+        pending: `[Z + 1]` bool, tokens whose partner is not known exactly (re-paired in
+            full before the next selection).
         owner: `[Z]` long the token each input token now belongs to.
     """
 
@@ -64,6 +75,10 @@ class Tables:
     norms: torch.Tensor
     partner: torch.Tensor
     partner_sim: torch.Tensor
+    listed: torch.Tensor
+    listed_sim: torch.Tensor
+    bound: torch.Tensor
+    pending: torch.Tensor
     owner: torch.Tensor
 
     @property
@@ -71,10 +86,28 @@ class Tables:
         return self.owner.numel()
 
 
-def exact_partners(
+class Pairs(NamedTuple):
+    """Rows' exact best partner and candidate lists (`exact_candidates`).
+
+    Attributes:
+        sim, partner: `[B, R]` float64 and id: the most similar column, ties to the
+            smallest id (-inf where no column qualifies).
+        listed_sim, listed: `[B, R, LIST]` the `LIST` most similar columns (-inf: none).
+        bound: `[B, R]` float64, the similarity of the next one (every other column is at
+            most that similar).
+    """
+
+    sim: torch.Tensor
+    partner: torch.Tensor
+    listed_sim: torch.Tensor
+    listed: torch.Tensor
+    bound: torch.Tensor
+
+
+def exact_candidates(
     embed: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, dummy: int, block: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's most similar column of its own video, exactly; ties to the smallest id.
+) -> Pairs:
+    """Each row's most similar columns of its own video, exactly (`Pairs`).
 
     Args:
         embed: `[Z + 1, d]` float64 exact embeddings.
@@ -82,26 +115,28 @@ def exact_partners(
         cols: `[B, M]` ids of each row's candidates, ascending (padding: `dummy`, last).
         dummy: the padding id.
         block: rows per product (extra memory `B x block x M` float64).
-
-    Returns:
-        `(similarity [B, R] float64, partner [B, R] id)`: -inf and a meaningless id where no
-        column qualifies (a row is never its own partner; padding is nobody's).
     """
     # 0 on real columns, -inf on padding: added by the product, exactly (`x + 0 == x`).
     bias = torch.where(cols == dummy, NEG, 0.0).to(embed.dtype).unsqueeze(1)
     keys = embed[cols].transpose(1, 2)  # [B, d, M]
-    sims, partners = [], []
+    count = min(LIST + 1, cols.shape[1])
+    parts: list[tuple[torch.Tensor, ...]] = []
     for start in range(0, rows.shape[1], block):
         part = rows[:, start : start + block]
         # Grid values: every product and partial sum is exact in float64, in any order.
         scores = torch.baddbmm(bias, embed[part], keys)
         scores.masked_fill_(part.unsqueeze(2) == cols.unsqueeze(1), NEG)  # not its own
         best, position = scores.max(dim=2)  # the first maximum: the smallest id
-        sims.append(best)
-        partners.append(cols.gather(1, position))
-    if len(sims) == 1:
-        return sims[0], partners[0]
-    return torch.cat(sims, dim=1), torch.cat(partners, dim=1)
+        top, top_position = scores.topk(count, dim=2)
+        top_ids = cols.unsqueeze(1).expand(-1, part.shape[1], -1).gather(2, top_position)
+        parts.append((best, cols.gather(1, position), top, top_ids))
+    best, partner, top, top_ids = (
+        parts[0] if len(parts) == 1 else [torch.cat(p, dim=1) for p in zip(*parts)]
+    )
+    if count < LIST + 1:  # fewer columns than a list holds
+        top = torch.nn.functional.pad(top, (0, LIST + 1 - count), value=NEG)
+        top_ids = torch.nn.functional.pad(top_ids, (0, LIST + 1 - count), value=dummy)
+    return Pairs(best, partner, top[..., :LIST], top_ids[..., :LIST], top[..., LIST])
 
 
 @dataclass
@@ -114,10 +149,13 @@ class Selection:
         group: `[B * K]` the target row of each edge (meaningful for kept edges).
         row_target: `[B * K]` the target id of each target row (the first `T`).
         changed: `[B, M]` ids of each video's targets, ascending, then padding.
-        redo: `[B, M]` ids to re-pair in full (targets, and tokens whose partner was in an
-            edge), ascending, then padding.
+        redo: `[B, M]` ids to re-pair in full (targets, and tokens whose list holds no
+            sure partner once the round's sources and targets are struck out), ascending,
+            then padding.
         leaving: `[Z + 2]` bool, the sources.
-        sizes: `[3B + 1]` long: kept edges, targets, ids to re-pair per video; all targets.
+        touched: `[Z + 2]` bool, the sources and targets.
+        sizes: `[4B + 1]` long: kept edges, targets, ids to re-pair, pending ids per video;
+            all targets.
     """
 
     targets: torch.Tensor
@@ -128,6 +166,7 @@ class Selection:
     changed: torch.Tensor
     redo: torch.Tensor
     leaving: torch.Tensor
+    touched: torch.Tensor
     sizes: torch.Tensor
 
 
@@ -174,13 +213,22 @@ def select(
     group = torch.nn.functional.pad(torch.cumsum(sorted_key[1:] != sorted_key[:-1], 0), (1, 0))
     edge_targets = sorted_key.clamp(max=dummy)
     row_target = torch.empty_like(edge_targets).scatter_(0, group, edge_targets)
-    # Ids each video re-pairs: targets (changed rows) and tokens whose partner was touched.
+    # Ids each video re-pairs in full: its targets (changed rows), and tokens none of whose
+    # listed candidates that stay unchanged beats the bound (the partner must be searched).
     target_here = is_target[active]
-    redo = (target_here | touched[tables.partner[active]]) & ~leaving[active]
+    still = tables.listed_sim[active].masked_fill(touched[tables.listed[active]], NEG)
+    redo = (target_here | (still.amax(dim=2) <= tables.bound[active])) & ~leaving[active]
+    redo = redo & (active != dummy)
     changed = torch.sort(torch.where(target_here, active, dummy), dim=1).values
     redo_ids = torch.sort(torch.where(redo, active, dummy), dim=1).values
     sizes = torch.cat(
-        [keep.sum(1), target_here.sum(1), redo.sum(1), is_target[:dummy].sum().view(1)]
+        [
+            keep.sum(1),
+            target_here.sum(1),
+            redo.sum(1),
+            tables.pending[active].sum(1),
+            is_target[:dummy].sum().view(1),
+        ]
     )
     return Selection(
         edge_targets,
@@ -191,6 +239,7 @@ def select(
         changed,
         redo_ids,
         leaving,
+        touched,
         sizes,
     )
 
@@ -209,55 +258,91 @@ def start_tables(
     offsets = torch.cumsum(counts, 0) - counts
     slots = torch.arange(max(f.shape[0] for f in features), device=device)
     active = torch.where(slots < counts.unsqueeze(1), offsets.unsqueeze(1) + slots, total)
+    f64 = torch.float64
     tables = Tables(
         rows,
         coords_table,
         embed,
         norms,
-        torch.full((total + 1,), total, device=device),
-        torch.full((total + 1,), NEG, dtype=torch.float64, device=device),
-        torch.arange(total, device=device),
+        partner=torch.full((total + 1,), total, device=device),
+        partner_sim=torch.full((total + 1,), NEG, dtype=f64, device=device),
+        listed=torch.full((total + 1, LIST), total, device=device),
+        listed_sim=torch.full((total + 1, LIST), NEG, dtype=f64, device=device),
+        bound=torch.full((total + 1,), NEG, dtype=f64, device=device),
+        pending=torch.zeros(total + 1, dtype=torch.bool, device=device),
+        owner=torch.arange(total, device=device),
     )
-    sim, partner = exact_partners(embed, active, active, total, block)
-    _write_partners(tables, active, sim, partner)
+    _write_pairs(tables, active, exact_candidates(embed, active, active, total, block))
     return tables, active
 
 
-def _write_partners(
-    tables: Tables, ids: torch.Tensor, sim: torch.Tensor, partner: torch.Tensor
-) -> None:
-    """`ids`' partners (`[B, R]` each) written; padding writes land on the dummy, reset."""
-    tables.partner_sim.index_put_((ids,), sim)
-    tables.partner.index_put_((ids,), partner)
-    tables.partner_sim[tables.dummy] = NEG
-    tables.partner[tables.dummy] = tables.dummy
+def _write_pairs(tables: Tables, ids: torch.Tensor, pairs: Pairs) -> None:
+    """`ids`' (`[B, R]`) exact partners and lists written, pending cleared; padding writes
+    land on the dummy, which is reset."""
+    dummy = tables.dummy
+    for table, values in zip(_pair_tables(tables), pairs):
+        table.index_put_((ids,), values)
+    tables.pending.index_put_((ids,), torch.zeros_like(ids, dtype=torch.bool))
+    _reset_dummy(tables)
+    del dummy
+
+
+def _pair_tables(tables: Tables) -> tuple[torch.Tensor, ...]:
+    """The tables a `Pairs` writes, in its field order."""
+    return tables.partner_sim, tables.partner, tables.listed_sim, tables.listed, tables.bound
+
+
+def _reset_dummy(tables: Tables) -> None:
+    """The dummy id pairs with nobody (padding rows write on it)."""
+    dummy = tables.dummy
+    tables.partner_sim[dummy] = NEG
+    tables.partner[dummy] = dummy
+    tables.pending[dummy] = False
 
 
 def _repair(
     tables: Tables,
     active: torch.Tensor,
+    chosen: Selection,
     changed: torch.Tensor,
     redo: torch.Tensor,
     block: int,
 ) -> None:
     """Step 1 of the next round, exactly: `active [B, M]` after the round, `changed [B, T]`
-    its targets (new keys), `redo [B, R]` ids to re-pair against their whole video."""
+    its targets (new keys), `redo [B, R]` ids to re-pair against their whole video.
+
+    Every other token strikes the round's sources and targets out of its list and merges in
+    its most similar changed targets: its partner is the best listed one if that beats the
+    bound (every column not listed is at most that similar), else it is `pending`."""
     dummy = tables.dummy
+    listed = tables.listed[active]
+    listed_sim = tables.listed_sim[active].masked_fill(chosen.touched[listed], NEG)
+    bound = tables.bound[active]
     if changed.shape[1]:
-        # An untouched partner is still the best of the unchanged tokens: only a changed
-        # target can beat it (higher similarity, or equal and a smaller id).
-        sim, partner = exact_partners(tables.embed, active, changed, dummy, block)
-        old_sim, old_partner = tables.partner_sim[active], tables.partner[active]
-        better = (sim > old_sim) | ((sim == old_sim) & (partner < old_partner))
-        _write_partners(
-            tables,
-            active,
-            torch.where(better, sim, old_sim),
-            torch.where(better, partner, old_partner),
-        )
+        fresh = exact_candidates(tables.embed, active, changed, dummy, block)
+        merged_sim = torch.cat([listed_sim, fresh.listed_sim], dim=2)
+        top, position = merged_sim.topk(LIST + 1, dim=2)
+        listed = torch.cat([listed, fresh.listed], dim=2).gather(2, position[..., :LIST])
+        listed_sim = top[..., :LIST]
+        bound = torch.maximum(bound, torch.maximum(fresh.bound, top[..., LIST]))
+    best = listed_sim.amax(dim=2)
+    # Ties to the smallest id: every token as similar as the best one is listed (it beats
+    # the bound), so the smallest listed id of that similarity is the partner.
+    partner = torch.where(listed_sim == best.unsqueeze(2), listed, dummy).amin(dim=2)
+    for table, values in zip(_pair_tables(tables), (best, partner, listed_sim, listed, bound)):
+        table.index_put_((active,), values)
+    tables.pending.index_put_((active,), best <= bound)
     if redo.shape[1]:
-        sim, partner = exact_partners(tables.embed, redo, active, dummy, block)
-        _write_partners(tables, redo, sim, partner)
+        _write_pairs(tables, redo, exact_candidates(tables.embed, redo, active, dummy, block))
+    _reset_dummy(tables)
+
+
+def _settle_pending(tables: Tables, active: torch.Tensor, pending: list[int], block: int) -> None:
+    """Re-pair in full the tokens left `pending` by the last round (`pending` per row of
+    `active`): ties among the changed targets that the lists could not hold (rare)."""
+    ids = torch.sort(torch.where(tables.pending[active], active, tables.dummy), dim=1).values
+    ids = ids[:, : max(pending)]
+    _write_pairs(tables, ids, exact_candidates(tables.embed, ids, active, tables.dummy, block))
 
 
 def run_rounds(
@@ -295,6 +380,11 @@ def run_rounds(
         sizes = chosen.sizes.tolist()  # the round's one host sync
         b = len(live)
         edges, targets, redo = sizes[:b], sizes[b : 2 * b], sizes[2 * b : 3 * b]
+        pending = sizes[3 * b : 4 * b]
+        if any(pending):  # rare (see `_repair`): those partners first, then select again
+            with torch.no_grad():
+                _settle_pending(tables, active, pending, block)
+            continue
         if sum(edges) == 0:
             _leave(active, live, [False] * b, count, kept)
             break
@@ -320,7 +410,14 @@ def run_rounds(
                 count[v] -= edges[i]
                 rounds[v] += 1
             active = active[:, : max(count[v] for v in live)]
-            _repair(tables, active, changed[:, : max(targets)], redo_ids[:, : max(redo)], block)
+            _repair(
+                tables,
+                active,
+                chosen,
+                changed[:, : max(targets)],
+                redo_ids[:, : max(redo)],
+                block,
+            )
     return kept, rounds
 
 

@@ -255,3 +255,30 @@ def check_tokens(
             f"needs every |entry| <= {MAX_FEATURE_MAGNITUDE:.0e} (squares inside the gate's "
             "LayerNorm would overflow); rescale the features"
         )
+
+
+def check_videos(
+    features: list[torch.Tensor],
+    coords: list[torch.Tensor],
+    hidden_size: int | None,
+    device: torch.device,
+) -> None:
+    """`check_tokens` on each video of a batch, the error naming the video (`features[b]`),
+    and every video on `device`.
+
+    Raises:
+        TypeError / ValueError: as `check_tokens`; lists of different lengths; a video on
+            another device than `device`.
+    """
+    if len(features) != len(coords):
+        raise ValueError(f"features holds {len(features)} videos but coords holds {len(coords)}")
+    for index, (feats, coord) in enumerate(zip(features, coords)):
+        try:
+            check_tokens(feats, coord, hidden_size)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"features[{index}] / coords[{index}]: {error}") from None
+        if feats.device != device:
+            raise ValueError(
+                f"features[{index}] is on {feats.device} but the compressor is on {device}; "
+                "move one of them (compressor.to(device))"
+            )

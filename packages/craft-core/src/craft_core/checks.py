@@ -66,3 +66,46 @@ def check_in_range(name: str, index: torch.Tensor, size: int) -> None:
             f"{name} must index 0..{size - 1}, got values in "
             f"[{int(index.min())}, {int(index.max())}]"
         )
+
+
+def check_groups(
+    n: int,
+    targets: torch.Tensor,
+    sources: torch.Tensor,
+    similarity: torch.Tensor,
+    round_index: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`CraftCompressor.fuse_groups`' edge arguments checked (see its Raises): `[E]` targets,
+    sources and similarity of tokens `[0, n)`; the indices returned as long."""
+    check_index_tensor("targets", targets)
+    check_index_tensor("sources", sources)
+    if not isinstance(similarity, torch.Tensor) or not similarity.is_floating_point():
+        raise TypeError(
+            "similarity must be a floating tensor [E], got "
+            + (
+                str(similarity.dtype)
+                if isinstance(similarity, torch.Tensor)
+                else type(similarity).__name__
+            )
+        )
+    check_int("round_index", round_index, minimum=1)
+    if targets.shape != sources.shape or similarity.shape != targets.shape:
+        raise ValueError(
+            f"targets {tuple(targets.shape)}, sources {tuple(sources.shape)} and similarity "
+            f"{tuple(similarity.shape)} must have one equal length E"
+        )
+    check_has_data("similarity", similarity)
+    for name, tensor in (("targets", targets), ("sources", sources), ("similarity", similarity)):
+        if tensor.device != targets.device:
+            raise ValueError(f"{name} is on {tensor.device} but targets on {targets.device}")
+    if targets.numel() == 0:
+        return targets.long(), sources.long()
+    check_in_range("targets", targets, n)
+    check_in_range("sources", sources, n)
+    if not bool(torch.isfinite(similarity).all()):
+        raise ValueError("similarity contains NaN or inf values (the gate would give NaN rows)")
+    if torch.unique(sources).numel() != sources.numel():
+        raise ValueError("sources must list each token at most once")
+    if bool(torch.isin(sources, targets).any()):
+        raise ValueError("a token cannot be both a source and a target")
+    return targets.long(), sources.long()

@@ -1,4 +1,4 @@
-"""CraftCompressor: CRAFT's select-then-fuse loop on one video's tokens, as an nn.Module.
+"""CraftCompressor: CRAFT's select-then-fuse loop on a video's tokens, as an nn.Module.
 
     from craft_core import CraftConfig, CraftCompressor
     compressor = CraftCompressor(CraftConfig(hidden_size=2560))
@@ -7,19 +7,19 @@
     out = compressor(features, coords, TokenBudget(ratio=8))  # the budget object, same call
     CraftCompressor(config, precision="fast")            # float32 merge (runtime.RunOptions)
 
-Each round pairs every active token with its most similar one (training-free, float32,
-blockwise, incrementally updated), keeps the best edges within the budget, orients them by
-L2 norm, drops chains, and fuses each target with its sources through `GatedMerge`
-(differentiable). See `docs/algorithm.md` for every rule. How it runs (precision, pairing
-strategy, the padded loop on CUDA, block size) is chosen when building or loading
-(`runtime.RunOptions`), never saved. With `cuda_graphs=True` or `compile=True` on CUDA and
-no autograd, `_compress_padded` runs the same loop as one CUDA graph a round
-(`compiled.py`); training stays eager.
+    outs = compressor.compress_many([f1, f2], [c1, c2], ratio=8.0)  # one batched loop
+
+Each round pairs every active token with its most similar one (training-free, exact),
+keeps the best edges within the budget, orients them by L2 norm, drops chains, and fuses
+each target with its sources through `GatedMerge` (differentiable). See `docs/algorithm.md`
+for every rule. Three runners: `algorithm.compress` (the plain reference), `batched.py`
+(every eager call, one video or many) and, with `cuda_graphs=True` or `compile=True` on
+CUDA and no autograd, `compiled.py` (one CUDA graph a round). How it runs is chosen when
+building or loading (`runtime.RunOptions`), never saved.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,26 +27,25 @@ from typing import Any
 
 import torch
 from huggingface_hub import ModelCard, PyTorchModelHubMixin
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from craft_core import hub
 from craft_core.algorithm import room
 from craft_core.batched import run_rounds, start_tables
-from craft_core.budget import Budget, TokenBudget, check_tokens
+from craft_core.budget import Budget, TokenBudget, check_tokens, check_videos
 from craft_core.certify import similarity_bound
 from craft_core.checks import (
-    check_has_data,
-    check_in_range,
-    check_index_tensor,
+    check_groups,
     check_int,
 )
 from craft_core.compiled import SPARE, RoundRunner, fallback_round, runner
 from craft_core.config import CraftConfig
 from craft_core.contract import budget_of
+from craft_core.hub import check_state, read_checkpoint
 from craft_core.merge import GatedMerge, group_edges, round_embedding
-from craft_core.result import CompressionResult
-from craft_core.runtime import RunOptions, split_legacy
+from craft_core.result import CompressionResult, loop_result
+from craft_core.runtime import RunOptions
 from craft_core.selection import (
     grid_projection,
     make_projection,
@@ -54,78 +53,6 @@ from craft_core.selection import (
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-
-
-def _result(
-    features: torch.Tensor,
-    coords: torch.Tensor,
-    final: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-    rounds: int,
-    budget: Budget,
-    started: float,
-    loop_info: dict[str, object],
-) -> CompressionResult:
-    """The loop's result, eager or compiled: `final` = (kept rows `[K, D]`, kept ids `[K]`
-    sorted, owner `[N]`: the token each input token ended in); `loop_info` the loop's own
-    fields after the common ones."""
-    rows, kept, owner = final
-    info: dict[str, object] = {
-        "method": "craft",
-        "mode": "ratio" if budget.threshold is None else "threshold",
-        "floor": budget.floor,
-        "seconds": time.perf_counter() - started,
-        **loop_info,
-    }
-    return CompressionResult(
-        features=rows.to(features.dtype),
-        coords=coords[kept],
-        kept_index=kept,
-        assignment=torch.searchsorted(kept, owner),
-        rounds=rounds,
-        info=info,
-    )
-
-
-def _check_groups(
-    n: int,
-    targets: torch.Tensor,
-    sources: torch.Tensor,
-    similarity: torch.Tensor,
-    round_index: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`fuse_groups`' edge arguments checked (see its Raises), indices as long."""
-    check_index_tensor("targets", targets)
-    check_index_tensor("sources", sources)
-    if not isinstance(similarity, torch.Tensor) or not similarity.is_floating_point():
-        raise TypeError(
-            "similarity must be a floating tensor [E], got "
-            + (
-                str(similarity.dtype)
-                if isinstance(similarity, torch.Tensor)
-                else type(similarity).__name__
-            )
-        )
-    check_int("round_index", round_index, minimum=1)
-    if targets.shape != sources.shape or similarity.shape != targets.shape:
-        raise ValueError(
-            f"targets {tuple(targets.shape)}, sources {tuple(sources.shape)} and similarity "
-            f"{tuple(similarity.shape)} must have one equal length E"
-        )
-    check_has_data("similarity", similarity)
-    for name, tensor in (("targets", targets), ("sources", sources), ("similarity", similarity)):
-        if tensor.device != targets.device:
-            raise ValueError(f"{name} is on {tensor.device} but targets on {targets.device}")
-    if targets.numel() == 0:
-        return targets.long(), sources.long()
-    check_in_range("targets", targets, n)
-    check_in_range("sources", sources, n)
-    if not bool(torch.isfinite(similarity).all()):
-        raise ValueError("similarity contains NaN or inf values (the gate would give NaN rows)")
-    if torch.unique(sources).numel() != sources.numel():
-        raise ValueError("sources must list each token at most once")
-    if bool(torch.isin(sources, targets).any()):
-        raise ValueError("a token cannot be both a source and a target")
-    return targets.long(), sources.long()
 
 
 class CraftCompressor(
@@ -141,9 +68,8 @@ class CraftCompressor(
 
     Args:
         config: what defines the function (saved with checkpoints).
-        **options: how it runs (`runtime.RunOptions`: precision, compile, pairing,
-            selection, sim_block, threads), chosen here, by `from_pretrained` or by
-            `configure`.
+        **options: how it runs (`runtime.RunOptions`: precision, compile, cuda_graphs,
+            sim_block, threads), chosen here, by `from_pretrained` or by `configure`.
 
     Attributes:
         config: the `CraftConfig` it was built from.
@@ -157,9 +83,7 @@ class CraftCompressor(
     needs_attention = False
 
     compile_on_cpu = False
-    """Whether the padded loop (`compile=True`, `cuda_graphs=True`) may run on a CPU: only
-    tests and benchmarks set it (there are no CUDA graphs there, and compiled it is 3-4x
-    slower than eager, so it is not offered; README)."""
+    """Whether the padded loop may run on a CPU: tests and benchmarks only (README)."""
 
     def __init__(self, config: CraftConfig, **options: Any) -> None:
         super().__init__()
@@ -214,30 +138,34 @@ class CraftCompressor(
         del importance
         check_tokens(features, coords, self.config.hidden_size)
         budget = budget_of(budget, ratio=ratio, threshold=threshold, min_tokens=min_tokens)
-        resolved = budget.resolve(int(features.shape[0]))
         if self.projection.device != features.device:
             raise ValueError(
                 f"features are on {features.device} but the compressor is on "
                 f"{self.projection.device}; move one of them (compressor.to(device))"
             )
-        with self.options.cpu_threads(features.device):
-            return self._compress(features, coords.long(), resolved)
+        return self._run([features], [coords], budget)[0]
 
-    def _compress(
-        self, features: torch.Tensor, coords: torch.Tensor, budget: Budget
-    ) -> CompressionResult:
-        """The loop: pair, select (one host sync), fuse, retire the sources; until the budget."""
-        if self.options.padded() and not self._tracks_grad(features):
-            if features.device.type == "cpu" and not self.compile_on_cpu:
-                name = "compile" if self.options.compile else "cuda_graphs"
-                raise ValueError(
-                    f"{name}=True runs on CUDA only (a CPU has no CUDA graphs, and there the "
-                    "compiled loop is 3-4x slower than eager: craft-core README); build or "
-                    "load without it"
-                )
-            with torch.no_grad():
-                return self._compress_padded(features, coords, budget)
-        return self._compress_eager([features], [coords], [budget])[0]
+    def _run(
+        self, features: list[torch.Tensor], coords: list[torch.Tensor], budget: TokenBudget
+    ) -> list[CompressionResult]:
+        """Checked videos through the loop: the padded one per video (`compiled.py`) when
+        built for it and no gradient flows, else the batched one on all of them."""
+        budgets = [budget.resolve(int(f.shape[0])) for f in features]
+        coords = [c.long() for c in coords]
+        with self.options.cpu_threads(features[0].device):
+            if self.options.padded() and not any(self._tracks_grad(f) for f in features):
+                if features[0].device.type == "cpu" and not self.compile_on_cpu:
+                    name = "compile" if self.options.compile else "cuda_graphs"
+                    raise ValueError(
+                        f"{name}=True runs on CUDA only (a CPU has no CUDA graphs, and there "
+                        "the compiled loop is 3-4x slower than eager: craft-core README); "
+                        "build or load without it"
+                    )
+                with torch.no_grad():
+                    return [
+                        self._compress_padded(f, c, b) for f, c, b in zip(features, coords, budgets)
+                    ]
+            return self._compress_eager(features, coords, budgets)
 
     def _compress_eager(
         self, features: list[torch.Tensor], coords: list[torch.Tensor], budgets: list[Budget]
@@ -252,14 +180,13 @@ class CraftCompressor(
         with self.merge.parameters_cast(dtype):
             run = (weight, block, dtype, tracks_grad)
             kept, rounds = run_rounds(self.merge, tables, active, budgets, run)
-        results, offset = [], 0
+        results, start = [], 0
+        info = {"pairing": "batched", "batch": len(features)}
         for video, (feats, coord, budget) in enumerate(zip(features, coords, budgets)):
-            n = feats.shape[0]
-            ids = kept[video]
-            final = (tables.rows[ids], ids - offset, tables.owner[offset : offset + n] - offset)
-            info = {"pairing": "batched", "batch": len(features)}
-            results.append(_result(feats, coord, final, rounds[video], budget, started, info))
-            offset += n
+            ids, stop = kept[video], start + feats.shape[0]
+            final = (tables.rows[ids], ids - start, tables.owner[start:stop] - start)
+            results.append(loop_result(feats, coord, final, rounds[video], budget, started, info))
+            start = stop
         return results
 
     def _compress_padded(
@@ -297,7 +224,7 @@ class CraftCompressor(
         info: dict[str, object] = {"pairing": loop, "fallbacks": fallbacks}
         if device.type == "cuda":
             info["graph_replays"] = rounds_runner.replays - replays  # rounds that were one launch
-        return _result(features, coords, final, rounds, budget, started, info)
+        return loop_result(features, coords, final, rounds, budget, started, info)
 
     def _tracks_grad(self, features: torch.Tensor) -> bool:
         """Whether a gradient must flow (to the features or the merge's weights)."""
@@ -335,28 +262,10 @@ class CraftCompressor(
         del importance
         budget = budget_of(budget, ratio=ratio, threshold=threshold, min_tokens=min_tokens)
         features, coords = list(features), list(coords)
-        if len(features) != len(coords):
-            raise ValueError(
-                f"features holds {len(features)} videos but coords holds {len(coords)}"
-            )
+        check_videos(features, coords, self.config.hidden_size, self.projection.device)
         if not features:
             return []
-        for index, (feats, coord) in enumerate(zip(features, coords)):
-            try:
-                check_tokens(feats, coord, self.config.hidden_size)
-            except (TypeError, ValueError) as error:
-                raise type(error)(f"features[{index}] / coords[{index}]: {error}") from None
-            if feats.device != self.projection.device:
-                raise ValueError(
-                    f"features[{index}] is on {feats.device} but the compressor is on "
-                    f"{self.projection.device}; move one of them (compressor.to(device))"
-                )
-        budgets = [budget.resolve(int(f.shape[0])) for f in features]
-        coords = [c.long() for c in coords]
-        with self.options.cpu_threads(features[0].device):
-            if self.options.padded() and not any(self._tracks_grad(f) for f in features):
-                return [self._compress(f, c, b) for f, c, b in zip(features, coords, budgets)]
-            return self._compress_eager(features, coords, budgets)
+        return self._run(features, coords, budget)
 
     def fuse_groups(
         self,
@@ -381,15 +290,11 @@ class CraftCompressor(
             `[N, D]`: every target row replaced by its fusion, all other rows unchanged.
 
         Raises:
-            TypeError: bad `features` / `coords` (as `check_tokens`), float or bool
-                `targets` / `sources`, a non-floating `similarity`, a non-int `round_index`.
-            ValueError: lengths that differ, indices out of range, a source listed twice or
-                also a target, a NaN/inf similarity, `round_index < 1`, tensors on other
-                devices or on the meta device.
+            TypeError / ValueError: as `checks.check_groups` and `check_tokens` say.
         """
         check_tokens(features, coords, self.config.hidden_size)
         n = features.shape[0]
-        targets, sources = _check_groups(n, targets, sources, similarity, round_index)
+        targets, sources = check_groups(n, targets, sources, similarity, round_index)
         if targets.numel() == 0:
             return features
         layout = group_edges(targets)
@@ -481,48 +386,13 @@ class CraftCompressor(
             force_download=force_download,
             local_files_only=local_files_only,
         )
-        config, state = _read_checkpoint(config_file, weights_file)
+        config, state = read_checkpoint(config_file, weights_file)
         if hidden_size is not None and config.hidden_size != hidden_size:
             raise ValueError(
                 f"checkpoint {folder} has hidden_size {config.hidden_size}, but hidden_size "
                 f"{hidden_size} was asked for"
             )
         module = cls(config, **options)
-        _check_state(module.state_dict(), state, folder, weights_file)
+        check_state(module.state_dict(), state, folder, weights_file)
         module.load_state_dict(state)
         return module.to(device)
-
-
-def _check_state(
-    expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor], folder: Any, weights: Any
-) -> None:
-    """A checkpoint's tensors against the module its config builds: the same names and
-    shapes, every value finite; a ValueError naming the checkpoint otherwise."""
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    wrong = sorted(k for k in expected if k in state and state[k].shape != expected[k].shape)
-    if missing or unexpected or wrong:
-        raise ValueError(
-            f"checkpoint {folder} does not match its config: missing {missing}, "
-            f"unexpected {unexpected}, wrong shapes {wrong}"
-        )
-    bad = sorted(k for k, v in state.items() if not bool(torch.isfinite(v).all()))
-    if bad:
-        raise ValueError(f"checkpoint {weights} holds NaN or inf values in {bad}")
-
-
-def _read_checkpoint(config_file: Path, weights_file: Path) -> tuple[CraftConfig, dict[str, Any]]:
-    """The config (legacy run options split off, with their warning) and the weights of a
-    checkpoint; ValueError naming the file that cannot be read."""
-    try:
-        fields = json.loads(config_file.read_text())
-        if isinstance(fields, dict):
-            fields = split_legacy(fields, config_file)
-        config = CraftConfig.model_validate(fields)
-    except (ValueError, UnicodeDecodeError) as error:  # JSON or a field out of range
-        raise ValueError(f"{config_file} is not a valid CRAFT config: {error}") from None
-    try:
-        state = load_file(str(weights_file))
-    except Exception as error:  # safetensors raises its own error types
-        raise ValueError(f"{weights_file} is not a readable safetensors file: {error}") from None
-    return config, state

@@ -18,10 +18,12 @@ The checkpoint format is unchanged since 0.1: `config.json` (the `CraftConfig`) 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from huggingface_hub import ModelCard, ModelCardData, constants, hf_hub_download
 from huggingface_hub.errors import (
     HFValidationError,
@@ -31,8 +33,10 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from huggingface_hub.utils import validate_repo_id
+from safetensors.torch import load_file
 
 from craft_core.config import CraftConfig
+from craft_core.runtime import split_legacy
 
 __all__ = ["CARD_NAME", "LIBRARY_NAME", "TAGS", "model_card", "resolve_files", "results_rows"]
 
@@ -245,3 +249,38 @@ def is_craft_card(path: Path) -> bool:
         return ModelCard.load(path).data.to_dict().get("library_name") == LIBRARY_NAME
     except Exception:  # an unreadable README is the user's: leave it alone
         return False
+
+
+def check_state(
+    expected: dict[str, torch.Tensor], state: dict[str, torch.Tensor], folder: Any, weights: Any
+) -> None:
+    """A checkpoint's tensors against the module its config builds: the same names and
+    shapes, every value finite; a ValueError naming the checkpoint otherwise."""
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = sorted(k for k in expected if k in state and state[k].shape != expected[k].shape)
+    if missing or unexpected or wrong:
+        raise ValueError(
+            f"checkpoint {folder} does not match its config: missing {missing}, "
+            f"unexpected {unexpected}, wrong shapes {wrong}"
+        )
+    bad = sorted(k for k, v in state.items() if not bool(torch.isfinite(v).all()))
+    if bad:
+        raise ValueError(f"checkpoint {weights} holds NaN or inf values in {bad}")
+
+
+def read_checkpoint(config_file: Path, weights_file: Path) -> tuple[CraftConfig, dict[str, Any]]:
+    """The config (legacy run options split off, with their warning) and the weights of a
+    checkpoint; ValueError naming the file that cannot be read."""
+    try:
+        fields = json.loads(config_file.read_text())
+        if isinstance(fields, dict):
+            fields = split_legacy(fields, config_file)
+        config = CraftConfig.model_validate(fields)
+    except (ValueError, UnicodeDecodeError) as error:  # JSON or a field out of range
+        raise ValueError(f"{config_file} is not a valid CRAFT config: {error}") from None
+    try:
+        state = load_file(str(weights_file))
+    except Exception as error:  # safetensors raises its own error types
+        raise ValueError(f"{weights_file} is not a readable safetensors file: {error}") from None
+    return config, state

@@ -6,10 +6,14 @@ never care which method ran.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from craft_core.budget import Budget
 
 
 @dataclass
@@ -48,3 +52,33 @@ class CompressionResult:
     def ratio(self) -> float:
         """Realized compression ratio N / N_c."""
         return self.num_input / max(1, self.num_kept)
+
+
+def loop_result(
+    features: torch.Tensor,
+    coords: torch.Tensor,
+    final: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    rounds: int,
+    budget: Budget,
+    started: float,
+    loop_info: dict[str, object],
+) -> CompressionResult:
+    """The loop's result, eager or compiled: `final` = (kept rows `[K, D]`, kept ids `[K]`
+    sorted, owner `[N]`: the token each input token ended in); `loop_info` the loop's own
+    fields after the common ones."""
+    rows, kept, owner = final
+    info: dict[str, object] = {
+        "method": "craft",
+        "mode": "ratio" if budget.threshold is None else "threshold",
+        "floor": budget.floor,
+        "seconds": time.perf_counter() - started,
+        **loop_info,
+    }
+    return CompressionResult(
+        features=rows.to(features.dtype),
+        coords=coords[kept],
+        kept_index=kept,
+        assignment=torch.searchsorted(kept, owner),
+        rounds=rounds,
+        info=info,
+    )
