@@ -68,9 +68,10 @@ def test_batches_in_any_composition_and_order_equal_one_video_alone(path: str) -
     if path:  # the same check in a process on another instruction path
         name, value = path.split("=")
         script = (
-            "import sys; sys.path.insert(0, %r); import test_algorithm as t; "
+            f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+            "import test_algorithm as t; "
             "t.test_batches_in_any_composition_and_order_equal_one_video_alone('')"
-        ) % str(Path(__file__).parent)
+        )
         done = subprocess.run(
             [sys.executable, "-c", script],
             env={**os.environ, name: value},

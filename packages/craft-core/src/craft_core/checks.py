@@ -75,8 +75,16 @@ def check_groups(
     similarity: torch.Tensor,
     round_index: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`CraftCompressor.fuse_groups`' edge arguments checked (see its Raises): `[E]` targets,
-    sources and similarity of tokens `[0, n)`; the indices returned as long."""
+    """`CraftCompressor.fuse_groups`' edge arguments checked: `[E]` targets, sources and
+    similarity of tokens `[0, n)`; the indices returned as long.
+
+    Raises:
+        TypeError: float or bool `targets` / `sources`, a non-floating `similarity`, a
+            non-int `round_index`.
+        ValueError: lengths that differ, indices out of range, a source listed twice or
+            also a target, a NaN/inf similarity, `round_index < 1`, tensors on other
+            devices or on the meta device.
+    """
     check_index_tensor("targets", targets)
     check_index_tensor("sources", sources)
     if not isinstance(similarity, torch.Tensor) or not similarity.is_floating_point():
