@@ -71,6 +71,8 @@ def row_fields(row: RowLog) -> dict[str, Any]:
         out["kept_digests"] = list(row.kept_digests)
     if row.importance:
         out["importance"] = list(row.importance)
+    if row.in_model:  # flashvid-llm, holitom-llm: query-dependent
+        out["in_model"] = dict(row.in_model)
     return out
 
 
@@ -114,7 +116,13 @@ class CompressedGenerate:
         if not isinstance(ids, torch.Tensor):
             return []
         counts = (ids == self._video_token_id).sum(dim=1).tolist()
-        return row_logs(self._wrapped.last_compression, self._compressor, counts)
+        rows = row_logs(self._wrapped.last_compression, self._compressor, counts)
+        from craft_eval.in_model import in_model_fields
+
+        stage = in_model_fields(self.in_model).get("in_model")
+        if stage and len(rows) == 1:  # the stage takes one prompt per call
+            rows[0].in_model = stage
+        return rows
 
 
 class _DocLog:

@@ -263,6 +263,8 @@ class RowLog:
     kept_digests: list[str] = field(default_factory=list)
     importance: list[str] = field(default_factory=list)
     rounds: list[int] = field(default_factory=list)
+    #: a two-stage method's stage inside the LM (`craft_eval.in_model.in_model_fields`)
+    in_model: dict[str, Any] = field(default_factory=dict)
 
 
 def row_logs(
