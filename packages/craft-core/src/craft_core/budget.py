@@ -205,7 +205,10 @@ def resolve_budget(
 
 
 def check_tokens(
-    features: torch.Tensor, coords: torch.Tensor, hidden_size: int | None = None
+    features: torch.Tensor,
+    coords: torch.Tensor,
+    hidden_size: int | None = None,
+    magnitude: bool = True,
 ) -> None:
     """Validate one video's tokens.
 
@@ -213,6 +216,8 @@ def check_tokens(
         features: `[N, D]` floating tensor, finite.
         coords: `[N, 3]` integer tensor of `(t, h, w)`, on the same device.
         hidden_size: expected `D`, if the compressor has a fixed width.
+        magnitude: check the values too (one host sync); `check_videos` checks a batch's
+            values in one.
 
     Raises:
         TypeError: a non-tensor, non-floating `features` or non-integer `coords` (bool and
@@ -245,8 +250,13 @@ def check_tokens(
     if coords.device != features.device:
         raise ValueError(f"coords is on {coords.device} but features on {features.device}")
     check_has_data("features", features)
-    # One pass: the largest magnitude is NaN or inf exactly when an entry is.
-    top = float(features.detach().abs().amax())
+    if magnitude:
+        # One pass: the largest magnitude is NaN or inf exactly when an entry is.
+        _check_magnitude(float(features.detach().abs().amax()))
+
+
+def _check_magnitude(top: float) -> None:
+    """The largest |entry| of a video's features: finite and at most the limit."""
     if not math.isfinite(top):
         raise ValueError("features contains NaN or inf values")
     if top > MAX_FEATURE_MAGNITUDE:
@@ -274,7 +284,7 @@ def check_videos(
         raise ValueError(f"features holds {len(features)} videos but coords holds {len(coords)}")
     for index, (feats, coord) in enumerate(zip(features, coords)):
         try:
-            check_tokens(feats, coord, hidden_size)
+            check_tokens(feats, coord, hidden_size, magnitude=False)
         except (TypeError, ValueError) as error:
             raise type(error)(f"features[{index}] / coords[{index}]: {error}") from None
         if feats.device != device:
@@ -282,3 +292,12 @@ def check_videos(
                 f"features[{index}] is on {feats.device} but the compressor is on {device}; "
                 "move one of them (compressor.to(device))"
             )
+    if not features:
+        return
+    # Every video's largest magnitude in one transfer (one host sync for the batch).
+    tops = torch.stack([f.detach().abs().amax().double() for f in features]).tolist()
+    for index, top in enumerate(tops):
+        try:
+            _check_magnitude(top)
+        except ValueError as error:
+            raise ValueError(f"features[{index}]: {error}") from None

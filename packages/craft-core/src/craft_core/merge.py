@@ -388,6 +388,9 @@ class GatedMerge(nn.Module):
         reduce = self.config.reduce
         if reduce == "target":
             return x_targets
+        out_dtype = x_targets.dtype
+        # Cast once, not in each step: the same values (exact), a third of the copies.
+        x_targets, x_sources = _exact(x_targets, dtype), _exact(x_sources, dtype)
         coeff = self.source_weights(
             x_targets, x_sources, group, coords_targets, coords_sources, similarity, dtype
         ).unsqueeze(1)
@@ -401,5 +404,5 @@ class GatedMerge(nn.Module):
             edge = group.new_zeros(num_targets).scatter_(
                 0, group, torch.arange(group.numel(), device=group.device)
             )
-            fused = torch.where((count == 1).unsqueeze(1), _exact(x_sources[edge], dtype), fused)
-        return fused.to(x_targets.dtype)
+            fused = torch.where((count == 1).unsqueeze(1), x_sources[edge], fused)
+        return fused.to(out_dtype)
