@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
 
     from craft_core import TokenBudget
+    from craft_eval.in_model import scaled_stage_options
     from craft_eval.measure import Measure
     from craft_eval.methods import list_methods
     from craft_world import load_backbone, make_clips
@@ -141,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, checkpoint in modules.items():
             key = f"{name}@{ratio:g}"
             done = bench.run(name, budget, method="craft" if checkpoint else name,
-                             checkpoint=checkpoint)  # fmt: skip
+                             checkpoint=checkpoint,
+                             method_kwargs=None if checkpoint else scaled_stage_options(name, model))  # fmt: skip
             rows[key] = s = (done.scores, done.records)
             summary[key] = {"accuracy": s[0]["first_token_accuracy"],
                             "accuracy_se": s[0]["first_token_accuracy_se"],

@@ -60,7 +60,7 @@ def test_demo_runs_both_families_with_the_default_methods_and_ratios(
 ) -> None:
     assert cli.main(["demo", "-o", str(tmp_path)]) == 0
     defaults = ["divprune", "visionzip", "fastvid", "uniform", "craft-selection", "craft-prune",
-                "craft"]  # fmt: skip
+                "craft", "flashvid", "holitom", "flashvid-llm", "holitom-llm"]  # fmt: skip
     expected = [("none", None)] + [(m, r) for r in (8.0, 16.0) for m in defaults]
     expected += [("craft-trained", 8.0), ("craft-trained", 16.0)]
     assert stub_demo["jobs"] == [(f, m, r) for f in ("squares", "corners") for m, r in expected]

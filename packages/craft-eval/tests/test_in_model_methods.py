@@ -160,3 +160,21 @@ def test_flops_count_every_layer_before_the_drop_on_every_token() -> None:
     assert row["flops_reduction"] == pytest.approx(1 - staged / (2 * layer(full) + 2 * d * vocab))
     every_layer_kept = 1 - (2 * layer(kept) + 2 * d * vocab) / (2 * layer(full) + 2 * d * vocab)
     assert row["flops_reduction"] < every_layer_kept
+
+
+def test_the_demo_and_world_tables_scale_the_layer_to_the_model() -> None:
+    """The official layers (20, 18 of 28) at the same relative depth; at least 1, below
+    the model's last layer; nothing for a method without a stage inside the LM."""
+    from types import SimpleNamespace
+
+    from craft_eval.in_model import scaled_stage_options
+
+    def model(layers: int) -> Any:
+        text = SimpleNamespace(num_hidden_layers=layers)
+        return SimpleNamespace(config=SimpleNamespace(get_text_config=lambda: text))
+
+    assert scaled_stage_options("flashvid-llm", model(4)) == {"layer": 3}
+    assert scaled_stage_options("holitom-llm", model(4)) == {"layer": 3}
+    assert scaled_stage_options("flashvid-llm", model(28)) == {"layer": 20}
+    assert scaled_stage_options("holitom-llm", model(2)) == {"layer": 1}
+    assert scaled_stage_options("flashvid", model(4)) == {}

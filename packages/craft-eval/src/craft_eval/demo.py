@@ -53,6 +53,7 @@ DEMO_RATIOS = (8.0, 16.0)
 DEMO_METHODS = (
     "divprune", "visionzip", "fastvid", "uniform",  # selection only
     "craft-selection", "craft-prune", "craft",  # CRAFT's mean rule, target rule, untrained gate
+    "flashvid", "holitom", "flashvid-llm", "holitom-llm",  # + the stage inside the LM
 )  # fmt: skip
 
 
@@ -237,6 +238,7 @@ def _run_job(world: _World, fam: _Family, method: str, ratio: float | None) -> d
     efficiency profile of the family's first question. A failure is this row's error, never
     the demo's: the other methods' results still print."""
     from craft_core import TokenBudget
+    from craft_eval.in_model import scaled_stage_options
     from craft_eval.tasks import get_benchmark
 
     trained = method == TRAINED
@@ -245,6 +247,7 @@ def _run_job(world: _World, fam: _Family, method: str, ratio: float | None) -> d
         done = fam.measure.run(
             method, budget, method="craft" if trained else method,
             checkpoint=world.trained if trained else None, merge_maps=1,
+            method_kwargs=None if trained else scaled_stage_options(method, world.model),
         )  # fmt: skip
         prompt = get_benchmark("mvbench").prompt(fam.first)
         prof = done.backend.profile(fam.first, prompt, repeats=3)

@@ -12,6 +12,9 @@ from typing import Any
 
 from craft_adapters.in_model import InModelDrop
 
+#: The depth of the language models the official layers were chosen for (Qwen2-7B: 28).
+OFFICIAL_DEPTH = 28
+
 
 def attach_in_model(model: Any, compressor: Any) -> InModelDrop | None:
     """Hook `compressor`'s stage inside the language model onto `model` (a `wrap(...)` or
@@ -49,3 +52,17 @@ def in_model_fields(drop: InModelDrop | None) -> dict[str, Any]:
             "query_dependent": True,
         }
     }
+
+
+def scaled_stage_options(method: str, model: Any) -> dict[str, Any]:
+    """`{"layer": L}` for a two-stage `method` on a model of another depth than the
+    official 28 layers: the official layer at the same relative depth,
+    `round(layer * layers / 28)` within `[1, layers - 1]` (the demo's and the world
+    table's choice: the world's 4-layer backbone gets layer 3); `{}` for other methods."""
+    from craft_eval.methods import get_method, get_method_info
+
+    if "layer" not in (get_method_info(method).options or ()):
+        return {}
+    official = int(get_method(method).in_model_stage.layer)  # type: ignore[attr-defined]
+    count = int(model.config.get_text_config().num_hidden_layers)
+    return {"layer": max(1, min(count - 1, round(official * count / OFFICIAL_DEPTH)))}

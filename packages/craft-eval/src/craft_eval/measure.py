@@ -74,10 +74,12 @@ class Measure:
         method: str | None = None,
         checkpoint: str | None = None,
         merge_maps: int = 0,
+        method_kwargs: dict[str, Any] | None = None,
     ) -> MethodRun:
         """Run `method` (default: `label`, a registered name; "none": uncompressed) at
-        `budget` with CRAFT's `checkpoint` where given, recorded under `label`; the first
-        `merge_maps` questions' merge maps are saved in the run folder."""
+        `budget` with CRAFT's `checkpoint` where given (other options: `method_kwargs`),
+        recorded under `label`; the first `merge_maps` questions' merge maps are saved in
+        the run folder."""
         config = RunConfig(
             benchmark="mvbench",
             data_root=str(self.data_root),
@@ -89,6 +91,7 @@ class Measure:
             budget=budget,
         )
         run_dir = self.runs / config.run_name()
+        options = {**({"checkpoint": checkpoint} if checkpoint else {}), **(method_kwargs or {})}
         backend = self.reference
         if label != "none":
             backend = HFBackend(
@@ -97,7 +100,7 @@ class Measure:
                 method=method or label,
                 budget=budget,
                 max_frames=self.max_frames,
-                method_kwargs={"checkpoint": checkpoint} if checkpoint else None,
+                method_kwargs=options or None,
                 merge_map_dir=run_dir,
                 merge_maps=merge_maps,
             )
