@@ -22,7 +22,7 @@ from craft_core.contract import TokenCompressor, budget_of, compress_many
 from craft_core.merge import GatedMerge
 from craft_core.result import CompressionResult
 
-__version__ = "1.0.0"
+__version__ = "1.1.0"
 
 __all__ = [
     "Budget",
