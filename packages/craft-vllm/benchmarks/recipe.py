@@ -6,8 +6,10 @@ checkpoint in a temporary folder, VIDEOS mp4s of FRAMES frames in `videos/`;
 2. `python -m craft_vllm serve --enable-mm-embeds` (CRAFT at ratio 4 for raw videos);
 3. each video is asked QUESTIONS in turn, once as the raw mp4 (`video_url`: decoding, vision
    tower and CRAFT in the server) and once as its payload (`chat_part`: rows only), one new
-   token each, one request at a time: the seconds to that first answer, per question (the
-   second and third questions of a video meet vLLM's prefix cache either way).
+   token each, one request at a time: the seconds to that first answer, per question, and
+   the prompt tokens the server prefilled (`usage.prompt_tokens` less vLLM's own count of
+   those served from its prefix cache, `prompt_tokens_details.cached_tokens`): the second
+   and third questions of a video meet the prefix cache, raw and payload alike.
 Prints the per-question medians over the videos, the compression's time and the load average.
 
 `--real`: the same steps at Qwen2.5-VL-3B's shape, random weights in bfloat16: its language
@@ -97,16 +99,21 @@ def compress(folder: Path, dtype: str) -> tuple[float, list[dict]]:
     return wall, sorted(rows, key=lambda r: r["source"])
 
 
-def first_answer(client: openai.OpenAI, model: str, part: dict, question: str) -> float:
-    """Seconds until the reply of one new token arrives."""
+def first_answer(
+    client: openai.OpenAI, model: str, part: dict, question: str
+) -> tuple[float, int, int]:
+    """(seconds until the reply of one new token arrives, prompt tokens, of them prefilled:
+    not served from vLLM's prefix cache)."""
     start = time.perf_counter()
-    client.chat.completions.create(
+    reply = client.chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": [part, {"type": "text", "text": question}]}],
         max_tokens=1,
         temperature=0.0,
     )
-    return time.perf_counter() - start
+    seconds = time.perf_counter() - start
+    prompt = reply.usage.prompt_tokens
+    return seconds, prompt, prompt - (reply.usage.prompt_tokens_details.cached_tokens or 0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         clip = tiny.video(FRAMES, seed=20 + i, size=size)
         test_serve._write_mp4(folder / "videos" / f"v{i}.mp4", clip)
     compress_s, rows = compress(folder, dtype)
-    extra = ["--enable-mm-embeds", "--dtype", dtype]
+    extra = ["--enable-mm-embeds", "--dtype", dtype, "--enable-prompt-tokens-details"]
     if real:  # vLLM's encoder profiling runs a longest video through the real-size tower:
         extra.append("--skip-mm-profiling")  # minutes on one core, nothing measured
         load_serve.START_TIMEOUT_S = 1200  # loading 5 GiB of weights and one profile run
@@ -142,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         *parts, warm = parts
         for part in warm:
             first_answer(client, model, part, engine.QUESTION)
-        times = {kind: [[0.0] * videos for _ in QUESTIONS] for kind in ("raw", "payload")}
+        blank = (0.0, 0, 0)
+        times = {kind: [[blank] * videos for _ in QUESTIONS] for kind in ("raw", "payload")}
         for v, (raw, payload) in enumerate(parts):
             for q, question in enumerate(QUESTIONS):
                 times["raw"][q][v] = first_answer(client, model, raw, question)
@@ -157,11 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     shape = "Qwen2.5-VL-3B shape (bf16)" if real else "tiny model (float32)"
     print(f"{shape}; craft-compress {' '.join(BUDGET)}: {videos + 1} videos in {compress_s:.1f} s")
     print(f"per video {[round(r['seconds'], 2) for r in rows]} s; kept {kept} tokens")
-    print("| question | raw mp4 (ratio 4) s | payload s |")
-    print("| --- | ---: | ---: |")
+    print(
+        "| question | raw mp4 (ratio 4) s | payload s | prefilled / prompt tokens: raw, payload |"
+    )
+    print("| --- | ---: | ---: | --- |")
     for q, question in enumerate(QUESTIONS):
-        raw_s, payload_s = (statistics.median(times[k][q]) for k in ("raw", "payload"))
-        print(f"| {q + 1}. {question} | {raw_s:.3f} | {payload_s:.3f} |")
+        raw_s, payload_s = (statistics.median(t[0] for t in times[k][q]) for k in times)
+        tokens = [", ".join(f"{t[2]}/{t[1]}" for t in times[k][q]) for k in times]
+        print(f"| {q + 1}. {question} | {raw_s:.3f} | {payload_s:.3f} | {tokens[0]}; {tokens[1]} |")
     print("load average:", Path("/proc/loadavg").read_text().split()[:3])
     return 0
 

@@ -6,6 +6,11 @@ them (vLLM's `video_embeds` content part, base64 tensors).
   served with the first step's log-probs within `engine.GAP` of craft-adapters' threshold-mode
   `generate()` and the same greedy tokens (engine.compare). Control: a fresh CRAFT module's
   payloads (claiming the checkpoint's digest) are far in those log-probs.
+- Prefix cache: a payload's second question is served from vLLM's prefix cache (the same
+  payload bytes give the same multimodal hash, so the same KV blocks):
+  `prompt_tokens_details.cached_tokens` covers the video's rows and
+  `vllm:prefix_cache_hits_total` grows; its first question and a payload of other rows of the
+  same shape (the control) get no hit past the text before the video.
 - Refusals: every field malformed (NaN / inf / negative / wrong dtype / wrong length / K = 0,
   the made-with record, bytes that are not a `torch.save` tensor: a pickled object, a dict, a
   list, garbage) is a 400 naming the field; after all of them the same server process answers
@@ -16,6 +21,7 @@ them (vLLM's `video_embeds` content part, base64 tensors).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import json
 import os
@@ -27,9 +33,10 @@ from typing import Any
 
 import engine
 import pytest
+import test_serve
 import tiny
 import torch
-from conftest import small_config
+from conftest import BLOCK, small_config
 from craft_vllm.payload import (
     COORDS,
     COUNT,
@@ -105,6 +112,34 @@ def test_payloads_served_as_threshold_generate(server, workdir, videos, payloads
     kept = [v.features.shape[0] for v in made]
     assert [s.length for s in served] == [engine.text_tokens() + k for k in kept]
     engine.control_gaps([ask(server, model, chat_part(v)) for v in fresh], reference)
+
+
+def usage(base: str, model: str, part: dict[str, Any], question: str) -> tuple[int, int]:
+    """(prompt tokens, of them served from the prefix cache) of one request carrying `part`."""
+    reply = openai_client(base).chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": [part, {"type": "text", "text": question}]}],
+        max_tokens=1,
+        temperature=0.0,
+    )
+    return reply.usage.prompt_tokens, reply.usage.prompt_tokens_details.cached_tokens or 0
+
+
+def test_a_payload_s_second_question_hits_the_prefix_cache(server, workdir, payloads) -> None:
+    model, video = str(workdir / "model"), payloads[0][0]
+    # rows no request has sent before (a payload of this server's checkpoint all the same)
+    new, other = (dataclasses.replace(video, features=video.features * s) for s in (1.5, 0.5))
+    k = int(video.features.shape[0])
+    before_video, after_video = engine.video_span(k, "And then?")
+    first = usage(server, model, chat_part(new), engine.QUESTION)
+    hits = test_serve._metric(server, "vllm:prefix_cache_hits_total")
+    second = usage(server, model, chat_part(new), "And then?")
+    gained = test_serve._metric(server, "vllm:prefix_cache_hits_total") - hits
+    control = usage(server, model, chat_part(other), "And then?")
+    print(f"prompt, cached tokens: first {first}, second {second}, control {control}")
+    assert first[1] < BLOCK and control[1] < BLOCK  # at most the text before the video
+    assert second[1] >= after_video // BLOCK * BLOCK > before_video  # blocks of video rows
+    assert gained >= second[1]
 
 
 def with_fields(part: dict[str, Any], **fields: torch.Tensor | None) -> dict[str, Any]:
