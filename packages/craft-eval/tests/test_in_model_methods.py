@@ -178,3 +178,23 @@ def test_the_demo_and_world_tables_scale_the_layer_to_the_model() -> None:
     assert scaled_stage_options("flashvid-llm", model(28)) == {"layer": 20}
     assert scaled_stage_options("holitom-llm", model(2)) == {"layer": 1}
     assert scaled_stage_options("flashvid", model(4)) == {}
+
+
+def test_a_model_reused_for_another_method_drops_the_old_stage(tiny: tuple[Any, Any]) -> None:
+    """Measure and the world tables build one backend per method on ONE model: a stage left
+    by an earlier method is removed, never run under the next (two on one model: refused)."""
+    from craft_adapters.in_model import InModelDrop, top_fraction
+    from craft_core import TokenBudget
+    from craft_eval.backend import HFBackend
+
+    model, processor = tiny
+    budget = TokenBudget(ratio=2.0)
+    first = HFBackend(model, processor, method="holitom-llm", budget=budget,
+                      method_kwargs={"layer": 1})  # fmt: skip
+    with pytest.raises(ValueError, match="already carries method 'holitom-llm'"):
+        InModelDrop(model, top_fraction(0.5), layer=1, name="again")
+    second = HFBackend(model, processor, method="flashvid-llm", budget=budget,
+                       method_kwargs={"layer": 1})  # fmt: skip
+    assert model._craft_in_model_drop is second.in_model is not first.in_model
+    third = HFBackend(model, processor, method="holitom", budget=budget)
+    assert third.in_model is None and not hasattr(model, "_craft_in_model_drop")

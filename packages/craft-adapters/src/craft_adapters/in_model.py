@@ -131,6 +131,12 @@ class InModelDrop:
         layers = _decoder_layers(hf)
         if isinstance(layer, bool) or not isinstance(layer, int) or not 1 <= layer < len(layers):
             raise ValueError(f"layer must be an int in [1, {len(layers) - 1}], got {layer!r}")
+        other = getattr(hf, "_craft_in_model_drop", None)
+        if other is not None:
+            raise ValueError(
+                f"this model already carries method {other.name!r}'s stage inside the language "
+                "model: remove() it first"
+            )
         attention = getattr(layers[layer - 1], "self_attn", None)
         if attention is None or not hasattr(attention, "config"):
             raise ValueError(

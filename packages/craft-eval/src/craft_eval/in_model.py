@@ -18,16 +18,20 @@ OFFICIAL_DEPTH = 28
 
 def attach_in_model(model: Any, compressor: Any) -> InModelDrop | None:
     """Hook `compressor`'s stage inside the language model onto `model` (a `wrap(...)` or
-    a Hugging Face VLM); None for a method without one.
+    a Hugging Face VLM); None for a method without one. A stage an earlier method left on
+    the model is removed first, so it never runs under another method.
 
     Raises:
         ValueError: the stage's layer is not inside the model (naming the method, the
             layer and how many layers the model has).
     """
+    hf = getattr(model, "model", model) if hasattr(model, "compressor") else model
+    previous = getattr(hf, "_craft_in_model_drop", None)
+    if previous is not None:  # a model reused for another method (Measure, world tables)
+        previous.remove()
     stage = getattr(compressor, "in_model_stage", None)
     if stage is None:
         return None
-    hf = getattr(model, "model", model) if hasattr(model, "compressor") else model
     count = int(hf.config.get_text_config().num_hidden_layers)
     if not 1 <= stage.layer < count:
         raise ValueError(
