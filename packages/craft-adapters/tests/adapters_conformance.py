@@ -118,6 +118,48 @@ class RuleCompressor:
         return CompressionResult(out, coords[kept], kept, assign, rounds=1, info={})
 
 
+class ManyRecorder:
+    """A `TokenCompressor` with a batched entry: records each `compress_many` call (how many
+    videos, their importance) and each single-video call, and runs `inner` on every video
+    (its own `compress_many` where it has one)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.needs_attention = bool(inner.needs_attention)
+        self.calls: list[int] = []
+        self.importance: list[Any] = []
+        self.single = 0
+
+    def __call__(self, features: torch.Tensor, coords: torch.Tensor, budget: TokenBudget,
+                 *, importance: torch.Tensor | None = None) -> CompressionResult:  # fmt: skip
+        self.single += 1
+        return self.inner(features, coords, budget, importance=importance)  # type: ignore[no-any-return]
+
+    def compress_many(self, features: list[torch.Tensor], coords: list[torch.Tensor],
+                      budget: TokenBudget, *, importance: Any = None) -> list[CompressionResult]:  # fmt: skip
+        self.calls.append(len(features))
+        self.importance.append(importance)
+        own = getattr(self.inner, "compress_many", None)
+        if callable(own):
+            return own(features, coords, budget, importance=importance)  # type: ignore[no-any-return]
+        imps = importance if importance is not None else [None] * len(features)
+        return [self.inner(f, c, budget, importance=i) for f, c, i in zip(features, coords, imps)]
+
+
+class OnePerVideo:
+    """`inner` called once per video (no batched entry): the path before craft-core 1.1."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.needs_attention = bool(inner.needs_attention)
+        self.calls = 0
+
+    def __call__(self, features: torch.Tensor, coords: torch.Tensor, budget: TokenBudget,
+                 *, importance: torch.Tensor | None = None) -> CompressionResult:  # fmt: skip
+        self.calls += 1
+        return self.inner(features, coords, budget, importance=importance)  # type: ignore[no-any-return]
+
+
 # -- the reference: the unmodified model's language-model inputs, spliced by hand ---------------
 
 
@@ -344,6 +386,40 @@ class BackboneConformance:
             want = self.reference(model, build_inputs(processor, video, 2.0, prompt))
             close(logits[b, -want.shape[0] :], want, f"batch row {b}")
 
+    def check_one_call(self, model: Any, processor: Any) -> None:
+        """The two videos of a batch reach the compressor in ONE `compress_many` call: with a
+        real `CraftCompressor`, the logits, kept positions and rows equal (`torch.equal`)
+        those of the same compressor called once per video (the path before craft-core
+        1.1); a `needs_attention` double gets both videos' importance in that one call."""
+        from craft_core import CraftCompressor, CraftConfig
+
+        videos = [make_frames(n, seed=5 + i) for i, n in enumerate(self.batch_frames)]
+        batch = build_inputs(processor, videos, 2.0, ["What?", "Why is that so?"])
+        hidden = wrap(model, None).adapter.text_hidden_size
+        torch.manual_seed(0)
+        craft = CraftCompressor(CraftConfig(hidden_size=hidden, gate_hidden=32, round_embed_dim=16))
+        batched, alone = ManyRecorder(craft), OnePerVideo(craft)
+        got = wrap(model, batched, ratio=3.0)
+        logits = got(**batch).logits
+        assert batched.calls == [2] and batched.single == 0, (batched.calls, batched.single)
+        want = wrap(model, alone, ratio=3.0)
+        assert torch.equal(logits, want(**batch).logits)
+        assert alone.calls == 2
+        for b in range(2):
+            assert torch.equal(got.compressed_index(b), want.compressed_index(b))
+        report = got.last_compression
+        assert report is not None and report.ratio > 1.5
+        assert [v.tokens_after for v in report.videos] == [
+            v.tokens_after
+            for v in want.last_compression.videos  # type: ignore[union-attr]
+        ]
+        asks = ManyRecorder(RuleCompressor(needs_attention=True))
+        wrap(model, asks, ratio=2.0)(**batch)
+        assert asks.calls == [2] and asks.single == 0
+        (importance,) = asks.importance
+        assert importance is not None and len(importance) == 2
+        assert all(isinstance(i, torch.Tensor) and i.dim() == 1 for i in importance)
+
     def check_attention(self, model: Any, processor: Any) -> None:
         """The `importance` a `needs_attention` compressor gets == the received attention of
         the declared layer computed from transformers' own EAGER attention weights."""
@@ -424,6 +500,32 @@ class BackboneConformance:
     @torch.no_grad()
     def test_batch_of_two(self, case: tuple[Any, Any]) -> None:
         self.check_batch(*case)
+
+    def test_batch_is_one_compress_many_call(self, case: tuple[Any, Any]) -> None:
+        with torch.no_grad():
+            self.check_one_call(*case)
+
+    @pytest.mark.parametrize("fault", ["per_video", "swapped"])
+    def test_one_call_fault_is_caught(
+        self, fault: str, case: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """`check_one_call` fails when the batch is split into one call a video, or when the
+        results come back in another video's place."""
+        import craft_adapters.splice as splice
+        from craft_core import compress_many
+
+        def per_video(comp: Any, feats: Any, coords: Any, budget: Any, **kw: Any) -> Any:
+            imps = kw.get("importance") or [None] * len(feats)
+            return [comp(f, c, budget, importance=i) for f, c, i in zip(feats, coords, imps)]
+
+        def swapped(comp: Any, feats: Any, coords: Any, budget: Any, **kw: Any) -> Any:
+            out = compress_many(comp, feats, coords, budget, **kw)
+            batched = callable(getattr(comp, "compress_many", None))
+            return out[::-1] if batched else out  # the batched path hands results back reversed
+
+        monkeypatch.setattr(splice, "compress_many", per_video if fault == "per_video" else swapped)
+        with pytest.raises((AssertionError, ValueError)), torch.no_grad():
+            self.check_one_call(*case)
 
     def test_received_attention_equals_eager(self, case: tuple[Any, Any]) -> None:
         self.check_attention(*case)

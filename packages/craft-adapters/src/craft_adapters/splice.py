@@ -3,9 +3,10 @@
 `CraftModel._prepare` (wrapper.py) runs the vision tower and the backbone's full-sequence
 position ids, then uses the two backbone-independent steps here:
 
-1. `compress_video`: hand the compressible rows of one video to the compressor, check the
-   `CompressionResult` it returns, and map its `kept_index` / `assignment` back to rows of
-   the whole video (LLaVA-OV's newline rows are never compressed and always survive).
+1. `compress_videos`: hand the compressible rows of every video of the batch to the
+   compressor in ONE `craft_core.compress_many` call, check each video's `CompressionResult`,
+   and map its `kept_index` / `assignment` back to rows of the whole video (LLaVA-OV's
+   newline rows are never compressed and always survive).
 2. `splice_sequence`: given which positions of the FULL sequence survive, slice
    `input_ids`, `attention_mask`, the position ids, `labels` and the per-token type ids to
    them, re-padded on the side the batch was padded on.
@@ -17,7 +18,7 @@ full sequence, so the language model sees each surviving video token at its orig
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,10 +26,10 @@ import torch
 
 from craft_adapters.registry import VideoLayout
 from craft_adapters.report import CompressionReport, VideoCompression
-from craft_core import TokenBudget, TokenCompressor
+from craft_core import TokenBudget, TokenCompressor, compress_many
 from craft_core.checks import check_index_tensor
 
-__all__ = ["PER_TOKEN_KEYS", "Prepared", "compress_video", "group_mean", "splice_sequence"]
+__all__ = ["PER_TOKEN_KEYS", "Prepared", "compress_videos", "group_mean", "splice_sequence"]
 
 # Per-token [B, L] tensors that are sliced with the sequence.
 PER_TOKEN_KEYS = ("mm_token_type_ids", "token_type_ids")
@@ -52,20 +53,29 @@ class Prepared:
 
 def _call_compressor(
     compressor: Callable[..., Any],
-    features: torch.Tensor,
-    coords: torch.Tensor,
+    features: list[torch.Tensor],
+    coords: list[torch.Tensor],
     budget: TokenBudget | None,
-    importance: torch.Tensor | None = None,
-) -> Any:
-    # A craft_core.TokenCompressor gets the budget object as it is, and the importance
-    # (received attention: recorded only when it sets `needs_attention`, attention.py).
-    # Any other callable gets the budget as the user spells it (`ratio=...`), the call
-    # `wrap`'s documentation promises for a plain function.
+    importance: list[torch.Tensor | None],
+) -> list[Any]:
+    # A craft_core.TokenCompressor gets every video in ONE `compress_many` call (its own
+    # batched entry where it has one, CRAFT's; else one call a video), the budget object as
+    # it is, and the importance (received attention: recorded only when it sets
+    # `needs_attention`, attention.py; None otherwise). Any other callable gets one call a
+    # video with the budget as the user spells it (`ratio=...`), the call `wrap`'s
+    # documentation promises for a plain function.
     if budget is None:
         raise ValueError("a compressor needs a budget: set_budget(ratio=...) or threshold=...")
     if isinstance(compressor, TokenCompressor):
-        return compressor(features, coords, budget=budget, importance=importance)
-    return compressor(features, coords, **budget.kwargs())
+        given = None if all(i is None for i in importance) else importance
+        results = list(compress_many(compressor, features, coords, budget, importance=given))
+        if len(results) != len(features):
+            raise ValueError(
+                f"the compressor returned {len(results)} results for {len(features)} videos "
+                "(compress_many must return one CompressionResult per video, in order)"
+            )
+        return results
+    return [compressor(f, c, **budget.kwargs()) for f, c in zip(features, coords)]
 
 
 def group_mean(rows: torch.Tensor, assignment: torch.Tensor, num_groups: int) -> torch.Tensor:
@@ -139,26 +149,49 @@ def _check_result(result: Any, n: int, d: int) -> None:
         )
 
 
-def compress_video(
+def compress_videos(
     compressor: Callable[..., Any] | None,
     budget: TokenBudget | None,
-    feats: torch.Tensor,
-    layout: VideoLayout,
-    importance: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, VideoCompression]:
-    """Compress one video's `[n, D]` feature rows (`importance`: `[n_compressed]` received
-    attention, or None).
+    features: Sequence[torch.Tensor],
+    layouts: Sequence[VideoLayout],
+    importance: Sequence[torch.Tensor | None],
+) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, VideoCompression]]:
+    """Compress the videos of one batch (`features`: one `[n, D]` block per video; its
+    `importance`: `[n_compressed]` received attention, or None) in ONE compressor call.
 
-    -> (kept rows, new feature rows, assignment of every row, report).
+    -> per video, in order: (kept rows, new feature rows, assignment of every row, report).
+    A video without compressible rows (or without a compressor) keeps every row.
     """
+    todo = [
+        v
+        for v, layout in enumerate(layouts)
+        if compressor is not None and layout.compress_rows.numel() > 0
+    ]
+    results: dict[int, Any] = {}
+    if todo:
+        assert compressor is not None
+        subs, coords = [], []
+        for v in todo:
+            feats, comp = features[v], layouts[v].compress_rows
+            subs.append(feats if comp.numel() == feats.shape[0] else feats[comp])
+            coords.append(layouts[v].coords.to(device=feats.device, dtype=torch.long))
+        found = _call_compressor(compressor, subs, coords, budget, [importance[v] for v in todo])
+        results = dict(zip(todo, found))
+    return [
+        _video_rows(feats, layout, results.get(v))
+        for v, (feats, layout) in enumerate(zip(features, layouts))
+    ]
+
+
+def _video_rows(
+    feats: torch.Tensor, layout: VideoLayout, result: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, VideoCompression]:
+    """One video's `result` (None: not compressed), checked, as rows of the whole video."""
     n, d = int(feats.shape[0]), int(feats.shape[1])
     comp = layout.compress_rows
-    if compressor is None or comp.numel() == 0:
+    if result is None:
         rows = torch.arange(n, device=feats.device)
         return rows, feats, rows, VideoCompression(layout.batch_index, n, n)
-    sub = feats if comp.numel() == n else feats[comp]
-    coords = layout.coords.to(device=feats.device, dtype=torch.long)
-    result = _call_compressor(compressor, sub, coords, budget, importance)
     _check_result(result, int(comp.numel()), d)
     kept_idx = result.kept_index.to(feats.device)
     assign_sub = result.assignment.to(feats.device)
