@@ -278,7 +278,10 @@ def test_payload_cli_writes_qwen3_timestamps(kind, tmp_path, capsys) -> None:
         ([bare, "--fps", "0"], "fps must be > 0 and finite"),
         ([bare, "--fps", "nan"], "fps must be > 0 and finite"),
         ([save("long", fps=2.0, frames=14)], "14 frames make 7 frame runs"),
-        ([save("llava", model_type="llava_onevision"), "--fps", "2"], "fps is for qwen3_vl"),
+        (
+            [save("llava", model_type="llava_onevision"), "--fps", "2"],
+            "fps is for qwen3_5 / qwen3_vl payloads only",
+        ),
     ]:
         code, out, err = cli(*args)
         assert code == 2 and out == "", (code, out)
