@@ -73,3 +73,53 @@ def test_backend_records_the_same_log_as_the_plugin(tiny: Any, tmp_path: Path) -
     assert got.tokens_after == call.kept_index.numel() == log.tokens_after
     assert got.tokens_before == log.tokens_before and got.compress_ms == call.ms
     assert got.extra["kept_digests"] == [call.digest] and got.extra["rounds"] == log.rounds
+
+
+class _OneAVideo:
+    """`method` without a batched entry: called once per video (the path before 1.1)."""
+
+    def __init__(self, method: Any) -> None:
+        self.method = method
+        self.needs_attention = bool(method.needs_attention)
+
+    def __call__(self, features: Any, coords: Any, budget: Any, *, importance: Any = None) -> Any:
+        return self.method(features, coords, budget, importance=importance)
+
+
+def test_a_batch_is_one_compress_many_call_equal_to_one_call_a_video(tiny: Any) -> None:
+    """The plugin's two-row batch reaches CRAFT in ONE `compress_many` call: the replies'
+    scores, each video's digest (tokens and rows) and the rows' logs equal those of the same
+    method called once per video; the log keeps one record per video, the call's time shared."""
+    import torch
+
+    from craft_eval.methods.build import TimedCompressor
+
+    model, processor = tiny
+    width = int(model.config.get_text_config().hidden_size)
+    timed = build_compressor("craft", hidden_size=width, allow_untrained=True)
+    assert timed is not None
+    module, seen = timed.method.module, []
+    own = module.compress_many
+
+    def spy(features: Any, coords: Any, budget: Any, **kwargs: Any) -> Any:
+        seen.append(len(features))
+        return own(features, coords, budget, **kwargs)
+
+    module.compress_many = spy
+    inputs = _batch(processor)
+    gen_kwargs = {"max_new_tokens": 2, "do_sample": False, "output_scores": True}
+    gen = CompressedGenerate(model, timed, TokenBudget(ratio=4.0))
+    got = gen.generate(**inputs, **gen_kwargs, return_dict_in_generate=True)
+    assert seen == [2] and len(timed.calls) == 2
+    alone = TimedCompressor(_OneAVideo(timed.method))
+    ref_gen = CompressedGenerate(model, alone, TokenBudget(ratio=4.0))
+    want = ref_gen.generate(**inputs, **gen_kwargs, return_dict_in_generate=True)
+    assert seen == [2] and len(alone.calls) == 2  # the reference: one call a video
+    assert torch.equal(got.sequences, want.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(got.scores, want.scores, strict=True))
+    assert [c.digest for c in timed.calls] == [c.digest for c in alone.calls]
+    assert [(r.tokens_before, r.tokens_after, r.kept_digests, r.rounds) for r in gen.rows] == [
+        (r.tokens_before, r.tokens_after, r.kept_digests, r.rounds) for r in ref_gen.rows
+    ]
+    assert gen.rows[0].tokens_after < gen.rows[0].tokens_before  # it compressed
+    assert sum(r.compression_ms for r in gen.rows) == pytest.approx(timed.elapsed_ms)

@@ -115,9 +115,21 @@ class _Spy:
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    def __call__(self, features: torch.Tensor, coords: torch.Tensor, **kwargs: Any) -> Any:
+    def __call__(
+        self, features: torch.Tensor, coords: torch.Tensor, budget: Any = None, **kwargs: Any
+    ) -> Any:
         self.seen.append((features, coords, kwargs.get("importance")))
-        return self.inner(features, coords, **kwargs)
+        return self.inner(features, coords, budget, **kwargs)
+
+    def compress_many(
+        self, features: list[Any], coords: list[Any], budget: Any, *, importance: Any = None
+    ) -> Any:
+        """The batched entry (`craft_core.compress_many` finds it): each video recorded."""
+        from craft_core import compress_many
+
+        given = [None] * len(features) if importance is None else list(importance)
+        self.seen.extend(zip(features, coords, given))
+        return compress_many(self.inner, features, coords, budget, importance=importance)
 
 
 def _wrap_path(name: str, world: dict[str, Any], models: dict[str, Any], dtype: str) -> Any:

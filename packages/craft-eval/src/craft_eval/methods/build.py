@@ -183,7 +183,8 @@ def result_digest(result: Any) -> str:
 
 @dataclass
 class CallRecord:
-    """One compressor call (one video): its time and what it kept (on the CPU)."""
+    """One video's compression: its time (its share, by token count, of a batched
+    `compress_many` call) and what it kept (on the CPU)."""
 
     ms: float
     coords: torch.Tensor
@@ -194,7 +195,8 @@ class CallRecord:
 
 
 class TimedCompressor:
-    """A built method, timed per call (one call = one video); `calls` records each.
+    """A built method, timed per call; `calls` records each video (one `CallRecord` a video,
+    also for the videos of one `compress_many` call).
 
     A `craft_core.TokenCompressor` declaring what the method declares (`needs_attention`);
     other attributes (`hidden_size`, ...) are the method's.
@@ -238,17 +240,49 @@ class TimedCompressor:
         result = self.method(features, coords, budget, importance=importance)
         _sync(features.device)
         ms = (time.perf_counter() - start) * 1000.0
-        self.calls.append(
-            CallRecord(
-                ms=ms,
-                coords=coords.detach().cpu(),
-                kept_index=result.kept_index.detach().cpu(),
-                assignment=result.assignment.detach().cpu(),
-                digest=result_digest(result),
-                importance=(result.info or {}).get("importance"),
-            )
-        )
+        self.calls.append(_record(ms, coords, result))
         return result
+
+    def compress_many(
+        self,
+        features: Sequence[torch.Tensor],
+        coords: Sequence[torch.Tensor],
+        budget: TokenBudget,
+        *,
+        importance: Sequence[torch.Tensor | None] | None = None,
+    ) -> list[CompressionResult]:
+        """Several videos in ONE call of the method's own batched entry (CRAFT's
+        `compress_many`), timed as one: each video's `CallRecord` gets the call's time shared
+        by token counts (`elapsed_ms` is the call's time). A method without one: one timed
+        call a video (`__call__`), as `craft_core.compress_many` does."""
+        features, coords = list(features), list(coords)
+        own = getattr(self.method, "compress_many", None)
+        if not callable(own):
+            imps = list(importance) if importance is not None else [None] * len(features)
+            return [self(f, c, budget, importance=i) for f, c, i in zip(features, coords, imps)]
+        if not features:
+            return []
+        _sync(features[0].device)
+        start = time.perf_counter()
+        results = list(own(features, coords, budget, importance=importance))
+        _sync(features[0].device)
+        ms = (time.perf_counter() - start) * 1000.0
+        total = sum(int(f.shape[0]) for f in features) or 1
+        for feats, coord, result in zip(features, coords, results):
+            self.calls.append(_record(ms * int(feats.shape[0]) / total, coord, result))
+        return results
+
+
+def _record(ms: float, coords: torch.Tensor, result: CompressionResult) -> CallRecord:
+    """What one video's compression left (on the CPU), timed `ms`."""
+    return CallRecord(
+        ms=ms,
+        coords=coords.detach().cpu(),
+        kept_index=result.kept_index.detach().cpu(),
+        assignment=result.assignment.detach().cpu(),
+        digest=result_digest(result),
+        importance=(result.info or {}).get("importance"),
+    )
 
 
 @dataclass

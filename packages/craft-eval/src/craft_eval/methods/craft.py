@@ -15,6 +15,7 @@ features it receives (only sensible for the training-free variants and for a fre
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,7 @@ from craft_eval.methods.base import Method, Request
 from craft_eval.methods.registry import register_method
 
 if TYPE_CHECKING:
-    from craft_core import CompressionResult
+    from craft_core import CompressionResult, TokenBudget
 
 
 class CraftMethod(Method):
@@ -111,6 +112,28 @@ class CraftMethod(Method):
         module = self.module_for(request.features)
         with torch.no_grad():
             result = module(request.features, request.coords, request.budget)
+        return self._named(result)
+
+    def compress_many(
+        self,
+        features: Sequence[torch.Tensor],
+        coords: Sequence[torch.Tensor],
+        budget: TokenBudget,
+        *,
+        importance: Sequence[torch.Tensor | None] | None = None,
+    ) -> list[CompressionResult]:
+        """Several videos in ONE call of the module's batched entry
+        (`CraftCompressor.compress_many`: each video's tokens and rows the same as `compress`
+        on it alone); `importance` is unused, as in `compress`."""
+        features = list(features)
+        if not features:
+            return []
+        module = self.module_for(features[0])
+        with torch.no_grad():
+            results = module.compress_many(features, list(coords), budget)
+        return [self._named(result) for result in results]
+
+    def _named(self, result: CompressionResult) -> CompressionResult:
         result.info["method"] = self.name
         if self.checkpoint is not None:
             result.info.setdefault("checkpoint", self.checkpoint)
