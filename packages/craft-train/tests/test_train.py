@@ -206,3 +206,45 @@ def test_videos_that_fail_to_decode_are_skipped_and_counted(
     state = json.loads((out / "train_state.json").read_text())
     assert state["skipped_videos"] == 2
     assert json.loads((out / "log.jsonl").read_text().splitlines()[-1])["skipped_videos"] == 2
+
+
+def test_a_step_compresses_its_videos_in_one_call(
+    tiny: TinySetup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step of two videos (a micro-batch of 2, no accumulation) is ONE `compress_many`
+    call of the CRAFT module, and trains as the path before craft-core 1.1 (the module
+    called once per video): the same losses (`==`; the forward is the same bits) and weights
+    within 1e-6 (the batched backward sums the videos' gradients in another order)."""
+    import craft_adapters.splice as splice
+
+    seen: list[int] = []
+    own = CraftCompressor.compress_many
+
+    def spy(self: CraftCompressor, features: list, coords: list, budget: object, **kw: object):  # type: ignore[no-untyped-def]
+        seen.append(len(features))
+        return own(self, features, coords, budget, **kw)  # type: ignore[arg-type]
+
+    def run(out: Path) -> tuple[list[float], dict[str, torch.Tensor]]:
+        optim = {"max_steps": 2, "epochs": 10, "grad_accum": 1, "per_device_batch_size": 2}
+        cfg = load_config(data=tiny.config(out, optim=optim), stage=1)
+        result = train(cfg)
+        assert result.bundle is not None
+        return result.losses, result.bundle.compressor.state_dict()
+
+    monkeypatch.setattr(CraftCompressor, "compress_many", spy)
+    losses, weights = run(tmp_path / "batched")
+    assert seen == [2, 2]  # one call a step, both videos
+    alone: list[int] = []
+
+    def one_a_video(comp: object, feats: list, coords: list, budget: object, **kw: object) -> list:
+        alone.extend(1 for _ in feats)
+        return [comp(f, c, budget) for f, c in zip(feats, coords)]  # type: ignore[operator]
+
+    monkeypatch.setattr(splice, "compress_many", one_a_video)
+    want_losses, want_weights = run(tmp_path / "alone")
+    assert seen == [2, 2] and alone == [1, 1, 1, 1]
+    assert losses == want_losses
+    worst = max(float((weights[k] - v).abs().max()) for k, v in want_weights.items())
+    print(f"largest weight difference after 2 steps: {worst:.3g}")
+    for name, tensor in want_weights.items():
+        torch.testing.assert_close(weights[name], tensor, rtol=0, atol=1e-6, msg=name)
