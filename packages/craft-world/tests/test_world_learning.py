@@ -9,11 +9,19 @@ processes side by side (one CPU core each); each step's 16 questions are one mic
 their videos go through the compressor in ONE `compress_many` call (craft-core 1.1); the
 held-out KLs are computed in batches of clips, in two processes.
 
-The size (STEPS, TRAIN_CLIPS, HELDOUT) is the smallest that learned with a wide margin on
-every seed measured; the figures are in craft-world's README ("Learning, checked in CI").
-The recipe's full stage 2 (300 steps, 3,000 clips, 600 held-out clips: the shipped module,
-bit for bit) is craft-train's `tests/test_world_learning.py` (opt-in,
-`CRAFT_WORLD_LEARNING=1`).
+Measured (one run each, 2 cores shared with other jobs, load ~9; craft-world's README,
+"Learning in CI"): the batched held-out KLs equal the per-clip ones bit for bit and take
+1/6.2 of their time; a step of 16 questions as one micro-batch took 2.4 s against 11.3 s as
+16 micro-batches (4.7x; the two runs' KL drops agree to 1e-7). Where a batched step goes:
+decoding the 16 mp4 files 21%, the rest of the inputs 13%, compress_many 22%, the vision
+tower and LM forward 19%, backward 24%.
+
+NOT YET SIZED, so still opt-in (`CRAFT_WORLD_LEARNING=1`): the size below (the recipe's
+300 steps on 1,000 clips, 300 held-out) was not yet run to the end on several seeds (runs
+of 300 steps took 20-25 s a step with three side by side on the loaded machine), nor seen
+to fail with a planted fault. The recipe's full stage 2 (300 steps, 3,000 clips, 600
+held-out clips: the shipped module, bit for bit) is craft-train's
+`tests/test_world_learning.py` (opt-in, the same variable).
 """
 
 from __future__ import annotations
@@ -34,6 +42,11 @@ import torch
 import yaml
 
 torch.set_num_threads(1)
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("CRAFT_WORLD_LEARNING") != "1",
+    reason="not yet sized to 3 minutes on 2 cores (issue 54, part 3); CRAFT_WORLD_LEARNING=1 runs it",
+)
 
 TRAIN_CLIPS, HELDOUT = 1000, 300
 STEPS, BATCH = 300, 16  # optimizer steps; questions a step (one micro-batch)
