@@ -10,6 +10,6 @@ here imports vLLM at import time.
 
 from craft_vllm.options import CraftConfigError, CraftOptions, read_options
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 __all__ = ["CraftConfigError", "CraftOptions", "read_options"]
