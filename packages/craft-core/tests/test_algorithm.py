@@ -60,7 +60,15 @@ def _batch_results(
     return {case_id(cases[i]): out for i, out in zip(order, outs)}
 
 
-@pytest.mark.parametrize("path", ["", "ATEN_CPU_CAPABILITY=default", "MKL_CBWR=AVX2"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "",
+        # In their own processes (slow): `nox -s core_paths` runs "" on those paths anyway.
+        pytest.param("ATEN_CPU_CAPABILITY=default", marks=pytest.mark.slow),
+        pytest.param("MKL_CBWR=AVX2", marks=pytest.mark.slow),
+    ],
+)
 def test_batches_in_any_composition_and_order_equal_one_video_alone(path: str) -> None:
     """Batch invariance: the 216 reference cases shuffled into batches (cases of one config
     and budget share a compressor), each video's tokens, owners, rounds and rows equal to

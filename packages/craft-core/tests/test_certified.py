@@ -189,12 +189,19 @@ def test_a_looser_matmul_precision_widens_the_bound() -> None:
 
 
 @pytest.mark.slow
-def test_certified_equals_exact_at_65536_tokens() -> None:
-    # One big static-frame video on the full path: 65,536 tokens, a few rounds.
+def test_certified_equals_exact_at_65536_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One big static-frame video, 65,536 tokens, a few rounds, on the padded loop (its
+    # pairing is the certified one: `buffered_partners`, and `certified_partners` in its
+    # eager fallback rounds), run on the CPU as test_graphed does; and on the eager loop.
+    monkeypatch.setattr(CraftCompressor, "compile_on_cpu", True)
     x, coords = clip("letterbox", seed=9, frames=1024, grid=8, dim=8)
-    common = {"sim_dim": 16, "sim_block": 2048, "pairing": "full", "reduce": "target"}
-    certified = run(x, coords, {"ratio": 1.5}, **common)
+    common = {"sim_dim": 16, "sim_block": 2048, "reduce": "target"}
+    certified = run(x, coords, {"ratio": 1.5}, cuda_graphs=True, **common)
+    assert certified.info["pairing"] == "graphed"
     assert_plain(certified, x, coords, {"ratio": 1.5}, **common)
+    eager = run(x, coords, {"ratio": 1.5}, **common)
+    assert_same(eager, certified)
+    assert torch.equal(eager.features, certified.features)
 
 
 def test_certified_pass_at_16384_tokens_of_a_static_clip() -> None:

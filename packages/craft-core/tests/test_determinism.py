@@ -1,6 +1,6 @@
 """Selection is a pure function of (features, coords, config, budget).
 
-The same kept tokens, assignment and rounds for every `sim_block`, both pairing strategies,
+The same kept tokens, assignment and rounds for every `sim_block`, alone or in a batch,
 low-precision input and its float32 upcast, and CPU instruction paths (a subprocess under
 `ATEN_CPU_CAPABILITY=default` / `MKL_CBWR=AVX2` must agree with this process). Inputs are
 video-like with static frames and duplicated tokens, where equal similarities are common.
@@ -55,16 +55,15 @@ BUDGETS = [{"ratio": 8.0}, {"ratio": 2.5}, {"threshold": 0.7}]
 
 @pytest.mark.parametrize("budget", BUDGETS)
 @pytest.mark.parametrize("seed", range(3))
-def test_selection_is_the_same_for_every_sim_block_and_pairing(seed: int, budget: dict) -> None:
+def test_selection_is_the_same_for_every_sim_block(seed: int, budget: dict) -> None:
     x, coords = static_video(seed)
     results = {}
-    for pairing in ("incremental", "full"):
-        for block in (1, 3, 16, 2048):
-            config = CraftConfig(hidden_size=32)
-            with torch.no_grad():
-                out = trained_looking(config, sim_block=block, pairing=pairing)(x, coords, **budget)
-            results[(pairing, block)] = (signature(out), out.features)
-    first_sig, first_rows = results[("incremental", 2048)]
+    for block in (1, 3, 16, 2048):
+        config = CraftConfig(hidden_size=32)
+        with torch.no_grad():
+            out = trained_looking(config, sim_block=block)(x, coords, **budget)
+        results[block] = (signature(out), out.features)
+    first_sig, first_rows = results[2048]
     assert first_sig[2] >= 2, "the case must take several rounds"
     for key, (sig, rows) in results.items():
         assert sig == first_sig, key
@@ -109,11 +108,10 @@ SCRIPT = textwrap.dedent(
     out = []
     for seed in range(3):
         x, coords = static_video(seed, frames=16, grid=8, dim=64)
-        for pairing in ("incremental", "full"):
-            compressor = trained_looking(CraftConfig(hidden_size=64), sim_block=100, pairing=pairing)
-            with torch.no_grad():
-                for budget in ({{"ratio": 6.0}}, {{"threshold": 0.8}}):
-                    out.append(signature(compressor(x, coords, **budget)))
+        compressor = trained_looking(CraftConfig(hidden_size=64), sim_block=100)
+        with torch.no_grad():
+            for budget in ({{"ratio": 6.0}}, {{"threshold": 0.8}}):
+                out.append(signature(compressor(x, coords, **budget)))
     print(json.dumps(out))
     """
 )
@@ -155,41 +153,68 @@ def test_compress_many_equals_independent_calls() -> None:
             assert torch.equal(out.features, alone.features)
 
 
-@pytest.mark.parametrize("budget", [{"ratio": 8.0}, {"threshold": 0.9}])
-def test_full_pairing_round_reads_the_host_once(budget: dict) -> None:
-    # N = 4,096 (16 frames of 16 x 16), the GPU path counted on the CPU. Drifting frames
-    # without exact copies: every row in doubt fits the exact recheck's buffer.
-    gen = torch.Generator().manual_seed(0)
+def drifting_video(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """N = 4,096 (16 frames of 16 x 16): a scene drifting, no exact copies."""
+    gen = torch.Generator().manual_seed(seed)
     x = noise(256, 64, generator=gen).repeat(16, 1) + 0.3 * noise(4096, 64, generator=gen)
-    coords = grid_coords(16, 16, 16)
-    compressor = CraftCompressor(CraftConfig(hidden_size=64), pairing="full")
+    return x, grid_coords(16, 16, 16)
+
+
+@pytest.mark.parametrize("budget", [{"ratio": 8.0}, {"threshold": 0.9}])
+def test_the_eager_round_reads_the_host_once_alone_or_in_a_batch(budget: dict) -> None:
+    # The GPU path counted on the CPU, for one video and for a batch of 8 (which leave the
+    # batch at different rounds): per round ONE transfer of the round's sizes, whatever the
+    # batch size. Per call: the active counts (one transfer) and, in threshold mode, the last
+    # round that finds no edge; per video: its input check (max |x|, `_local_scalar_dense`).
+    compressor = CraftCompressor(CraftConfig(hidden_size=64))
+    videos = [drifting_video(seed) for seed in range(8)]
+    x, coords = videos[0]
     with torch.no_grad():
         compressor(x, coords, **budget)  # phi(m) is computed once per round index per process
-        with OpCounter() as count:
+        with OpCounter() as alone:
             out = compressor(x, coords, **budget)
-    assert out.rounds >= 5 and out.info["fallbacks"] == 0
-    # Per round: one transfer of the round's sizes and rows in doubt. Once per call: the
-    # input check's max |x|, and the last round that finds no edge (threshold mode).
-    assert count.syncs <= out.rounds + 2, dict(count.sync_ops)
-    assert set(count.sync_ops) <= {"tolist", "_local_scalar_dense"}, dict(count.sync_ops)
-    # Measured 222 (ratio) and 242 (threshold) ops per round, warm: a regression guard.
-    # The issue's target of 60 is NOT met in eager mode (see the README).
-    assert count.ops <= 260 * out.rounds, count.ops / out.rounds
+        with OpCounter() as batched:
+            outs = compressor.compress_many(
+                [v[0] for v in videos], [v[1] for v in videos], **budget
+            )
+    assert out.rounds >= 5 and out.info == {**out.info, "pairing": "batched", "batch": 1}
+    assert all(o.info["batch"] == 8 for o in outs)
+    assert len({o.rounds for o in outs}) > 1  # videos leave the batch at different rounds
+    rounds = max(o.rounds for o in outs)
+    per_call = 2 if "threshold" in budget else 1
+    for count, calls_rounds, videos_in in ((alone, out.rounds, 1), (batched, rounds, 8)):
+        assert set(count.sync_ops) <= {"tolist", "_local_scalar_dense"}, dict(count.sync_ops)
+        # At most one a round, plus the per-call and per-video ones. (Run alone, the counts
+        # are exact: `tolist` rounds + per_call, `_local_scalar_dense` one a video; after the
+        # other tests of this file the input checks were not seen at all: not understood.)
+        assert calls_rounds <= count.syncs <= calls_rounds + per_call + videos_in, dict(
+            count.sync_ops
+        )
+    # Ops: a regression guard, not a target. Measured 280 (ratio) and 287 (threshold) ops
+    # per round for one video, warm; a batch of 8 costs about 1.1x the ops of one a round
+    # (the rounds are batched, not looped over videos).
+    assert alone.ops <= 320 * out.rounds, alone.ops / out.rounds
+    assert batched.ops / rounds <= 1.25 * alone.ops / out.rounds, (batched.ops, alone.ops)
 
 
-def test_a_full_recheck_buffer_falls_back_exactly() -> None:
-    # A static clip: almost every row is in doubt, far more than the buffer holds.
+def test_a_full_recheck_buffer_falls_back_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The padded loop (`compiled.py`, run on the CPU as test_compiled / test_graphed do) on a
+    # static clip: almost every row is in doubt, far more than its recheck buffer holds, so
+    # rounds are redone by `compiled.fallback_round`; the tokens and rows stay the eager
+    # loop's.
+    monkeypatch.setattr(CraftCompressor, "compile_on_cpu", True)
     x, coords = static_video(2, frames=12, grid=6, dim=32)
     x = x[:36].repeat(12, 1)  # every token has 11 exact copies: 432 rows in doubt
     results = {}
-    for pairing in ("full", "incremental"):
+    for name, options in (("eager", {}), ("padded", {"cuda_graphs": True})):
         torch.manual_seed(0)
-        compressor = CraftCompressor(CraftConfig(hidden_size=32), pairing=pairing, sim_block=16)
+        compressor = CraftCompressor(CraftConfig(hidden_size=32), sim_block=16, **options)
         with torch.no_grad():
-            results[pairing] = compressor(x, coords, ratio=6.0)
-    assert results["full"].info["fallbacks"] > 0
-    assert signature(results["full"]) == signature(results["incremental"])
-    assert torch.equal(results["full"].features, results["incremental"].features)
+            results[name] = compressor(x, coords, ratio=6.0)
+    assert results["padded"].info["pairing"] == "graphed"
+    assert results["padded"].info["fallbacks"] > 0
+    assert signature(results["padded"]) == signature(results["eager"])
+    assert torch.equal(results["padded"].features, results["eager"].features)
 
 
 def test_op_counter_sees_syncs_and_views() -> None:

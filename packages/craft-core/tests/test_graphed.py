@@ -37,7 +37,7 @@ from craft_core.merge import round_embedding
 from craft_core.opcount import OpCounter
 from craft_core.selection import grid_projection
 
-GRAPHED = {"pairing": "full", "cuda_graphs": True}
+GRAPHED = {"cuda_graphs": True}
 
 
 @pytest.fixture(autouse=True)
@@ -176,5 +176,6 @@ def test_cuda_graphs_are_refused_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> No
         compressor(x, coords, ratio=4.0)
     with pytest.raises(ValueError, match="choose one"):
         CraftCompressor(CraftConfig(hidden_size=24), cuda_graphs=True, compile=True)
-    with pytest.raises(ValueError, match="cuda_graphs=True runs its own"):
-        CraftCompressor(CraftConfig(hidden_size=24), cuda_graphs=True, pairing="dense")
+    for pairing in ("auto", "full", "dense", "incremental"):  # removed in 1.1: refused by name
+        with pytest.raises(ValueError, match="pairing was removed"):
+            CraftCompressor(CraftConfig(hidden_size=24), cuda_graphs=True, pairing=pairing)

@@ -6,7 +6,7 @@ the projection to 22 bits, E to 2^-23, similarities as integer dot products via 
 recomputes every similarity every round, and walks the selection rules one token at a time.
 Inputs carry planted exact duplicates and static frames, where a floating-point similarity
 would round equal values differently by path. Every combination of budget, reduce, weighting
-and pairing strategy is covered over more than 200 cases.
+and sim_block is covered over more than 200 cases.
 """
 
 from __future__ import annotations
@@ -188,8 +188,8 @@ def test_compressor_equals_reference(case: Case) -> None:
 
 
 def test_reference_agrees_on_a_larger_video_like_input() -> None:
-    # Enough tokens that the incremental pairing takes both its paths (list hits and
-    # full recomputes) many times.
+    # Enough tokens that the incremental re-pairing takes both its paths (partners kept
+    # against the changed targets only, and full re-pairs) many times.
     dim, n = 16, 240
     gen = torch.Generator().manual_seed(7)
     base = noise(30, dim, generator=gen)

@@ -22,9 +22,9 @@ def live(precision: str = "exact", **options) -> CraftCompressor:  # type: ignor
     return live_weights(CraftCompressor(config, precision=precision, **options), 3)
 
 
-@pytest.mark.parametrize("field", ["compile", "pairing", "sim_block"])
+@pytest.mark.parametrize("field", ["compile", "sim_block"])
 def test_config_refuses_a_run_option_and_says_where_it_went(field: str) -> None:
-    value = {"compile": True, "pairing": "full", "sim_block": 64}[field]
+    value = {"compile": True, "sim_block": 64}[field]
     with pytest.raises(ValueError, match=f"{field} is not a CraftConfig field.*run option"):
         CraftConfig(hidden_size=8, **{field: value})
 
@@ -39,6 +39,25 @@ def test_the_removed_selection_option_is_refused_by_name() -> None:
         CraftCompressor(CraftConfig(hidden_size=8), selection="exact")
 
 
+@pytest.mark.parametrize("value", ["incremental", "full", "dense", "auto", "batched"])
+def test_the_removed_pairing_option_is_refused_by_name(value: str) -> None:
+    # 1.1 removed pairing='incremental' / 'full' / 'dense': one batched eager runner.
+    with pytest.raises(ValueError, match="pairing was removed"):
+        RunOptions(pairing=value)
+    with pytest.raises(ValueError, match="pairing was removed"):
+        CraftCompressor(CraftConfig(hidden_size=8), pairing=value)
+    with pytest.raises(ValueError, match="pairing was removed"):
+        CraftCompressor(CraftConfig(hidden_size=8), compile=True, pairing=value)
+    with pytest.raises(ValueError, match="pairing was removed"):
+        CraftCompressor.from_pretrained("absent-folder", pairing=value)  # before any file
+    with pytest.raises(ValueError, match="pairing is not a CraftConfig field"):
+        CraftConfig(hidden_size=8, pairing=value)
+    module = CraftCompressor(CraftConfig(hidden_size=8), precision="fast")
+    with pytest.raises(ValueError, match="pairing was removed"):
+        module.configure(pairing=value)
+    assert module.options == RunOptions(precision="fast")  # a refused configure changes nothing
+
+
 def test_run_options_are_checked_by_name() -> None:
     with pytest.raises(ValueError, match="precision"):
         RunOptions(precision="double")  # type: ignore[arg-type]
@@ -48,8 +67,8 @@ def test_run_options_are_checked_by_name() -> None:
         CraftCompressor(CraftConfig(hidden_size=8), warp_speed=2)
     with pytest.raises(ValueError, match="threads"):
         RunOptions(threads=0)
-    with pytest.raises(ValueError, match=r"compile=True.*pairing 'dense'"):
-        RunOptions(compile=True, pairing="dense")
+    with pytest.raises(ValueError, match=r"compile=True.*cuda_graphs=True"):
+        RunOptions(compile=True, cuda_graphs=True)
 
 
 def test_old_checkpoint_with_run_options_loads_with_a_warning(tmp_path: Path) -> None:
@@ -60,8 +79,10 @@ def test_old_checkpoint_with_run_options_loads_with_a_warning(tmp_path: Path) ->
     # A 0.6 checkpoint: the same file with the run options of the time in it.
     old = {**saved, "compile": True, "pairing": "full", "selection": "certified", "sim_block": 7}
     (tmp_path / "config.json").write_text(json.dumps(old))
-    with pytest.warns(LegacyConfigWarning, match="compile=True.*ignored.*from_pretrained"):
+    with pytest.warns(LegacyConfigWarning, match="compile=True.*ignored.*from_pretrained") as seen:
         loaded = CraftCompressor.from_pretrained(tmp_path, precision="fast")
+    # pairing, a run option of 0.6 removed in 1.1, is dropped like the others, not refused.
+    assert "pairing='full'" in str(seen[0].message)
     assert loaded.config == module.config
     assert loaded.options == RunOptions(precision="fast")  # the checkpoint's choices ignored
     for name, tensor in module.state_dict().items():
@@ -75,16 +96,17 @@ def test_a_bad_run_option_fails_before_any_file_is_read(tmp_path: Path) -> None:
 
 def test_configure_changes_how_it_runs_not_what_it_computes() -> None:
     x, coords = make_tokens(5, 64, 32)
-    module = live(pairing="full")
+    module = live(sim_block=2048)
     with torch.no_grad():
-        full = module(x, coords, ratio=4.0)
-        assert module.configure(pairing="incremental") is module
-        assert module.options.pairing == "incremental" and module.options.precision == "exact"
-        incremental = module(x, coords, ratio=4.0)
-    assert full.info["pairing"] == "FullPairing"
-    assert incremental.info["pairing"] == "PairingState"
-    assert torch.equal(full.kept_index, incremental.kept_index)
-    assert torch.equal(full.features, incremental.features)
+        wide = module(x, coords, ratio=4.0)
+        assert module.configure(sim_block=7) is module
+        assert module.options.sim_block == 7 and module.options.precision == "exact"
+        narrow = module(x, coords, ratio=4.0)
+    assert wide.info["pairing"] == narrow.info["pairing"] == "batched"
+    assert wide.info["batch"] == narrow.info["batch"] == 1
+    assert torch.equal(wide.kept_index, narrow.kept_index)
+    assert torch.equal(wide.assignment, narrow.assignment)
+    assert torch.equal(wide.features, narrow.features)
 
 
 def test_fast_precision_is_float32_within_its_rounding_of_exact() -> None:
@@ -113,13 +135,13 @@ def test_fast_precision_keeps_gradients() -> None:
 def test_threads_hold_for_the_call_only(threads: int | None, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     module = live(threads=threads)
     seen = []
-    forward = module.merge.forward
+    fuse_all = module.merge.fuse_all  # the merge of every round (batched.py's `_fuse`)
 
     def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
         seen.append(torch.get_num_threads())
-        return forward(*args, **kwargs)
+        return fuse_all(*args, **kwargs)
 
-    monkeypatch.setattr(module.merge, "forward", spy)
+    monkeypatch.setattr(module.merge, "fuse_all", spy)
     x, coords = make_tokens(8, 40, 32)
     saved = torch.get_num_threads()
     torch.set_num_threads(2)

@@ -134,12 +134,12 @@ def test_craft_from_checkpoint(tmp_path) -> None:  # type: ignore[no-untyped-def
 
 
 def test_craft_run_options_reach_the_compressor(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    # craft-core's run options (precision, pairing, ...) are method options too: on a fresh
-    # module and on a checkpoint, never written into the config.
+    # craft-core's run options (precision, sim_block, ...) are method options too: on a
+    # fresh module and on a checkpoint, never written into the config.
     from craft_core import CraftCompressor, CraftConfig
 
-    fresh = get_method("craft", hidden_size=16, precision="fast", pairing="full")
-    assert fresh.module.options.precision == "fast" and fresh.module.options.pairing == "full"
+    fresh = get_method("craft", hidden_size=16, precision="fast", sim_block=64)
+    assert fresh.module.options.precision == "fast" and fresh.module.options.sim_block == 64
     CraftCompressor(CraftConfig(hidden_size=16)).save_pretrained(tmp_path / "ckpt")
     loaded = get_method("craft", checkpoint=tmp_path / "ckpt", precision="fast", seed=3)
     assert loaded.module.options.precision == "fast" and loaded.module.config.seed == 3

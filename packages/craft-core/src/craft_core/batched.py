@@ -249,14 +249,28 @@ def start_tables(
 ) -> tuple[Tables, torch.Tensor]:
     """The flat tables of a batch and its `[B, max N]` active matrix, every token paired."""
     device, width = features[0].device, features[0].shape[1]
-    counts = torch.tensor([f.shape[0] for f in features], device=device)
-    total = int(sum(f.shape[0] for f in features))
+    sizes = [int(f.shape[0]) for f in features]
     zero_row = torch.zeros(1, width, device=device)
-    rows = torch.cat([*(f.float() for f in features), zero_row])
+    rows = torch.cat([*(f.float() for f in features), zero_row])  # autograd reaches features
+    with torch.no_grad():
+        return _paired_tables(rows, coords, sizes, weight, block)
+
+
+def _paired_tables(
+    rows: torch.Tensor,
+    coords: list[torch.Tensor],
+    sizes: list[int],
+    weight: torch.Tensor,
+    block: int,
+) -> tuple[Tables, torch.Tensor]:
+    """`start_tables` past the rows (`[Z + 1, D]`, the dummy last; `sizes` each video's N),
+    without autograd."""
+    device, total = rows.device, rows.shape[0] - 1
+    counts = torch.tensor(sizes, device=device)
     embed, norms = row_keys(rows, weight, block)  # the dummy's row is zero: zero keys
     coords_table = torch.cat([*coords, coords[0].new_zeros(1, 3)])
     offsets = torch.cumsum(counts, 0) - counts
-    slots = torch.arange(max(f.shape[0] for f in features), device=device)
+    slots = torch.arange(max(sizes), device=device)
     active = torch.where(slots < counts.unsqueeze(1), offsets.unsqueeze(1) + slots, total)
     f64 = torch.float64
     tables = Tables(

@@ -18,11 +18,11 @@ bucket it passes through; rounds in one bucket share it), and a second video of 
 in the same bucket compiles nothing. The round's one host sync reads its sizes (edges,
 targets, lone targets, rows in doubt): the stop test and the next bucket.
 
-Exactness on a CPU is the eager loop's, rows included: the same certified pairing
-(`certify.buffered_partners`, the `full` strategy), the same selection with masks, the merge
-in float64 rounded once (`GatedMerge.fuse_all`). If more rows are in doubt than the recheck
-buffer holds (`spare`), the graph merges nothing and the round is redone eagerly
-(`CraftCompressor._fallback_round`).
+Exactness on a CPU is the eager loop's, rows included: certified partners (a float32 pass
+with an error bound and exact rechecks, `certify.buffered_partners`), the same selection with
+masks, the merge in float64 rounded once (`GatedMerge.fuse_all`). If more rows are in doubt
+than the recheck buffer holds (`spare`), the graph merges nothing and the round is redone
+eagerly (`fallback_round`).
 On CUDA the tokens are the same but not every row bit: Triton's float64 (the gate, the
 softmax) differs from ATen's by up to ~1e-13 relative, so a once-rounded float32 value now
 and then lands one ulp away (measured on an H100: README, "On a GPU").

@@ -174,9 +174,8 @@ class CraftCompressor(
         started = time.perf_counter()
         tracks_grad = any(self._tracks_grad(f) for f in features)
         dtype, block = self.options.merge_dtype(), self.options.sim_block
-        with torch.no_grad():
-            weight = grid_projection(self.projection)
-            tables, active = start_tables(features, coords, weight, block)
+        weight = grid_projection(self.projection)
+        tables, active = start_tables(features, coords, weight, block)
         with self.merge.parameters_cast(dtype):
             run = (weight, block, dtype, tracks_grad)
             kept, rounds = run_rounds(self.merge, tables, active, budgets, run)

@@ -34,7 +34,8 @@ StrictInt = Annotated[int, BeforeValidator(_whole)]
 
 LEGACY_FIELDS = ("compile", "pairing", "selection", "sim_block")
 """Fields of 0.2-0.6 that are run options since 1.0 (`runtime.RunOptions`), or, for
-`selection` (its `exact` and `recheck` checks never ran faster), removed."""
+`selection` (its `exact` and `recheck` checks never ran faster) and `pairing` (one eager
+runner since 1.1), removed."""
 
 
 class CraftConfig(BaseModel):
@@ -115,6 +116,11 @@ class CraftConfig(BaseModel):
                 raise ValueError(
                     "selection is not a CraftConfig field since craft-core 1.0: it was "
                     "removed (selection is always the certified exact one); drop it"
+                )
+            if "pairing" in data:
+                raise ValueError(
+                    "pairing is not a CraftConfig field since craft-core 1.0, nor a run "
+                    "option since 1.1 (every eager call runs the one batched round): drop it"
                 )
             moved = [k for k in LEGACY_FIELDS if k in data]
             if moved:
