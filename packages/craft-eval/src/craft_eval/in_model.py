@@ -62,10 +62,11 @@ def scaled_stage_options(method: str, model: Any) -> dict[str, Any]:
     """`{"layer": L}` for a two-stage `method` on a model of another depth than the
     official 28 layers: the official layer at the same relative depth,
     `round(layer * layers / 28)` within `[1, layers - 1]` (the demo's and the world
-    table's choice: the world's 4-layer backbone gets layer 3); `{}` for other methods."""
+    table's choice: the world's 4-layer backbone gets layer 3); `{}` for other methods and
+    for "none" (the uncompressed run, no registered method)."""
     from craft_eval.methods import get_method, get_method_info
 
-    if "layer" not in (get_method_info(method).options or ()):
+    if method == "none" or "layer" not in (get_method_info(method).options or ()):
         return {}
     official = int(get_method(method).in_model_stage.layer)  # type: ignore[attr-defined]
     count = int(model.config.get_text_config().num_hidden_layers)
