@@ -206,21 +206,8 @@ def select(
     is_target = torch.zeros_like(is_target).index_put_((torch.where(keep, targets, spare),), keep)
     leaving = torch.zeros_like(is_target).index_put_((torch.where(keep, sources, spare),), keep)
     touched = is_target | leaving
-    touched[dummy] = False
-    # Kept edges first, grouped by ascending target (one sort of the flat edge list).
-    order_key = torch.where(keep, targets, spare + 1).flatten()
-    sorted_key, order = torch.sort(order_key, stable=True)
-    group = torch.nn.functional.pad(torch.cumsum(sorted_key[1:] != sorted_key[:-1], 0), (1, 0))
-    edge_targets = sorted_key.clamp(max=dummy)
-    row_target = torch.empty_like(edge_targets).scatter_(0, group, edge_targets)
-    # Ids each video re-pairs in full: its targets (changed rows), and tokens none of whose
-    # listed candidates that stay unchanged beats the bound (the partner must be searched).
-    target_here = is_target[active]
-    still = tables.listed_sim[active].masked_fill(touched[tables.listed[active]], NEG)
-    redo = (target_here | (still.amax(dim=2) <= tables.bound[active])) & ~leaving[active]
-    redo = redo & (active != dummy)
-    changed = torch.sort(torch.where(target_here, active, dummy), dim=1).values
-    redo_ids = torch.sort(torch.where(redo, active, dummy), dim=1).values
+    edge_targets, order, group, row_target = _group_by_target(keep, targets, dummy)
+    target_here, redo, changed, redo_ids = _to_repair(tables, active, is_target, touched)
     sizes = torch.cat(
         [
             keep.sum(1),
@@ -242,6 +229,40 @@ def select(
         touched,
         sizes,
     )
+
+
+def _to_repair(
+    tables: Tables, active: torch.Tensor, is_target: torch.Tensor, touched: torch.Tensor
+) -> tuple[torch.Tensor, ...]:
+    """Ids each video re-pairs in full: its targets (changed rows), and tokens none of whose
+    listed candidates that stay unchanged beats the bound (the partner must be searched).
+
+    -> `(target here [B, M], redo [B, M] bool, changed ids [B, M], redo ids [B, M])`, the
+    ids ascending then padding."""
+    dummy = tables.dummy
+    target_here = is_target[active]
+    leaving = touched[active] & ~target_here  # a target is never a source
+    still = tables.listed_sim[active].masked_fill(touched[tables.listed[active]], NEG)
+    redo = (target_here | (still.amax(dim=2) <= tables.bound[active])) & ~leaving
+    redo = redo & (active != dummy)
+    changed = torch.sort(torch.where(target_here, active, dummy), dim=1).values
+    redo_ids = torch.sort(torch.where(redo, active, dummy), dim=1).values
+    return target_here, redo, changed, redo_ids
+
+
+def _group_by_target(
+    keep: torch.Tensor, targets: torch.Tensor, dummy: int
+) -> tuple[torch.Tensor, ...]:
+    """Kept edges first, grouped by ascending target: one sort of the flat edge list.
+
+    `keep`, `targets` `[B, K]` -> `(edge targets [B*K] sorted (masked: dummy), order [B*K],
+    group [B*K] target row of each edge, row_target [B*K] target id of each row)`."""
+    order_key = torch.where(keep, targets, dummy + 2).flatten()
+    sorted_key, order = torch.sort(order_key, stable=True)
+    group = torch.nn.functional.pad(torch.cumsum(sorted_key[1:] != sorted_key[:-1], 0), (1, 0))
+    edge_targets = sorted_key.clamp(max=dummy)
+    row_target = torch.empty_like(edge_targets).scatter_(0, group, edge_targets)
+    return edge_targets, order, group, row_target
 
 
 def start_tables(
@@ -293,12 +314,10 @@ def _paired_tables(
 def _write_pairs(tables: Tables, ids: torch.Tensor, pairs: Pairs) -> None:
     """`ids`' (`[B, R]`) exact partners and lists written, pending cleared; padding writes
     land on the dummy, which is reset."""
-    dummy = tables.dummy
     for table, values in zip(_pair_tables(tables), pairs):
         table.index_put_((ids,), values)
     tables.pending.index_put_((ids,), torch.zeros_like(ids, dtype=torch.bool))
     _reset_dummy(tables)
-    del dummy
 
 
 def _pair_tables(tables: Tables) -> tuple[torch.Tensor, ...]:
@@ -371,14 +390,13 @@ def run_rounds(
     Args:
         merge: the `GatedMerge`.
         tables, active: from `start_tables` (row b of `active` is video b).
-        budgets: each video's resolved budget (one threshold for all).
-        run: `(grid_projection(W_rand) [D, d], block, the merge's dtype, tracks_grad)`.
+        budgets: each video's resolved budget (one threshold for all); `run`:
+            `(grid_projection(W_rand) [D, d], block, the merge's dtype, tracks_grad)`.
 
     Returns:
         `(kept ids [n_b] ascending, rounds)` of each video; `tables` hold the rows and owners.
     """
-    block = run[1]
-    threshold = budgets[0].threshold
+    block, threshold = run[1], budgets[0].threshold
     count = [int(n) for n in (active != tables.dummy).sum(1).tolist()]
     live = list(range(len(budgets)))  # the video of each row of `active`
     kept: list[torch.Tensor] = [active[0, :0]] * len(budgets)
@@ -407,32 +425,36 @@ def run_rounds(
         _fuse(merge, tables, chosen, (sum(edges), sizes[-1]), phi, run)
         # A video that selected nothing would select nothing again: it leaves the batch.
         going = [e > 0 for e in edges]
-        changed, redo_ids = chosen.changed, chosen.redo
-        if not all(going):
-            rows = torch.tensor([i for i in range(b) if going[i]], device=active.device)
-            changed, redo_ids = changed[rows], redo_ids[rows]
-            edges, targets, redo = (
-                [x[i] for i in range(b) if going[i]] for x in (edges, targets, redo)
-            )
+        changed, redo_ids, edges, targets, redo = _going(
+            going, (chosen.changed, chosen.redo), (edges, targets, redo)
+        )
         active, live = _leave(active, live, going, count, kept)
         with torch.no_grad():
-            # Retire: the sources leave each row (one sort pushes them into the padding).
-            active = torch.sort(
-                torch.where(chosen.leaving[active], tables.dummy, active), dim=1
-            ).values
+            active = _retire(tables, active, chosen.leaving)
             for i, v in enumerate(live):
                 count[v] -= edges[i]
                 rounds[v] += 1
             active = active[:, : max(count[v] for v in live)]
-            _repair(
-                tables,
-                active,
-                chosen,
-                changed[:, : max(targets)],
-                redo_ids[:, : max(redo)],
-                block,
-            )
+            changed, redo_ids = changed[:, : max(targets)], redo_ids[:, : max(redo)]
+            _repair(tables, active, chosen, changed, redo_ids, block)
     return kept, rounds
+
+
+def _going(
+    going: list[bool], rows: tuple[torch.Tensor, ...], sizes: tuple[list[int], ...]
+) -> tuple:
+    """The `[B, .]` tensors `rows` and per-video `sizes` of the videos that stay (`going`)."""
+    if all(going):
+        return (*rows, *sizes)
+    index = torch.tensor([i for i, g in enumerate(going) if g], device=rows[0].device)
+    kept_sizes = ([x[i] for i, g in enumerate(going) if g] for x in sizes)
+    return (*(r[index] for r in rows), *kept_sizes)
+
+
+def _retire(tables: Tables, active: torch.Tensor, leaving: torch.Tensor) -> torch.Tensor:
+    """`active [B, M]` without the round's sources (`leaving [Z + 2]`): one sort pushes them
+    into the padding."""
+    return torch.sort(torch.where(leaving[active], tables.dummy, active), dim=1).values
 
 
 def _leave(
