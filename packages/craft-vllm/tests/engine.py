@@ -45,11 +45,20 @@ class Reference(NamedTuple):
     plan: CraftCall | None = None  # what the CRAFT module was given and kept (None: no module)
 
 
-def _recorder(calls: list[CraftCall]) -> Callable[..., None]:
-    def hook(_module: Any, args: tuple[Any, ...], out: Any) -> None:
-        calls.append(CraftCall(args[0].detach().float().cpu(), out.kept_index.cpu().clone()))
+def _record_compress_many(compressor: Any, calls: list[CraftCall]) -> Callable[[], None]:
+    """Record each video `compressor` compresses through its batched entry (craft-adapters
+    calls `craft_core.compress_many`, which runs the compressor's own `compress_many`; a
+    forward hook would see nothing). Returns the function that puts the entry back."""
+    batched = compressor.compress_many
 
-    return hook
+    def record(features: Any, coords: Any, *args: Any, **kwargs: Any) -> Any:
+        results = batched(features, coords, *args, **kwargs)
+        for f, r in zip(features, results):
+            calls.append(CraftCall(f.detach().float().cpu(), r.kept_index.cpu().clone()))
+        return results
+
+    compressor.compress_many = record
+    return lambda: delattr(compressor, "compress_many")
 
 
 def overrides(
@@ -197,7 +206,7 @@ def adapters_generate(
     processor = kind.processor()
     calls: list[CraftCall] = []
     if isinstance(compressor, torch.nn.Module):
-        handle = compressor.register_forward_hook(_recorder(calls))
+        restore = _record_compress_many(compressor, calls)
     out = []
     for frames in videos:
         inputs = craft_adapters.build_inputs(processor, frames, FPS, QUESTION)
@@ -222,7 +231,7 @@ def adapters_generate(
         plan = calls[-1] if calls else None
         out.append(Reference(new, int(length), margins[: len(new)], logprobs[0], plan))
     if isinstance(compressor, torch.nn.Module):
-        handle.remove()
+        restore()
     return out
 
 
