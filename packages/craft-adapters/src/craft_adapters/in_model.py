@@ -17,6 +17,16 @@ the compressed video cannot be stored and served again: `refuse_compress_once` r
 naming the method, wherever craft-adapters compresses a video once for many questions.
 Batches of one prompt only (ValueError otherwise); every video of the prompt is scored
 together, as the official code does with its one visual span.
+
+Every backbone craft-adapters supports (tested on each tiny model against a hand-spliced
+reference, `tests/test_in_model.py`): Qwen2.5-VL, Qwen3-VL, Qwen3.5, LLaVA-OneVision,
+InternVL, GLM-4.1V. Qwen3-VL's deepstack rows, added after the first decoder layers, are
+index-selected with the rows when a level comes after the drop (`L` below the number of
+levels). Qwen3.5's Gated-DeltaNet layers: layer `L - 1` must be a softmax-attention layer
+(else a ValueError naming the model class and the layers that qualify); the linear layers
+from `L` on run, and keep their recurrent state, on the kept rows. `video_rows=` runs the
+same on a bare language model fed `inputs_embeds` (craft-eval's efficiency bench times its
+prefill with the drop).
 """
 
 from __future__ import annotations
@@ -100,17 +110,17 @@ def _scoring_attention(module: Any, query: torch.Tensor, key: torch.Tensor, *arg
 AttentionInterface.register(SCORING, _scoring_attention)
 
 
-def _decoder_layers(model: Any) -> torch.nn.ModuleList:
-    """The decoder layers of the VLM's language model (`model.model.language_model`)."""
+def _language_model(model: Any) -> Any:
+    """The VLM's language model (`model.model.language_model`), or `model` itself when it
+    is a bare language model (`model.layers`)."""
     inner = getattr(model, "model", model)
-    lm = getattr(inner, "language_model", None)
-    layers = getattr(lm, "layers", None)
-    if not isinstance(layers, torch.nn.ModuleList):
+    lm = getattr(inner, "language_model", model)
+    if not isinstance(getattr(lm, "layers", None), torch.nn.ModuleList):
         raise ValueError(
             f"InModelDrop: {type(model).__name__} has no model.language_model.layers; "
             "give the Hugging Face VLM (or a wrap() of it)"
         )
-    return layers
+    return lm
 
 
 class InModelDrop:
@@ -121,14 +131,27 @@ class InModelDrop:
         rule: a `KeepRule` (e.g. `top_fraction(0.3)`), called once per prefill.
         layer: `L`, 1 <= L < number of layers; layer `L - 1` must be an attention layer.
         name: the method's name, for reports and refusals.
+        video_rows: `video_rows(sequence) -> [S]` bool, the video positions of a prefill
+            whose `input_ids [1, S]` (or `inputs_embeds [1, S, D]`) is `sequence`; default:
+            the backbone adapter's placeholders in `input_ids`. Given, `model` may also be
+            a bare language model (`model.layers`; craft-eval's efficiency bench).
 
     `report` is the last prefill's `DropReport` (None before one); `remove()` undoes
     every hook.
     """
 
-    def __init__(self, model: Any, rule: KeepRule, *, layer: int, name: str) -> None:
+    def __init__(
+        self,
+        model: Any,
+        rule: KeepRule,
+        *,
+        layer: int,
+        name: str,
+        video_rows: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         hf = getattr(model, "model", model) if hasattr(model, "compressor") else model
-        layers = _decoder_layers(hf)
+        self._lm = _language_model(hf)
+        layers = self._lm.layers
         if isinstance(layer, bool) or not isinstance(layer, int) or not 1 <= layer < len(layers):
             raise ValueError(f"layer must be an int in [1, {len(layers) - 1}], got {layer!r}")
         other = getattr(hf, "_craft_in_model_drop", None)
@@ -137,11 +160,13 @@ class InModelDrop:
                 f"this model already carries method {other.name!r}'s stage inside the language "
                 "model: remove() it first"
             )
-        attention = getattr(layers[layer - 1], "self_attn", None)
-        if attention is None or not hasattr(attention, "config"):
+        attention = _attention_of(layers[layer - 1])
+        if attention is None:
+            usable = [i + 1 for i in range(len(layers) - 1) if _attention_of(layers[i])]
             raise ValueError(
-                f"layer {layer - 1} of {type(hf).__name__} is not an attention layer "
-                "(the score is the last token's attention there): choose another layer"
+                f"layer {layer - 1} of {type(hf).__name__} is not an attention layer (the "
+                "score is the last token's attention there): "
+                + (f"layer must be one of {usable}" if usable else "no layer of it qualifies")
             )
         self.name, self.rule, self.layer = name, rule, layer
         self.report: DropReport | None = None
@@ -150,7 +175,16 @@ class InModelDrop:
         self._video: torch.Tensor | None = None
         self._keep: torch.Tensor | None = None
         self._prefill = 0
-        self._adapter = get_adapter(hf)
+        self._embeds_too = video_rows is not None
+        if video_rows is None:
+            if self._lm is hf:
+                raise ValueError(
+                    f"InModelDrop on a bare language model ({type(hf).__name__}): give "
+                    "video_rows= (which positions of a prefill are the video's)"
+                )
+            adapter = get_adapter(hf)
+            video_rows = lambda ids: adapter.video_mask({"input_ids": ids})[0]  # noqa: E731
+        self._video_rows = video_rows
         self._attention = attention
         self._original_config = attention.config
         self.base_attention = attention.config._attn_implementation
@@ -163,6 +197,9 @@ class InModelDrop:
             layers[i].register_forward_pre_hook(self._on_layer(i), with_kwargs=True)
             for i in range(layer, len(layers))
         ]
+        if hasattr(self._lm, "_deepstack_process"):  # Qwen3-VL: rows added after layers 0..
+            own = self._lm._deepstack_process
+            self._lm._deepstack_process = lambda h, m, e: own(h, *self._deepstack(h, m, e))
         hf._craft_in_model_drop = self
         self._model = hf
 
@@ -172,12 +209,15 @@ class InModelDrop:
             handle.remove()
         self._attention.config = self._original_config
         del self._attention._craft_in_model_drop
+        self._lm.__dict__.pop("_deepstack_process", None)
         if getattr(self._model, "_craft_in_model_drop", None) is self:
             del self._model._craft_in_model_drop
 
     def _on_model(self, _module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
         """Before each VLM call: a prefill (more than one id, an empty cache) is scored."""
         ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is None and self._embeds_too:
+            ids = kwargs.get("inputs_embeds")
         past = kwargs.get("past_key_values")
         fresh = past is None or past.get_seq_length() == 0
         if ids is None or ids.shape[1] < 2 or not fresh:
@@ -188,7 +228,7 @@ class InModelDrop:
                 f"method {self.name!r} drops rows inside the language model: one prompt per "
                 f"call (batch of 1), got a batch of {ids.shape[0]}"
             )
-        self._video = self._adapter.video_mask({"input_ids": ids})[0]
+        self._video = self._video_rows(ids).bool()
         self.waiting, self.scores, self._keep = bool(self._video.any()), None, None
 
     def _on_layer(self, index: int) -> Callable[..., Any]:
@@ -230,6 +270,20 @@ class InModelDrop:
         self.report = DropReport(self.name, self.layer, rows_at.numel(), kept.numel(), keep)
         return hidden[:, keep]
 
+    def _deepstack(
+        self, hidden: torch.Tensor, visual: torch.Tensor, rows: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Qwen3-VL's deepstack inputs after a layer `>= L` of the prefill (a drop at a layer
+        before the last deepstack level): the mask `[1, S]` and its rows `[V, D]`, selected
+        to the kept positions; otherwise as they are."""
+        keep = self._keep
+        if keep is None or visual.shape[-1] != self._prefill or hidden.shape[1] != keep.numel():
+            return visual, rows
+        keep = keep.to(visual.device)
+        order = visual[0].long().cumsum(0) - 1  # the row of each visual position
+        kept_visual = visual[:, keep]
+        return kept_visual, rows[order[keep][kept_visual[0]].to(rows.device)]
+
     def _select(self, kwargs: dict[str, Any], length: int) -> dict[str, Any]:
         """A layer's keyword inputs for the kept positions: the prefill's queries AND keys
         (`length == len(keep)` and inputs of the prefill's length), or, on later calls
@@ -246,6 +300,13 @@ class InModelDrop:
             mask = mask[..., keys.to(mask.device)]
             kwargs["attention_mask"] = mask[..., keep.to(mask.device), :] if prefill else mask
         return kwargs
+
+
+def _attention_of(layer: Any) -> Any:
+    """A decoder layer's softmax attention module, or None (Qwen3.5's linear-attention
+    layers have `linear_attn` instead)."""
+    attention = getattr(layer, "self_attn", None)
+    return attention if attention is not None and hasattr(attention, "config") else None
 
 
 def _seq_len(kwargs: dict[str, Any]) -> int | None:
