@@ -341,3 +341,37 @@ def test_holitom_equals_official(
         exact_budget=False,
     )
     rows_equal(result, expected)
+
+
+def test_holitom_centre_weights_are_beta() -> None:
+    """`merge_tokens_by_clustering`'s weights on their own: a centre with members becomes
+    `beta * centre + (1 - beta) * mean(members)`, one without stays as it is (the case has
+    both, members of 2 and 4 rows); a plain mean of centre and members (the planted fault)
+    is more than 0.05 away."""
+    from craft_eval.baselines.holitom import merge_into_centres
+
+    g = torch.Generator().manual_seed(5)
+    rows = torch.cat(
+        [c + 0.3 * torch.randn(n, 8, generator=g) for c, n in ((0, 1), (3, 2), (-3, 5))]
+    )
+    rows = torch.cat([rows, torch.randn(4, 8, generator=g)])
+    centres, merged, owner = merge_into_centres(rows, 4, 7, 0.6)
+    members = [
+        [i for i in range(rows.shape[0]) if int(owner[i]) == c and i != int(centre)]
+        for c, centre in enumerate(centres.tolist())
+    ]
+    assert sorted(len(m) for m in members) == [0, 2, 2, 4], members
+    want = torch.stack(
+        [
+            0.6 * rows[centre] + 0.4 * rows[m].mean(dim=0) if m else rows[centre]
+            for centre, m in zip(centres.tolist(), members, strict=True)
+        ]
+    )
+    torch.testing.assert_close(merged, want, rtol=0, atol=1e-6)
+    mean = torch.stack(
+        [
+            rows[[centre, *m]].mean(dim=0)
+            for centre, m in zip(centres.tolist(), members, strict=True)
+        ]
+    )
+    assert (mean - want).abs().max() > 0.05

@@ -41,7 +41,22 @@ def official_holitom(hidden: torch.Tensor, score: torch.Tensor, r: float):  # ty
     return kept, h[kept]
 
 
-@pytest.mark.parametrize(("n", "seed"), [(7, 0), (40, 1), (196, 2), (301, 3)])
+def plain_mean(hidden: torch.Tensor, score: torch.Tensor, r: float) -> torch.Tensor:
+    """The control: each kept row the plain mean of itself and its members (NOT HoliTom's
+    weighting, which halves once per member, so later members weigh more)."""
+    kept, _ = official_holitom(hidden, score, r)
+    others = [i for i in range(hidden.shape[0]) if i not in kept]
+    sims = torch.nn.functional.normalize(hidden[others], dim=-1)
+    owner = (sims @ torch.nn.functional.normalize(hidden[kept], dim=-1).T).argmax(-1)
+    rows = hidden[kept].clone()
+    count = torch.ones(len(kept))
+    for i, t in zip(others, owner.tolist(), strict=True):
+        rows[t] += hidden[i]
+        count[t] += 1
+    return rows / count[:, None]
+
+
+@pytest.mark.parametrize(("n", "seed"), [(7, 4), (40, 1), (196, 2), (301, 3)])
 def test_rules_equal_the_official_arithmetic(n: int, seed: int) -> None:
     g = torch.Generator().manual_seed(seed)
     hidden = torch.randn(n, 32, generator=g)
@@ -53,6 +68,21 @@ def test_rules_equal_the_official_arithmetic(n: int, seed: int) -> None:
     want_kept, want_rows = official_holitom(hidden, score, 0.5)
     assert kept.tolist() == want_kept
     torch.testing.assert_close(rows, want_rows, rtol=1e-5, atol=1e-6)
+    # every case can tell the official weighting from a plain mean (a kept row with >= 2
+    # members; with one member the two agree)
+    assert (plain_mean(hidden, score, 0.5) - want_rows).abs().max() > 1e-2
+
+
+def test_holitom_merge_weights_by_hand() -> None:
+    """Three rows merge into kept row 0 in ascending order: `h = (h + h_i) / 2` each time,
+    so `h_0 / 8 + h_2 / 8 + h_3 / 4 + h_4 / 2` (a plain mean gives x = 1.75, the members
+    in descending order x = 2.0); row 1 absorbs nothing and stays as it is."""
+    hidden = torch.tensor([[1.0, 0.0], [0.0, 1.0], [2.0, 0.1], [3.0, 0.2], [1.0, 0.05]])
+    score = torch.tensor([0.9, 0.8, 0.1, 0.2, 0.3])  # round(5 * 0.4) = 2 kept: 0 and 1
+    kept, rows = holitom_rule(0.6)(hidden, score)
+    assert kept.tolist() == [0, 1]
+    want = torch.tensor([[1.625, 0.0875], [0.0, 1.0]])
+    torch.testing.assert_close(rows, want, rtol=0, atol=1e-6)
 
 
 def test_two_stage_methods_are_registered_query_dependent() -> None:
@@ -73,9 +103,9 @@ def test_two_stage_methods_are_registered_query_dependent() -> None:
         assert both.info["in_model"] == {"layer": layer, "query_dependent": True}
     with pytest.raises(ValueError, match="layer must be an int"):
         get_method("flashvid-llm", layer=0)
-    with pytest.raises(ValueError, match="llm_retention must lie"):
+    with pytest.raises(ValueError, match="flashvid-llm: llm_retention must be a number in"):
         get_method("flashvid-llm", llm_retention=1.5)
-    with pytest.raises(ValueError, match="llm_merged must lie"):
+    with pytest.raises(ValueError, match="holitom-llm: llm_merged must be a number in"):
         get_method("holitom-llm", llm_merged=1.0)
 
 
@@ -124,9 +154,12 @@ def test_a_layer_outside_the_model_is_named(tiny: tuple[Any, Any]) -> None:
         HFBackend(model, processor, method="holitom-llm", budget=TokenBudget(ratio=2.0))
 
 
-def test_flops_count_every_layer_before_the_drop_on_every_token() -> None:
-    """`craft-eval efficiency`: layers before L on the first stage's rows, the rest on the
-    kept ones, plus the score; checked against the per-layer formula written out here."""
+def test_efficiency_times_the_prefill_with_the_drop() -> None:
+    """`craft-eval efficiency` (a 2-layer model, the stage at layer 1): FLOPs count layers
+    before L on the first stage's rows, the rest on the kept ones, plus the score (the
+    per-layer formula written out here); the prefill it times RAN the drop: its KV cache
+    holds every row in layer 0 and the kept ones in layer 1, as the analytical count says
+    (without the drop it would hold every row in both)."""
     from craft_eval.efficiency import measure_efficiency, parse_overrides
 
     small = "hidden_size=64,intermediate_size=128,num_hidden_layers=2,num_attention_heads=4,"
@@ -156,7 +189,11 @@ def test_flops_count_every_layer_before_the_drop_on_every_token() -> None:
     first = row["seq_len"]
     kept = 16 + math.ceil(0.3 * row["video_tokens"])
     staged = layer(first) + layer(kept) + 2 * first * h * e + 2 * d * vocab
-    assert row["in_model_layer"] == 1
+    assert row["in_model_layer"] == 1 and row["in_model_tokens"] == kept
+    per_token = 2 * g * e * 4 / 2**20  # K and V of one layer, float32, in MB
+    assert row["kv_mb"] == pytest.approx(row["kv_mb_analytical"])
+    assert row["kv_mb"] == pytest.approx((first + kept) * per_token)
+    assert row["kv_mb_growing"] == pytest.approx(row["kv_mb"])
     assert row["flops_reduction"] == pytest.approx(1 - staged / (2 * layer(full) + 2 * d * vocab))
     every_layer_kept = 1 - (2 * layer(kept) + 2 * d * vocab) / (2 * layer(full) + 2 * d * vocab)
     assert row["flops_reduction"] < every_layer_kept
@@ -169,15 +206,21 @@ def test_the_demo_and_world_tables_scale_the_layer_to_the_model() -> None:
 
     from craft_eval.in_model import scaled_stage_options
 
-    def model(layers: int) -> Any:
-        text = SimpleNamespace(num_hidden_layers=layers)
+    def model(layers: int, types: list[str] | None = None) -> Any:
+        text = SimpleNamespace(num_hidden_layers=layers, layer_types=types)
         return SimpleNamespace(config=SimpleNamespace(get_text_config=lambda: text))
+
+    hybrid = (["linear_attention"] * 3 + ["full_attention"]) * 8  # Qwen3.5-4B's 32 layers
 
     assert scaled_stage_options("flashvid-llm", model(4)) == {"layer": 3}
     assert scaled_stage_options("holitom-llm", model(4)) == {"layer": 3}
     assert scaled_stage_options("flashvid-llm", model(28)) == {"layer": 20}
     assert scaled_stage_options("holitom-llm", model(2)) == {"layer": 1}
     assert scaled_stage_options("flashvid", model(4)) == {}
+    # Qwen3.5: L - 1 a softmax-attention layer; 20 * 32 / 28 -> 23 -> 24, 18 -> 21 -> 20
+    assert scaled_stage_options("flashvid-llm", model(32, hybrid)) == {"layer": 24}
+    assert scaled_stage_options("holitom-llm", model(32, hybrid)) == {"layer": 20}
+    assert scaled_stage_options("flashvid-llm", model(4, hybrid[:4])) == {"layer": 3}  # none
 
 
 def test_a_model_reused_for_another_method_drops_the_old_stage(tiny: tuple[Any, Any]) -> None:

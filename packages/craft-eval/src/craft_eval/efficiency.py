@@ -20,6 +20,12 @@ key/value heads, their widths and the conv kernel. The attention term counts the
 products (as FastV/VisionZip count them). FLOPs reduction = 1 - F(L_compressed) / F(L_full).
 Qwen3.5's linear-attention layers are linear in L and hold a fixed-size state, so only its
 full-attention layers (1 in 4) carry the quadratic term and a KV cache that grows with L.
+
+A two-stage method (`flashvid-llm`, `holitom-llm`) is timed WITH its stage inside the LM:
+craft-adapters' `InModelDrop` hooks the bare language model (the video rows first in the
+prompt, then the text, the question's last token last), so the prefill runs layers before
+L on every row, scores the rows in layer L - 1, and runs the later layers, and fills their
+KV cache, on the kept rows; FLOPs and the analytical KV count the same split.
 """
 
 from __future__ import annotations
@@ -206,27 +212,36 @@ def flops_reduction(
     return 1.0 - prefill_flops(text_config, compressed_len, drop) / full
 
 
-def kv_cache_bytes_analytical(text_config: dict[str, Any], seq_len: int, bytes_per: int = 2) -> int:
+def kv_cache_bytes_analytical(
+    text_config: dict[str, Any],
+    seq_len: int,
+    bytes_per: int = 2,
+    drop: tuple[int, int] | None = None,
+) -> int:
     """Cache of the prompt: K and V of every full-attention layer, plus the fixed conv and
-    recurrent states of every linear-attention layer (recurrent state in float32)."""
+    recurrent states of every linear-attention layer (recurrent state in float32). `drop`
+    as `prefill_flops`: the layers from `drop[0]` on cache `drop[1]` tokens."""
     c = text_config
     h = int(c["num_attention_heads"])
     e = int(c.get("head_dim") or int(c["hidden_size"]) // h)
     total = 0
-    for kind in layer_types(c):
+    for index, kind in enumerate(layer_types(c)):
+        length = seq_len if drop is None or index < drop[0] else drop[1]
         if kind == "linear_attention":
             hk, hv = int(c["linear_num_key_heads"]), int(c["linear_num_value_heads"])
             dk, dv = int(c["linear_key_head_dim"]), int(c["linear_value_head_dim"])
             k = int(c.get("linear_conv_kernel_dim", 4))
             total += k * (2 * hk * dk + hv * dv) * bytes_per + hv * dk * dv * 4
         else:
-            total += 2 * seq_len * int(c["num_key_value_heads"]) * e * bytes_per
+            total += 2 * length * int(c["num_key_value_heads"]) * e * bytes_per
     return total
 
 
-def cache_nbytes(cache: Any, seq_len: int | None = None) -> tuple[int, int]:
-    """(total bytes, bytes of tensors with a dimension equal to `seq_len`) held by a
-    transformers cache object, found by walking its attributes (every tensor counted once)."""
+def cache_nbytes(cache: Any, seq_len: int | tuple[int, ...] | None = None) -> tuple[int, int]:
+    """(total bytes, bytes of tensors with a dimension equal to `seq_len`, or to one of
+    several lengths) held by a transformers cache object, found by walking its attributes
+    (every tensor counted once)."""
+    lengths = (seq_len,) if isinstance(seq_len, int) else (seq_len or ())
     seen: set[tuple[int, int]] = set()
     total = 0
     growing = 0
@@ -240,7 +255,7 @@ def cache_nbytes(cache: Any, seq_len: int | None = None) -> tuple[int, int]:
                 continue
             seen.add(key)
             total += obj.nbytes
-            if seq_len is not None and seq_len in obj.shape[-2:]:
+            if any(length in obj.shape[-2:] for length in lengths):
                 growing += obj.nbytes
             continue
         if id(obj) in visited:
@@ -291,9 +306,10 @@ class EfficiencyRow:
     kv_mb_growing: float
     kv_mb_analytical: float
     flops_reduction: float
-    #: a two-stage method's layer inside the LM (its FLOPs count both stages; prefill ms
-    #: and KV are measured on the rows reaching the LM, without the drop)
+    #: a two-stage method's layer inside the LM, and the tokens from it on (prefill ms, KV
+    #: and FLOPs all with the drop: layers before it on `seq_len` tokens)
     in_model_layer: int | None = None
+    in_model_tokens: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -431,8 +447,9 @@ class _Bench:
         )
         self.coords = grid.to(device)
 
-    def compress(self, method: str, ratio: float | None) -> tuple[float, int]:
-        """(median compression ms, video tokens kept) of `method` at `ratio`."""
+    def compress(self, method: str, ratio: float | None) -> tuple[float, int, Any]:
+        """(median compression ms, video tokens kept, the method's stage inside the LM or
+        None) of `method` at `ratio`."""
         from craft_core import TokenBudget
         from craft_eval.methods.build import build_compressor
 
@@ -449,27 +466,32 @@ class _Bench:
                 return bare(self.features, self.coords, budget)
 
         ms, result = time_call(run, self.device, warmup=self.warmup, repeats=self.repeats)
-        self.stage = getattr(timed, "in_model_stage", None)
-        return ms, int(result.num_kept) + self.extra_tokens
+        stage = getattr(timed, "in_model_stage", None)
+        return ms, int(result.num_kept) + self.extra_tokens, stage
 
-    def in_model_drop(self, method: str, rows: int) -> tuple[int, int] | None:
-        """`(layer, tokens from it)` of the last built method's stage inside the LM (its
-        rule run on `rows` random rows), or None."""
-        stage = getattr(self, "stage", None)
+    def attach(self, method: str, stage: Any, video: int) -> Any:
+        """craft-adapters' `InModelDrop` of `stage` on the bench's language model, the
+        first `video` positions of each prefill being the video's; None without a stage."""
         if stage is None:
             return None
+        from craft_adapters.in_model import InModelDrop
+
         count = len(layer_types(self.arch["text_config"]))
         if not 1 <= stage.layer < count:
             raise ValueError(
                 f"method {method!r}: layer {stage.layer} is not inside this language model "
                 f"({count} layers): --method-arg layer=N"
             )
-        g = self.generator
-        kept, _ = stage.rule(torch.randn(rows, 8, generator=g), torch.rand(rows, generator=g))
-        return stage.layer, self.text_tokens + int(kept.numel())
 
-    def prefill(self, seq_len: int) -> tuple[float, int, int]:
-        """(median prefill ms, KV bytes, growing KV bytes) of a `seq_len` prompt."""
+        def video_rows(sequence: torch.Tensor) -> torch.Tensor:
+            return torch.arange(sequence.shape[1], device=sequence.device) < video
+
+        return InModelDrop(self.model, stage.rule, layer=stage.layer, name=method,
+                           video_rows=video_rows)  # fmt: skip
+
+    def prefill(self, seq_len: int, drop: Any = None) -> tuple[float, int, int]:
+        """(median prefill ms, KV bytes, growing KV bytes) of a `seq_len` prompt (with
+        `drop`, an attached `InModelDrop`, its layers from L on cache the kept tokens)."""
         embeds = torch.randn(1, seq_len, self.hidden, generator=self.generator).to(
             device=self.device, dtype=self.dtype
         )
@@ -480,18 +502,25 @@ class _Bench:
                 return self.model(inputs_embeds=embeds, attention_mask=mask, use_cache=True)
 
         ms, out = time_call(run, self.device, warmup=self.warmup, repeats=self.repeats)
-        total, growing = cache_nbytes(out.past_key_values, seq_len)
+        lengths = (seq_len,) if drop is None else (seq_len, int(drop.report.kept.numel()))
+        total, growing = cache_nbytes(out.past_key_values, lengths)
         return ms, total, growing
 
     def row(self, method: str, ratio: float | None) -> EfficiencyRow:
-        compress_ms, kept, drop = None, self.n_video, None
+        compress_ms, kept, stage = None, self.n_video, None
         if method != "none":
-            compress_ms, kept = self.compress(method, ratio)
-            drop = self.in_model_drop(method, kept)
+            compress_ms, kept, stage = self.compress(method, ratio)
         text_config = self.arch["text_config"]
         seq_len = self.text_tokens + kept
-        ms, total, growing = self.prefill(seq_len)
+        drop = self.attach(method, stage, kept)
+        try:
+            ms, total, growing = self.prefill(seq_len, drop)
+        finally:
+            if drop is not None:
+                drop.remove()
+        split = None if drop is None else (drop.layer, int(drop.report.kept.numel()))
         bytes_per = torch.finfo(self.dtype).bits // 8
+        analytical = kv_cache_bytes_analytical(text_config, seq_len, bytes_per, split)
         return EfficiencyRow(
             method=method,
             ratio=ratio,
@@ -501,11 +530,12 @@ class _Bench:
             compress_ms=compress_ms,
             kv_mb=total / 2**20,
             kv_mb_growing=growing / 2**20,
-            kv_mb_analytical=kv_cache_bytes_analytical(text_config, seq_len, bytes_per) / 2**20,
+            kv_mb_analytical=analytical / 2**20,
             flops_reduction=flops_reduction(
-                text_config, self.text_tokens + self.n_video, seq_len, drop
+                text_config, self.text_tokens + self.n_video, seq_len, split
             ),
-            in_model_layer=None if drop is None else drop[0],
+            in_model_layer=None if split is None else split[0],
+            in_model_tokens=None if split is None else split[1],
         )
 
 

@@ -62,12 +62,18 @@ def scaled_stage_options(method: str, model: Any) -> dict[str, Any]:
     """`{"layer": L}` for a two-stage `method` on a model of another depth than the
     official 28 layers: the official layer at the same relative depth,
     `round(layer * layers / 28)` within `[1, layers - 1]` (the demo's and the world
-    table's choice: the world's 4-layer backbone gets layer 3); `{}` for other methods and
-    for "none" (the uncompressed run, no registered method)."""
+    table's choice: the world's 4-layer backbone gets layer 3), moved to the nearest layer
+    (the deeper of two) whose layer L - 1 is not a linear-attention one (Qwen3.5's
+    `layer_types`; none such: left for `InModelDrop` to refuse by name); `{}` for other
+    methods and for "none" (the uncompressed run, no registered method)."""
     from craft_eval.methods import get_method, get_method_info
 
     if method == "none" or "layer" not in (get_method_info(method).options or ()):
         return {}
     official = int(get_method(method).in_model_stage.layer)  # type: ignore[attr-defined]
-    count = int(model.config.get_text_config().num_hidden_layers)
-    return {"layer": max(1, min(count - 1, round(official * count / OFFICIAL_DEPTH)))}
+    text = model.config.get_text_config()
+    count = int(text.num_hidden_layers)
+    scaled = max(1, min(count - 1, round(official * count / OFFICIAL_DEPTH)))
+    types = getattr(text, "layer_types", None) or ["full_attention"] * count
+    usable = [layer for layer in range(1, count) if types[layer - 1] != "linear_attention"]
+    return {"layer": min(usable, key=lambda layer: (abs(layer - scaled), -layer), default=scaled)}

@@ -159,3 +159,40 @@ def test_factory_settings_reach_the_method() -> None:
     assert zip_half.info["settings"]["contextual_fraction"] == 0.5
     vid = get_method("fastvid", d=0.25, p=2)(features, coords, ratio=4.0)
     assert vid.info["settings"]["d"] == 0.25 and vid.info["settings"]["p"] == 2
+
+
+BAD_SETTINGS = [  # (method, setting, value): each refused by the one shared check
+    ("fastvid", "d", 1.5),
+    ("fastvid", "d", True),
+    ("fastvid", "p", 0),
+    ("fastvid", "segments", 0),
+    ("fastvid", "knn", 2.0),
+    ("flashvid", "alpha", -0.1),
+    ("flashvid", "alpha", float("nan")),
+    ("flashvid", "min_segments", 0),
+    ("flashvid", "knn", True),
+    ("holitom", "d", 2),
+    ("holitom", "knn", 0),
+    ("holitom", "max_window", 0),
+    ("visionzip", "contextual_fraction", 1.5),
+    ("vidcom2", "channel_fraction", 0.0),
+    ("vidcom2", "temperature", 0),
+    ("holitom-llm", "max_window", "8"),  # its first stage, named as `holitom`
+    ("flashvid-llm", "llm_retention", 0.0),
+    ("flashvid-llm", "layer", 0),
+    ("flashvid-llm", "layer", True),
+    ("holitom-llm", "llm_merged", 1.0),
+]
+
+
+@pytest.mark.parametrize(("name", "setting", "value"), BAD_SETTINGS)
+def test_a_bad_setting_is_refused_naming_method_and_setting(
+    name: str, setting: str, value: object
+) -> None:
+    """`craft_eval.baselines._common.check_settings`, shared by every baseline and both
+    stages inside the LM: a ValueError that names the method, the setting and the span."""
+    features, coords = video(3, 3, 3, dim=8, seed=0)
+    named = name.removesuffix("-llm") if setting == "max_window" else name
+    with pytest.raises(ValueError, match=rf"^{named}: {setting} must be (a number|an int)"):
+        get_method(name, **{setting: value})(features, coords, ratio=2.0)
+    get_method(name)(features, coords, ratio=2.0)  # the defaults pass

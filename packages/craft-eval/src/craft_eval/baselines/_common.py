@@ -42,6 +42,41 @@ class Checked:
     threshold: float | None
     given: TokenBudget
 
+    @property
+    def ratio(self) -> float:
+        """The ratio the caller gave (a method without a threshold mode always has one)."""
+        assert self.given.ratio is not None, "a threshold reached a method without that mode"
+        return float(self.given.ratio)
+
+
+#: The spans `check_settings` knows: how the error says each, and its test.
+SPANS: dict[str, Callable[[float], bool]] = {
+    "in [0, 1]": lambda v: 0.0 <= v <= 1.0,
+    "in (0, 1]": lambda v: 0.0 < v <= 1.0,
+    "in [0, 1)": lambda v: 0.0 <= v < 1.0,
+    "> 0": lambda v: v > 0.0,
+}
+#: `check_settings`' span for a count: an int (not a bool) of at least 1.
+COUNT = "int >= 1"
+
+
+def check_settings(method: str, **settings: tuple[Any, str]) -> None:
+    """Raise a ValueError naming `method` and the first setting outside its span.
+
+    Each keyword is `name=(value, span)`: `span` a key of `SPANS` (a finite real number,
+    not a bool, in that span) or `COUNT` (an int, not a bool, >= 1). The one argument
+    check every baseline and stage shares (craft-eval's `--method-arg` values land here).
+    """
+    for name, (value, span) in settings.items():
+        real = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if span == COUNT:
+            ok, wanted = real and isinstance(value, int) and value >= 1, "an int >= 1"
+        else:
+            ok = real and math.isfinite(value) and SPANS[span](float(value))
+            wanted = f"a number {span}"
+        if not ok:
+            raise ValueError(f"{method}: {name} must be {wanted}, got {value!r}")
+
 
 def prepare(
     name: str,
@@ -234,6 +269,24 @@ def identity(
     """Every token kept as it is (a budget of N tokens, e.g. ratio 1)."""
     everything = torch.arange(features.shape[0], device=features.device)
     return finish(name, features, coords, everything, everything, rounds=0, info=info)
+
+
+def opening(
+    name: str,
+    features: torch.Tensor,
+    coords: torch.Tensor,
+    budget: Checked,
+    importance: torch.Tensor | None,
+    settings: dict[str, Any],
+) -> tuple[torch.Tensor, dict[str, Any], CompressionResult | None]:
+    """What every attention-ranked baseline does first: `(scores [N], info, done)`, the
+    scores from `importance_scores`, the result's `info` (`settings`, which importance
+    ran), and `done` the whole video unchanged when the budget keeps every token (None
+    otherwise: the method runs)."""
+    scores, proxy = importance_scores(features, importance)
+    info: dict[str, Any] = {"settings": settings, "importance": proxy}
+    whole = budget.floor >= features.shape[0]
+    return scores, info, identity(name, features, coords, info) if whole else None
 
 
 ATTENTION_NOTE = " Ranks by attention=[N] (received attention); L2-norm proxy without it."

@@ -45,15 +45,16 @@ from craft_core import CompressionResult
 from craft_eval.baselines._common import (
     ATTENTION,
     ATTENTION_NOTE,
+    COUNT,
     Checked,
     apportion,
     baseline,
+    check_settings,
     finish,
     frames_of,
-    identity,
-    importance_scores,
     most_similar,
     normalized,
+    opening,
     top_indices,
 )
 
@@ -191,22 +192,20 @@ def fastvid(
     Non-salient tokens of a frame that merges into no anchor (a zero context share) are
     dropped, as published; `assignment` points them at their most similar kept token.
     """
-    _check_settings(segments, d, p, knn)
-    n = features.shape[0]
-    scores, proxy = importance_scores(features, importance)
+    check_settings(
+        NAME, d=(d, "in [0, 1]"), p=(p, COUNT), segments=(segments, COUNT), knn=(knn, COUNT)
+    )
     settings = dict(segments=segments, tau=tau, d=d, p=p, beta=beta, knn=knn)
     settings |= {"include_anchor": include_anchor, "exact_budget": exact_budget}
-    info: dict = {"settings": settings, "importance": proxy}
+    scores, info, done = opening(NAME, features, coords, budget, importance, settings)
+    if done is not None:
+        return done
     k = budget.floor
-    if k >= n:
-        return identity(NAME, features, coords, info)
     frames = frames_of(coords)
     x = features.float()
     e = normalized(x)
     segs = segment_frames(torch.stack([x[m].mean(dim=0) for m in frames.members]), segments, tau)
-    ratio = budget.given.ratio
-    assert ratio is not None  # no threshold mode
-    salient, anchor_counts = _plan(frames.sizes, segs, k, float(ratio), d, p, exact_budget)
+    salient, anchor_counts = _plan(frames.sizes, segs, k, budget.ratio, d, p, exact_budget)
     kept, rows, representative = _keep_and_merge(
         x, e, scores, frames.members, segs, salient, anchor_counts, (knn, include_anchor, beta)
     )
@@ -239,13 +238,6 @@ def _keep_and_merge(
     kept = torch.cat(kept_parts)
     _adopt_unmerged(e, kept, representative, best)
     return kept, torch.cat(row_parts), representative
-
-
-def _check_settings(segments: int, d: float, p: int, knn: int) -> None:
-    if not 0.0 <= d <= 1.0:
-        raise ValueError(f"d must lie in [0, 1], got {d}")
-    if p < 1 or segments < 1 or knn < 1:
-        raise ValueError(f"p, segments and knn must be >= 1, got {p}, {segments}, {knn}")
 
 
 def _adopt_unmerged(

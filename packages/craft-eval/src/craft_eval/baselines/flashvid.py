@@ -49,15 +49,16 @@ from craft_core import CompressionResult
 from craft_eval.baselines._common import (
     ATTENTION,
     ATTENTION_NOTE,
+    COUNT,
     Checked,
     apportion,
     baseline,
+    check_settings,
     finish,
     frames_of,
-    identity,
-    importance_scores,
     most_similar,
     normalized,
+    opening,
     top_indices,
 )
 
@@ -221,30 +222,25 @@ def flashvid(
         tree_mean: a merged tree is the mean of its tokens; False: the official count.
         exact_budget: exactly `max(1, floor(N / ratio))` tokens; False: the official counts.
     """
-    if not 0.0 <= alpha <= 1.0 or min_segments < 1 or knn < 1:
-        raise ValueError(
-            f"flashvid: alpha must lie in [0, 1], min_segments and knn be >= 1; got alpha="
-            f"{alpha}, min_segments={min_segments}, knn={knn}"
-        )
+    check_settings(
+        NAME, alpha=(alpha, "in [0, 1]"), min_segments=(min_segments, COUNT), knn=(knn, COUNT)
+    )
     settings = dict(alpha=alpha, temporal_threshold=temporal_threshold, knn=knn)
     settings |= dict(segment_threshold=segment_threshold, min_segments=min_segments)
     settings |= dict(tree_mean=tree_mean, exact_budget=exact_budget)
-    scores, proxy = importance_scores(features, importance)
-    info: dict = {"settings": settings, "importance": proxy}
-    if budget.floor >= features.shape[0]:
-        return identity(NAME, features, coords, info)
+    scores, info, done = opening(NAME, features, coords, budget, importance, settings)
+    if done is not None:
+        return done
     frames = frames_of(coords).members
     x = features.float()
     segs = flashvid_segments(
         torch.stack([x[m].mean(dim=0) for m in frames]), segment_threshold, min_segments
     )
     sizes = [int(m.numel()) for m in frames]
-    ratio = budget.given.ratio
-    assert ratio is not None  # no threshold mode
     per_frame = (
         apportion(budget.floor, sizes, sizes)
         if exact_budget
-        else [min(s, math.ceil(s * (1.0 / float(ratio)))) for s in sizes]
+        else [min(s, math.ceil(s * (1.0 / budget.ratio))) for s in sizes]
     )
     picks = [min(b, math.ceil(b * alpha)) for b in per_frame]
     kept, rows, representative = _compress(x, scores, frames, segs, (per_frame, picks), settings)

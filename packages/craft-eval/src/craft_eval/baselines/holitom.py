@@ -46,15 +46,16 @@ from craft_core import CompressionResult
 from craft_eval.baselines._common import (
     ATTENTION,
     ATTENTION_NOTE,
+    COUNT,
     Checked,
     apportion,
     baseline,
+    check_settings,
     finish,
     frames_of,
-    identity,
-    importance_scores,
     most_similar,
     normalized,
+    opening,
     top_indices,
 )
 from craft_eval.baselines.flashvid import density_peaks
@@ -184,32 +185,44 @@ def holitom(
             static window in frames.
         exact_budget: exactly `max(1, floor(N / ratio))` tokens; False: the official counts.
     """
-    if not 0.0 <= d <= 1.0 or knn < 1 or max_window < 1:
-        raise ValueError(
-            f"holitom: d must lie in [0, 1], knn and max_window be >= 1; got d={d}, "
-            f"knn={knn}, max_window={max_window}"
-        )
+    check_settings(NAME, d=(d, "in [0, 1]"), knn=(knn, COUNT), max_window=(max_window, COUNT))
     settings = dict(tau=tau, d=d, beta=beta, knn=knn, max_window=max_window)
     settings["exact_budget"] = exact_budget
-    scores, proxy = importance_scores(features, importance)
-    info: dict = {"settings": settings, "importance": proxy}
-    n = features.shape[0]
-    if budget.floor >= n:
-        return identity(NAME, features, coords, info)
-    x = features.float()
+    scores, info, done = opening(NAME, features, coords, budget, importance, settings)
+    if done is not None:
+        return done
+    n, x = features.shape[0], features.float()
     e = normalized(x)
     table = place_table(coords, frames_of(coords).members)
     sim = step_similarity(e, table)
+    windows, saved = fitting_windows(sim, tau, max_window, n - budget.floor if exact_budget else n)
+    units = _units(table, sim, windows, tau)
+    r = min((1.0 / budget.ratio) / ((n - saved) / n), 1.0)
+    counts = _counts(units, budget.floor if exact_budget else None, r)
+    kept, rows, representative = _compress_units(x, scores, units, counts, settings)
+    _adopt_dropped(e, kept, representative)
+    info["windows"] = [[a, b] for a, b in windows]
+    return finish(NAME, features, coords, kept, representative, rows, info=info)
+
+
+def fitting_windows(
+    sim: torch.Tensor, tau: float, max_window: int, savable: float
+) -> tuple[list, float]:
+    """`static_windows`, the longest window allowed halved until the windows save at most
+    `savable` tokens (the exact budget: `N - floor(N / ratio)`; N: the official windows)."""
     windows, saved = static_windows(sim, tau, max_window)
-    while exact_budget and n - saved < budget.floor:  # windows too long to fill the budget
+    while saved > savable:  # windows too long to fill the budget
         max_window //= 2
         windows, saved = static_windows(sim, tau, max_window)
-    units = _units(table, sim, windows, tau)
-    ratio = budget.given.ratio
-    assert ratio is not None  # no threshold mode
-    r = min((1.0 / float(ratio)) / ((n - saved) / n), 1.0)
-    counts = _counts(units, budget.floor if exact_budget else None, r)
-    kept, rows, representative = [], [], torch.arange(n, device=x.device)
+    return windows, saved
+
+
+def _compress_units(
+    x: torch.Tensor, scores: torch.Tensor, units: list, counts: list[int], settings: dict
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each unit of `_units` compressed to its count: `(kept [K], rows [K, D],
+    representative [N])`."""
+    kept, rows, representative = [], [], torch.arange(x.shape[0], device=x.device)
     for (kind, tokens), count in zip(units, counts, strict=True):
         if kind == "static":
             part = _static(x, tokens, count, settings, representative)
@@ -217,10 +230,7 @@ def holitom(
             part = _dynamic(x, scores, tokens, count, settings, representative)
         kept.append(part[0])
         rows.append(part[1])
-    kept_all = torch.cat(kept)
-    _adopt_dropped(e, kept_all, representative)
-    info["windows"] = [[a, b] for a, b in windows]
-    return finish(NAME, features, coords, kept_all, representative, torch.cat(rows), info=info)
+    return torch.cat(kept), torch.cat(rows), representative
 
 
 def _counts(units: list, exact: int | None, r: float) -> list[int]:

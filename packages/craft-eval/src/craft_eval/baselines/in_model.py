@@ -9,7 +9,11 @@ a method built here. The rules, re-stated from the official code:
 - FlashVID, github.com/Fanziyang-v/FlashVID @ 1d37422c5afcaa15ee46b5355f5ba798fa93290a,
   `flashvid/utils.py:fastv_prune` (called from `flashvid/modeling_qwen2.py`'s decoder loop
   at `pruning_layer = 20`, scores from layer 19): keep `ceil(n * llm_retention_ratio)`
-  (0.3) rows by `attn_based_token_selection` (top-k of the score), unchanged.
+  (0.3) rows by `attn_based_token_selection` (top-k of the score), unchanged. Qwen3-VL:
+  the same call in `flashvid/modeling_qwen3_vl.py:Qwen3VLTextModel_forward`
+  (@ 8b83706dc5c70d73581dad2da9871d8c28282dbc; the last query's softmax over the keys,
+  scaled by `head_dim ** -0.5`), after the three deepstack levels (layers 0-2), which it
+  therefore never selects; `InModelDrop` does select them for a layer before the last.
 - HoliTom, github.com/cokeshao/HoliTom @ e9b2972f6895c9e7d7fe74eb8c3a2ecaab8056e0,
   `holitom/modeling_qwen2.py:Qwen2Model_holitom.forward` (`HOLITOM_k = 18`,
   `HOLITOM_r = 0.5` in the published scripts): keep `round(n * (1 - r))` rows by the score;
@@ -21,7 +25,10 @@ These methods depend on the question (the last token), so a video compressed wit
 cannot be stored once and served to many questions: craft-adapters refuses
 `encode_video` / `compress_videos` while the stage is attached, naming the method.
 Deviations (craft-eval's README): ties go to the smaller position (the official `topk`
-leaves them unspecified); one prompt per call; every video of a prompt is scored together.
+leaves them unspecified); one prompt per call; every video of a prompt is scored together;
+the stage runs on every backbone craft-adapters supports (the papers: FlashVID on
+LLaVA-OneVision, LLaVA-Video, Qwen2.5-VL, Qwen3-VL; HoliTom on LLaVA-OneVision /
+LLaVA-Video), on Qwen3.5 only where layer L - 1 is a softmax-attention layer.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import torch
 import torch.nn.functional as F
 
 from craft_core import CompressionResult
-from craft_eval.baselines._common import ATTENTION, Baseline
+from craft_eval.baselines._common import ATTENTION, COUNT, Baseline, check_settings
 from craft_eval.baselines.flashvid import flashvid
 from craft_eval.baselines.holitom import holitom
 from craft_eval.methods.base import Method, Request
@@ -54,7 +61,7 @@ def top_by_score(score: torch.Tensor, count: int) -> torch.Tensor:
 
 def flashvid_rule(retention: float = 0.3) -> Rule:
     """`fastv_prune`: the `ceil(n * retention)` best-scored rows, unchanged."""
-    _check_share("llm_retention", retention)
+    check_settings("flashvid-llm", llm_retention=(retention, "in (0, 1]"))
 
     def rule(hidden: torch.Tensor, score: torch.Tensor) -> tuple[torch.Tensor, None]:
         return top_by_score(score, math.ceil(hidden.shape[0] * retention)), None
@@ -65,7 +72,7 @@ def flashvid_rule(retention: float = 0.3) -> Rule:
 def holitom_rule(merged: float = 0.5) -> Rule:
     """HoliTom's layer-k merge: `round(n * (1 - merged))` best-scored rows kept; every other
     row (ascending) averaged into its most similar kept row, one after the other."""
-    _check_share("llm_merged", merged, zero_to_below_one=True)
+    check_settings("holitom-llm", llm_merged=(merged, "in [0, 1)"))
 
     def rule(hidden: torch.Tensor, score: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         n = hidden.shape[0]
@@ -95,17 +102,6 @@ def _halving_merge(
     weight = torch.pow(0.5, (members[owner] - rank + 1).double()).to(x.dtype)
     rows = x[kept] * torch.pow(0.5, members.double()).to(x.dtype)[:, None]
     return rows.index_add(0, owner, x[others] * weight[:, None])
-
-
-def _check_share(name: str, value: float, zero_to_below_one: bool = False) -> None:
-    """`value` in (0, 1], or in [0, 1) with `zero_to_below_one`; else a ValueError."""
-    number = not isinstance(value, bool) and isinstance(value, (int, float))
-    if zero_to_below_one:
-        ok, span = number and 0.0 <= value < 1.0, "[0, 1)"
-    else:
-        ok, span = number and 0.0 < value <= 1.0, "(0, 1]"
-    if not ok:
-        raise ValueError(f"{name} must lie in {span}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -149,8 +145,7 @@ def _register(name: str, before: Baseline, make_rule: Callable[[float], Rule], s
 
     def factory(**given: Any) -> TwoStage:
         layer = given.get("layer", default_layer)
-        if isinstance(layer, bool) or not isinstance(layer, int) or layer < 1:
-            raise ValueError(f"{name}: layer must be an int >= 1, got {layer!r}")
+        check_settings(name, layer=(layer, COUNT))
         stage = InModelStage(name, layer, make_rule(given.get(share, default_share)))
         return TwoStage(name, before.bind(**{k: given[k] for k in first if k in given}), stage)
 

@@ -21,6 +21,7 @@ from craft_eval.baselines._common import (
     Frames,
     apportion,
     baseline,
+    check_settings,
     finish,
     frames_of,
     group_sum,
@@ -63,10 +64,9 @@ def vidcom2(
     allows. A pruned token is assigned to the most similar kept token of its frame (of the
     video when its frame keeps none). `importance` is accepted and ignored.
     """
-    if not 0.0 < channel_fraction <= 1.0:
-        raise ValueError(f"channel_fraction must lie in (0, 1], got {channel_fraction}")
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    check_settings(
+        NAME, channel_fraction=(channel_fraction, "in (0, 1]"), temperature=(temperature, "> 0")
+    )
     n, d = features.shape
     info: dict[str, Any] = {
         "settings": {
@@ -79,8 +79,6 @@ def vidcom2(
     k = budget.floor
     if k >= n:
         return identity(NAME, features, coords, info)
-    ratio = budget.given.ratio
-    assert ratio is not None  # no threshold mode
 
     frames = frames_of(coords)
     x = features.float()
@@ -92,7 +90,7 @@ def vidcom2(
     frame_centre = group_sum(sel, frames.frame_id, frames.count) / sizes[:, None]
     video_score = _gaussian(sel, sel.mean(dim=0), ALPHAS)
     frame_score = _gaussian(sel, frame_centre[frames.frame_id], ALPHAS)
-    quotas = _frame_quotas(video_score, frames, sizes, float(ratio), temperature)
+    quotas = _frame_quotas(video_score, frames, sizes, budget.ratio, temperature)
     budgets = apportion(k, quotas, frames.sizes, at_least_one=True)
 
     token_score = video_score + frame_score

@@ -19,13 +19,13 @@ from craft_eval.baselines._common import (
     Checked,
     apportion,
     baseline,
+    check_settings,
     finish,
     frames_of,
     group_sum,
-    identity,
-    importance_scores,
     most_similar,
     normalized,
+    opening,
     top_indices,
 )
 
@@ -58,14 +58,12 @@ def visionzip(
     The frame budgets are the total budget split in proportion to frame sizes; when the
     budget is smaller than the number of frames the whole video is one group.
     """
-    if not 0.0 <= contextual_fraction <= 1.0:
-        raise ValueError(f"contextual_fraction must lie in [0, 1], got {contextual_fraction}")
-    n = features.shape[0]
-    scores, proxy = importance_scores(features, importance)
-    info = {"settings": {"contextual_fraction": contextual_fraction}, "importance": proxy}
-    k = budget.floor
-    if k >= n:
-        return identity(NAME, features, coords, info)
+    check_settings(NAME, contextual_fraction=(contextual_fraction, "in [0, 1]"))
+    settings = {"contextual_fraction": contextual_fraction}
+    scores, info, done = opening(NAME, features, coords, budget, importance, settings)
+    if done is not None:
+        return done
+    n, k = features.shape[0], budget.floor
 
     frames = frames_of(coords)
     groups = frames.members if k >= frames.count else [torch.arange(n, device=features.device)]
