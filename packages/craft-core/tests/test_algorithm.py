@@ -1,18 +1,14 @@
 """The eager runner (`batched.py`) against the round written once (`craft_core.algorithm.
 compress`): the same kept tokens, owners, rounds and rows, bit for bit, on the 216 reference
-cases (autograd on and off), alone and shuffled into batches of other videos. `test_reference.py` checks the
-plain loop's tokens against an independent integer re-statement of algorithm.md; the
-compiled runner is checked against the same pins (`test_compiled.py`)."""
+cases (autograd on and off), alone and shuffled into batches of other videos.
+`test_reference.py` checks the plain loop's tokens against an independent integer
+re-statement of algorithm.md; the compiled runner is checked against the same pins
+(`test_compiled.py`)."""
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
-from pathlib import Path
 
-import pytest
 import torch
 from core_testkit import (
     Case,
@@ -60,34 +56,12 @@ def _batch_results(
     return {case_id(cases[i]): out for i, out in zip(order, outs)}
 
 
-@pytest.mark.parametrize(
-    "path",
-    [
-        "",
-        # In their own processes (slow): `nox -s core_paths` runs "" on those paths anyway.
-        pytest.param("ATEN_CPU_CAPABILITY=default", marks=pytest.mark.slow),
-        pytest.param("MKL_CBWR=AVX2", marks=pytest.mark.slow),
-    ],
-)
-def test_batches_in_any_composition_and_order_equal_one_video_alone(path: str) -> None:
+def test_batches_in_any_composition_and_order_equal_one_video_alone() -> None:
     """Batch invariance: the 216 reference cases shuffled into batches (cases of one config
     and budget share a compressor), each video's tokens, owners, rounds and rows equal to
-    compressing it alone (`exact` precision), on every CPU instruction path."""
-    if path:  # the same check in a process on another instruction path
-        name, value = path.split("=")
-        script = (
-            f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-            "import test_algorithm as t; "
-            "t.test_batches_in_any_composition_and_order_equal_one_video_alone('')"
-        )
-        done = subprocess.run(
-            [sys.executable, "-c", script],
-            env={**os.environ, name: value},
-            capture_output=True,
-            text=True,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        return
+    compressing it alone (`exact` precision). On the other CPU instruction paths the
+    `core_paths` nox sessions run this test again (`ATEN_CPU_CAPABILITY=default`,
+    `MKL_CBWR=AVX2`)."""
     groups: dict[tuple, list[Case]] = {}
     for case in reference_cases():
         key = (
