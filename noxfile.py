@@ -28,7 +28,14 @@ nox.options.sessions = ["lint", "typecheck", "tests", "core_paths", "vllm"]
 nox.options.reuse_existing_virtualenvs = True
 
 ROOT = Path(__file__).parent
-PACKAGES = ["craft-core", "craft-adapters", "craft-eval", "craft-train", "craft-world"]
+PACKAGES = [
+    "craft-core",
+    "craft-adapters",
+    "craft-eval",
+    "craft-train",
+    "craft-world",
+    "craft-testkit",
+]
 SOURCES = [f"packages/{p}/src" for p in PACKAGES]
 
 # pytest-xdist: a suite's test files shared out between 2 worker processes (CI has 2 cores;

@@ -32,7 +32,7 @@ from craft_adapters.compressed import check_made_with, checkpoint_sha256
 from craft_adapters.tiny import build_tiny_vlm
 from craft_adapters.video import write_video
 from craft_core import CraftCompressor, CraftConfig
-from craft_core.testing import PAGE, fill_filesystem, small_filesystem
+from craft_testkit.filesystem import PAGE, fill_filesystem, small_filesystem
 
 CLIPS = 6  # two workers take 3 each (+ the broken file)
 

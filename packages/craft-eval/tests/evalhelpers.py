@@ -1,5 +1,5 @@
 """Test helpers: a scripted model backend (no model), used through the real runner. (A real
-small filesystem to fill: `craft_core.testing`.)"""
+small filesystem to fill: `craft_testkit.filesystem`.)"""
 
 from __future__ import annotations
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from craft_core.testing import PAGE, fill_filesystem, small_filesystem
 from craft_eval.fixtures import write_fixture
 from craft_eval.runner import Generation, RunConfig, merge_run, run_benchmark
+from craft_testkit.filesystem import PAGE, fill_filesystem, small_filesystem
 
 
 class _Echo:

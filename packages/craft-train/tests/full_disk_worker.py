@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from conftest import TinySetup  # noqa: E402
 
-from craft_core.testing import PAGE, fill_filesystem  # noqa: E402
+from craft_testkit.filesystem import PAGE, fill_filesystem  # noqa: E402
 from craft_train.config import load_config  # noqa: E402
 from craft_train.trainer import CheckpointNotSaved, StepInfo, train  # noqa: E402
 

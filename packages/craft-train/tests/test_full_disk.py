@@ -22,7 +22,7 @@ import pytest
 import yaml
 from conftest import TinySetup
 
-from craft_core.testing import PAGE, fill_filesystem, small_filesystem
+from craft_testkit.filesystem import PAGE, fill_filesystem, small_filesystem
 from craft_train import cli
 from craft_train.checkpoint import find_latest_checkpoint
 from craft_train.config import load_config

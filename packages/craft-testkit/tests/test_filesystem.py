@@ -1,4 +1,4 @@
-"""`craft_core.testing`: the full disk every package's tests write to is a real one.
+"""`craft_testkit.filesystem`: the full disk every package's tests write to is a real one.
 
 Skipped where a tmpfs cannot be mounted (not root), as the tests that use it are.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from craft_core.testing import PAGE, fill_filesystem, small_filesystem
+from craft_testkit.filesystem import PAGE, fill_filesystem, small_filesystem
 
 
 def test_a_filled_small_filesystem_refuses_the_next_write(tmp_path: Path) -> None:

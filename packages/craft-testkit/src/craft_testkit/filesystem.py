@@ -1,13 +1,13 @@
-"""Helpers for the workspace's tests: real faults to run code against (no mocks).
+"""A real full disk for the workspace's tests (no mocks).
 
-    from craft_core.testing import PAGE, fill_filesystem, small_filesystem
+    from craft_testkit.filesystem import PAGE, fill_filesystem, small_filesystem
 
     with small_filesystem(tmp_path / "disk", 1 << 20) as disk:   # a real 1 MiB tmpfs
         fill_filesystem(disk, leave=2 * PAGE)                     # 8 KiB left: a full disk
         ...                                                       # the writer meets ENOSPC
 
-Every package's tests import these (craft-core is in each test environment), so a full disk
-is made one way across the workspace. Nothing here runs outside a test.
+Every package's tests import these (craft-testkit is in every package's `test` group), so a
+full disk is made one way across the workspace. Nothing here runs outside a test.
 """
 
 from __future__ import annotations
