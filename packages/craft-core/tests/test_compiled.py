@@ -5,8 +5,8 @@ on CUDA only (slower than eager on a CPU); these tests run it on the CPU through
 
 The default run checks a representative subset of the pinned cases (the gate with position
 weights at N = 33 and 64, both budget modes: one bucket, two graphs); `nox -s core_paths`
-runs it again under `ATEN_CPU_CAPABILITY=default` and `MKL_CBWR=AVX2`. The slow marker runs
-all 216 pinned cases compiled (about 18 graphs: minutes of compile on 2 cores).
+runs it again under `ATEN_CPU_CAPABILITY=default` and `MKL_CBWR=AVX2`. `nox -s exhaustive`
+runs all 216 pinned cases compiled (about 18 graphs: 21 minutes of compile on 2 cores).
 
     uv run pytest packages/craft-core/tests/test_compiled.py -q -p no:cacheprovider
 """
@@ -171,7 +171,7 @@ def test_the_compiled_loop_leaves_dynamo_settings_as_it_found_them() -> None:
     assert torch._dynamo.config.recompile_limit == limit
 
 
-@pytest.mark.slow
+@pytest.mark.exhaustive  # 21 min of Inductor compile at load 6 here: not in `uv run nox`
 def test_every_pinned_case_compiled() -> None:
     assert not mismatches(reference_cases())
 
