@@ -17,7 +17,10 @@ model (hidden 2048, 36 layers, 16 heads, 2 KV heads, MLP 11,008, M-RoPE sections
 theta 1e6) and its vision tower (32 layers of width 1,280, windows of 112 px, full attention
 in layers 7/15/23/31), the tiny vocabulary (2.7B parameters in all), a fresh paper-size CRAFT
 module at D = 2048; REAL_VIDEOS videos of FRAMES frames of REAL_FRAME px (2,048 patches, 512
-video tokens each, 128 kept). About 6 GB a process; minutes on 2 cores.
+video tokens each, 128 kept). About 6 GB a process; minutes on 2 cores. `--real --layers L`:
+the same widths with L of the 36 language-model layers and L * 32 // 36 of the tower's
+(full attention in every fourth of them), for a machine that cannot hold or wait for the
+whole (times scale about linearly with L; the tokens prefilled do not depend on it).
 """
 
 from __future__ import annotations
@@ -67,10 +70,16 @@ REAL_VISION = {  # Qwen2.5-VL-3B's vision tower (its config.json), random weight
 }
 
 
-def build_real(folder: Path) -> None:
-    """Qwen2.5-VL-3B's shape with random bfloat16 weights, and a fresh CRAFT at D = 2048."""
-    config = tiny.config(**REAL_TEXT)
-    for name, value in REAL_VISION.items():
+def build_real(folder: Path, layers: int = REAL_TEXT["num_hidden_layers"]) -> None:
+    """Qwen2.5-VL-3B's shape with random bfloat16 weights (`layers` of its 36 language-model
+    layers, the tower's depth scaled alike), and a fresh CRAFT at D = 2048."""
+    config = tiny.config(**{**REAL_TEXT, "num_hidden_layers": layers})
+    depth = max(4, REAL_VISION["depth"] * layers // REAL_TEXT["num_hidden_layers"])
+    full = [i for i in range(3, depth, 4)]  # Qwen2.5-VL-3B: every fourth layer, 7/15/23/31
+    vision = {**REAL_VISION, "depth": depth, "fullatt_block_indexes": full}
+    if depth == REAL_VISION["depth"]:
+        vision["fullatt_block_indexes"] = REAL_VISION["fullatt_block_indexes"]
+    for name, value in vision.items():
         setattr(config.vision_config, name, value)
     tiny.save_random(
         folder / "model",
@@ -119,11 +128,20 @@ def first_answer(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--real", action="store_true", help="a real-size language model (bf16)")
-    real = parser.parse_args(argv).real
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=REAL_TEXT["num_hidden_layers"],
+        help="--real: language-model layers (of 36; the tower's depth scaled alike)",
+    )
+    args = parser.parse_args(argv)
+    real = args.real
+    if not 1 <= args.layers <= REAL_TEXT["num_hidden_layers"]:
+        parser.error(f"--layers must be 1-{REAL_TEXT['num_hidden_layers']}, got {args.layers}")
     videos, dtype = (REAL_VIDEOS, "bfloat16") if real else (VIDEOS, "float32")
     folder = Path(tempfile.mkdtemp(prefix="craft-recipe-"))
     if real:
-        build_real(folder)
+        build_real(folder, args.layers)
     else:
         tiny.build(folder / "model")
         trained_like(1).save_pretrained(folder / "craft")
@@ -162,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         except subprocess.TimeoutExpired:
             load_serve.kill(server)
     kept = [f"{r['tokens']}/{r['tokens_before']}" for r in rows[:videos]]
-    shape = "Qwen2.5-VL-3B shape (bf16)" if real else "tiny model (float32)"
+    shape = f"Qwen2.5-VL-3B shape (bf16, {args.layers}/36 LM layers)" if real else "tiny (float32)"
     print(f"{shape}; craft-compress {' '.join(BUDGET)}: {videos + 1} videos in {compress_s:.1f} s")
     print(f"per video {[round(r['seconds'], 2) for r in rows]} s; kept {kept} tokens")
     print(

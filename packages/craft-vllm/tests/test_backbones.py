@@ -1,5 +1,6 @@
-"""Qwen3-VL, Qwen3.5, LLaVA-OneVision and InternVL in vLLM == craft-adapters' `generate()`, at ratios
-2, 4, 8, 16 and uncompressed.
+"""Qwen3-VL, Qwen3.5, LLaVA-OneVision, InternVL and GLM-4.1V in vLLM == craft-adapters'
+`generate()`, at ratios 2 and 16 and uncompressed (the two ends: more kept tokens than one
+frame's, and fewer; test_equality.py runs 2, 4, 8 and 16 on Qwen2.5-VL).
 
 The same check as test_equality.py on a tiny Qwen3-VL with deepstack (`tiny_qwen3.py`,
 float32) and a tiny Qwen3.5 (`tiny_qwen3_5.py`: Gated DeltaNet + full attention, bfloat16
@@ -8,7 +9,9 @@ runs rebuilt from the kept tokens, deepstack rows fused with the main rows' assi
 (Qwen3-VL), original M-RoPE positions; a tiny LLaVA-OneVision (`tiny_llava.py`, float32):
 pooled grid rows compressed, the newline row kept, original 1-D positions; a tiny InternVL
 (`tiny_internvl.py`, float32): every frame token compressed, the `Frame{i}: <img> ... </img>`
-text kept around each frame's kept rows, original 1-D positions. Control: the engine's CRAFT module holds the
+text kept around each frame's kept rows, original 1-D positions; a tiny GLM-4.1V
+(`tiny_glm4v.py`, float32): per-group runs rebuilt from the kept tokens (markers and seconds
+text kept), original M-RoPE positions written by the variant's own pruning hook. Control: the engine's CRAFT module holds the
 checkpoint's weights bit for bit and not a fresh module's (read from vLLM's worker). Besides
 the greedy tokens, the first step's log-probs are compared (`engine.compare`), and the rows
 the served CRAFT module kept (recorded in vLLM's worker) equal craft-adapters' (which
@@ -26,6 +29,7 @@ from typing import Any
 
 import engine
 import pytest
+import tiny_glm4v
 import tiny_internvl
 import tiny_llava
 import tiny_qwen3
@@ -36,14 +40,14 @@ from conftest import small_config
 from craft_adapters import build_inputs
 from craft_core import CraftCompressor
 
-RATIOS = [2, 4, 8, 16]
+RATIOS = [2, 16]
 FRAMES = [16, 10, 12]
 
 
 @pytest.fixture(
     scope="module",
-    params=[tiny_qwen3, tiny_qwen3_5, tiny_llava, tiny_internvl],
-    ids=["qwen3_vl", "qwen3_5", "llava_onevision", "internvl"],
+    params=[tiny_qwen3, tiny_qwen3_5, tiny_llava, tiny_internvl, tiny_glm4v],
+    ids=["qwen3_vl", "qwen3_5", "llava_onevision", "internvl", "glm4v"],
 )
 def kind(request):
     return request.param

@@ -1,5 +1,5 @@
-"""Compressed videos of LLaVA-OneVision, Qwen3-VL, InternVL and Qwen3.5 through `vllm
-serve`'s OpenAI API, as test_openai_payloads.py does for Qwen2.5-VL: one server per backbone
+"""Compressed videos of LLaVA-OneVision, Qwen3-VL, InternVL, Qwen3.5 and GLM-4.1V through
+`vllm serve`'s OpenAI API, as test_openai_payloads.py does for Qwen2.5-VL: one server per backbone
 (`servers`, module scope, started together; the multiprocess engine), payloads sent with the
 `openai` client as `payload.chat_part` builds them.
 
@@ -13,11 +13,12 @@ serve`'s OpenAI API, as test_openai_payloads.py does for Qwen2.5-VL: one server 
   (the deepstack rows must reach the model); Qwen3.5 the right payloads with their rows
   rolled (a fresh module's rows are too close to the right ones in bfloat16).
 - Refusals specific to each backbone (LLaVA-OneVision and InternVL: a newline row where none
-  belongs, a Qwen-style grid; Qwen3-VL: deepstack rows of the wrong width; Qwen3.5: deepstack
-  columns where none belong; Qwen3-VL and Qwen3.5: timestamps missing or wrong; all: coords
-  of the wrong width, NaN rows) are each a 400 naming the field; the same server then
+  belongs, a Qwen-style grid; Qwen3-VL: deepstack rows of the wrong width; Qwen3.5 and
+  GLM-4.1V: deepstack columns where none belong; Qwen3-VL, Qwen3.5 and GLM-4.1V: timestamps
+  missing or wrong; GLM-4.1V: seconds that are not whole, a grid whose group runs would
+  carry the positions past the rotary table; all: coords of the wrong width, NaN rows) are each a 400 naming the field; the same server then
   answers `python -m craft_vllm.payload`'s body (POSTed as curl does) as before. For
-  Qwen3-VL and Qwen3.5 that body's timestamps come from the file's recorded fps and frames
+  Qwen3-VL, Qwen3.5 and GLM-4.1V that body's timestamps come from the file's recorded fps and frames
   (`payload.video_timestamps`), compared here with the processor's own rule.
 """
 
@@ -32,6 +33,7 @@ from typing import Any, NamedTuple
 
 import engine
 import pytest
+import tiny_glm4v
 import tiny_internvl
 import tiny_llava
 import tiny_qwen3
@@ -62,9 +64,10 @@ KINDS = {
     "qwen3_vl": tiny_qwen3,
     "internvl": tiny_internvl,
     "qwen3_5": tiny_qwen3_5,
+    "glm4v": tiny_glm4v,
 }
 FLAT = (tiny_llava, tiny_internvl)  # 1-D RoPE, the grid is the frames' token grid
-TIMED = (tiny_qwen3, tiny_qwen3_5)  # payloads carry the frame runs' timestamps
+TIMED = (tiny_qwen3, tiny_qwen3_5, tiny_glm4v)  # payloads carry the frame runs' timestamps
 FRAMES = [16, 10, 12]  # as test_precompressed.py
 QWEN3_5_CONTROL = engine.tie("bfloat16")
 """The smallest gap Qwen3.5's control must show: 0.3, twice the bfloat16 gap allowed (the
@@ -197,11 +200,33 @@ def malformed(backbone: Backbone) -> dict[str, tuple[dict[str, Any], str]]:
             ),
             "deepstack half": (with_fields(part, **{ROWS: rows[:, : d + d // 2]}), width),
         }
-    if kind is tiny_qwen3_5:  # no deepstack: rows of the deepstack layout are refused
+    if kind in (tiny_qwen3_5, tiny_glm4v):  # no deepstack: its layout's rows are refused
         out["deepstack columns"] = (
             with_fields(part, **{ROWS: torch.cat([rows, rows], 1)}),
             f"{width}{d} (the width)]",
         )
+    if kind is tiny_glm4v:  # whole seconds; group runs that would leave the rotary table
+        stamps = torch.tensor(timestamps(kind, FRAMES[0]), dtype=torch.float64)
+        # 300 groups of 64 x 64 (its coords fit): 2 + 300 x (2 + 64 + 1-3 digits) positions,
+        # over the 4096 - 2048 the tiny model leaves and past vLLM's rotary cache (4 x 4096:
+        # its worker would die), in a prompt of some 1,500 tokens
+        long, side = 300, 128
+        out |= {
+            "seconds fraction": (
+                with_fields(part, **{TIMESTAMPS: stamps + 0.5}),
+                "timestamps must be whole seconds",
+            ),
+            "runs past the rotary table": (
+                with_fields(
+                    part,
+                    **{
+                        GRID: torch.tensor([long, side, side]),
+                        TIMESTAMPS: torch.arange(long, dtype=torch.float64),
+                    },
+                ),
+                f"video_grid_thw [[{long}, {side}, {side}]] spreads the video over",
+            ),
+        }
     if kind in TIMED:
         stamps = torch.tensor(timestamps(kind, FRAMES[0]), dtype=torch.float64)
         out |= {
@@ -235,10 +260,13 @@ def test_malformed_payloads_get_a_400_naming_the_field(backbone, tmp_path) -> No
     assert_same_answer(post(base, cli_body(path, model)), before)
 
 
-@pytest.mark.parametrize("kind", [tiny_qwen3, tiny_qwen3_5], ids=["qwen3_vl", "qwen3_5"])
-def test_payload_cli_writes_qwen3_timestamps(kind, tmp_path, capsys) -> None:
-    """The CLI's (`payload.main`, in process) Qwen3-VL / Qwen3.5 body carries the frame runs'
-    seconds the processor would write (odd frame counts too: the last frame repeated); a
+@pytest.mark.parametrize(
+    "kind", [tiny_qwen3, tiny_qwen3_5, tiny_glm4v], ids=["qwen3_vl", "qwen3_5", "glm4v"]
+)
+def test_payload_cli_writes_run_timestamps(kind, tmp_path, capsys) -> None:
+    """The CLI's (`payload.main`, in process) Qwen3-VL / Qwen3.5 / GLM-4.1V body carries the
+    frame runs' seconds the processor would write (odd frame counts too: the last frame
+    repeated; GLM-4.1V: whole seconds); a
     file without its rate is refused unless `--fps` gives it, and a rate or frame count that
     does not fit the grid is refused, as is `--fps` for a LLaVA-OneVision file: exit 2, one
     line."""
@@ -258,7 +286,6 @@ def test_payload_cli_writes_qwen3_timestamps(kind, tmp_path, capsys) -> None:
         out = capsys.readouterr()
         return code, out.out, out.err
 
-    processor = kind.processor()
     for fps, frames, args in [
         (2.0, 12, ()),
         (3.0, 11, ()),
@@ -269,7 +296,7 @@ def test_payload_cli_writes_qwen3_timestamps(kind, tmp_path, capsys) -> None:
         code, out, _ = cli(save(f"f{frames}", **meta), *args)
         sent = json.loads(out)["messages"][0]["content"][0]["video_embeds"][TIMESTAMPS]
         stamps = torch.load(io.BytesIO(base64.b64decode(sent)), weights_only=True)
-        want = processor._calculate_timestamps(list(range(frames)), fps, 2)
+        want = processor_timestamps(frames, kind, fps)
         assert code == 0 and stamps.dtype == torch.float64
         assert stamps.tolist() == pytest.approx(want, abs=1e-12)
     bare = save("bare")
@@ -280,7 +307,7 @@ def test_payload_cli_writes_qwen3_timestamps(kind, tmp_path, capsys) -> None:
         ([save("long", fps=2.0, frames=14)], "14 frames make 7 frame runs"),
         (
             [save("llava", model_type="llava_onevision"), "--fps", "2"],
-            "fps is for qwen3_5 / qwen3_vl payloads only",
+            "fps is for glm4v / qwen3_5 / qwen3_vl payloads only",
         ),
     ]:
         code, out, err = cli(*args)

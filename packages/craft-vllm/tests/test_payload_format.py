@@ -17,6 +17,7 @@ import importlib
 
 import pytest
 import tiny
+import tiny_glm4v
 import tiny_internvl
 import tiny_llava
 import tiny_qwen3
@@ -28,7 +29,7 @@ from craft_vllm.precompressed import PayloadProcessingInfo
 
 from craft_adapters import CompressedVideo
 
-KINDS = [tiny, tiny_qwen3, tiny_qwen3_5, tiny_llava, tiny_internvl]
+KINDS = [tiny, tiny_qwen3, tiny_qwen3_5, tiny_llava, tiny_internvl, tiny_glm4v]
 
 
 def _module(target: str):
@@ -39,7 +40,7 @@ def test_every_served_backbone_declares_its_format_in_its_own_file() -> None:
     declared = payload.declared_formats()
     modules = [_module(target) for target in ARCHITECTURES.values()]
     assert sorted(declared) == sorted(m.PAYLOAD.model_type for m in modules)
-    assert len(modules) == 5 and set(ONE_D) == {
+    assert len(modules) == 6 and set(ONE_D) == {
         "CraftLlavaOnevisionForConditionalGeneration",
         "CraftInternVLForConditionalGeneration",
     }
@@ -62,8 +63,17 @@ def test_declared_format_fits_the_served_config(kind) -> None:
     form = payload.payload_format(config.model_type)
     assert form.merge == getattr(config.vision_config, "spatial_merge_size", 1)
     if form.frame_runs:  # the processor's timestamps: one per run of `frame_runs` frames
-        stamps = kind.processor()._calculate_timestamps(list(range(6)), 2.0, form.frame_runs)
-        assert payload.frame_timestamps(6, 2.0, 3, form.frame_runs) == stamps
+        for frames, fps in [(6, 2.0), (7, 0.7)]:
+            grid = -(-frames // form.frame_runs)
+            mine = payload.frame_timestamps(frames, fps, grid, form.frame_runs, form.run_seconds)
+            assert mine == pytest.approx(processor_timestamps(kind, frames, fps), abs=1e-12)
+
+
+def processor_timestamps(kind, frames: int, fps: float) -> list[float]:
+    """The frame runs' seconds `kind`'s processor writes for `frames` frames at `fps`."""
+    if kind is tiny_glm4v:  # read back from its prompt
+        return tiny_glm4v.timestamps(frames, fps)
+    return kind.processor()._calculate_timestamps(list(range(frames)), fps, 2)
 
 
 def test_a_declaration_must_be_literal(tmp_path) -> None:
@@ -91,6 +101,6 @@ def test_a_backbone_that_is_not_served_is_named() -> None:
     video = CompressedVideo(torch.ones(1, 8), torch.zeros(1, 3, dtype=torch.long), (1, 1, 1))
     with pytest.raises(ValueError, match="no served backbone has model_type None"):
         payload.video_payload(video)
-    glm = CompressedVideo(video.features, video.coords, (1, 1, 1), {"model_type": "glm4v"})
-    with pytest.raises(ValueError, match=r"model_type 'glm4v' .*served: internvl, llava_"):
-        payload.chat_part(glm)
+    gemma = CompressedVideo(video.features, video.coords, (1, 1, 1), {"model_type": "gemma3"})
+    with pytest.raises(ValueError, match=r"model_type 'gemma3' .*served: glm4v, internvl, llava_"):
+        payload.chat_part(gemma)

@@ -6,7 +6,10 @@ that payload (`precompressed.video_payload`, `enable_mm_embeds=True`). vLLM's gr
 must equal craft-adapters' threshold-mode `generate()` on the same videos; each malformed
 payload fails its own request with the field named, and the engine keeps serving. Qwen2.5-VL
 (float32) and Qwen3.5 (bfloat16 both sides; the payload carries the frame timestamps and the
-K rows are laid out in per-frame runs from the coords).
+K rows are laid out in per-frame runs from the coords). LLaVA-OneVision, InternVL, Qwen3-VL
+and GLM-4.1V payloads are served through `vllm serve` only (test_openai_backbones.py: the
+same equality, controls and refusals through the same parser; `LLM.generate`'s dict is what
+the API server builds from a chat part); their `Case`s are built here (`_case`).
 Equality is judged on the first step's log-probs (within `engine.GAP`) besides the greedy
 tokens. Control, Qwen2.5-VL (float32): the payload a FRESH (unloaded) CRAFT module makes,
 served, is far from the reference in those log-probs (`engine.CONTROL_GAP`: 0.16-0.42
@@ -22,16 +25,12 @@ lengths here and against a slow rule in test_options.py.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import NamedTuple
 
 import engine
 import pytest
 import tiny
-import tiny_internvl
-import tiny_llava
-import tiny_qwen3
 import tiny_qwen3_5
 import torch
 from conftest import small_config
@@ -114,10 +113,12 @@ def test_threshold_mode_served_from_compressed_videos(workdir, videos, tmp_path)
     engine.control_gaps(control, reference)
 
 
-def _timestamps(frames: int, kind=tiny_qwen3_5) -> list[float]:
-    """Qwen3.5's / Qwen3-VL's frame-run seconds of a video sampled at engine.FPS (its
-    processor's rule)."""
-    return kind.processor()._calculate_timestamps(list(range(frames)), engine.FPS, 2)
+def _timestamps(frames: int, kind=tiny_qwen3_5, fps: float = engine.FPS) -> list[float]:
+    """Qwen3.5's / Qwen3-VL's / GLM-4.1V's frame-run seconds of a video sampled at `fps`
+    (its processor's rule; GLM-4.1V's read back from its prompt)."""
+    if hasattr(kind, "timestamps"):
+        return kind.timestamps(frames, fps)  # type: ignore[no-any-return]
+    return kind.processor()._calculate_timestamps(list(range(frames)), fps, 2)
 
 
 class Case(NamedTuple):
@@ -207,69 +208,3 @@ def test_qwen3_5_threshold_mode_served_from_compressed_videos(workdir, tmp_path)
     assert all(torch.equal(r, v) for r, v in zip(rows, bf16[0]))
     assert all(torch.equal(r, v) for r, v in zip(fresh_rows, bf16[1]))
     assert not any(torch.equal(r, v) for r, v in zip(fresh_rows, bf16[0]))
-
-
-@pytest.mark.parametrize("kind", [tiny_llava, tiny_internvl], ids=["llava_onevision", "internvl"])
-def test_1d_rope_threshold_mode_served_from_compressed_videos(workdir, tmp_path, kind) -> None:
-    """The 1-D RoPE backbones (float32), each row at its original 1-D position. LLaVA-OneVision:
-    a payload holds the K pooled grid rows only, the server adds its own newline row after
-    them. InternVL: a payload holds the K frame-token rows, the server lays them out per frame
-    between each frame's `Frame{i}: <img>` and `</img>` (test_internvl.py: the layout)."""
-    frames = [16, 10, 12]
-    case = _case(kind, frames, workdir, tmp_path)
-    assert [v.grid for v in case.compressed] == [(n, 4, 4) for n in frames]  # no newline row
-
-    def work(llm):
-        payloads = [video_payload(v) for v in case.compressed]
-        wide = payloads[0]["video_grid_thw"] * torch.tensor([1, 2, 2])  # a Qwen-style grid
-        bad = [*_malformed(payloads[0]), ({**payloads[0], "video_grid_thw": wide}, "H = W = 4")]
-        for payload, field in bad:
-            with pytest.raises(Exception, match=field.replace("[", r"\[")):
-                _generate(llm, [payload], kind)
-        return [
-            _generate(llm, [video_payload(v) for v in vs], kind)
-            for vs in (case.compressed, case.fresh)
-        ]
-
-    overrides = engine.overrides(workdir / "craft", 4, kind)
-    served, control = engine.run(case.model, overrides, work, enable_mm_embeds=True)
-    reference = engine.adapters_generate(
-        case.model, case.loaded, None, case.videos, kind, threshold=THRESHOLD
-    )
-    engine.compare(served, reference)
-    _assert_lengths(served, kind, frames, case)
-    engine.control_gaps(control, reference)
-
-
-def test_qwen3_vl_threshold_mode_served_with_deepstack_rows(workdir, tmp_path) -> None:
-    """Qwen3-VL (float32): the payload's rows carry each kept token's deepstack rows beside
-    its main row (`[K, D + levels * D]`); K rows laid out per frame, timestamps kept.
-    Controls: a fresh module's payloads, and the right payloads with their deepstack rows
-    zeroed (the deepstack rows must reach the language model)."""
-    kind, frames = tiny_qwen3, [16, 10, 12]
-    case = _case(kind, frames, workdir, tmp_path)
-    compressed = case.compressed
-    flat = [dataclasses.replace(v, deepstack=torch.zeros_like(v.deepstack)) for v in compressed]
-    assert all(v.deepstack.shape == (k, kind.HIDDEN) for v, k in zip(compressed, case.kept))
-
-    def payloads(vs: list) -> list:
-        return [video_payload(v, timestamps=_timestamps(n, kind)) for v, n in zip(vs, frames)]
-
-    def work(llm):
-        good = payloads(compressed)
-        main = good[0]["video_embeds"][:, : kind.HIDDEN]  # the deepstack rows left out
-        bad = [*_malformed(good[0]), ({**good[0], "video_embeds": main}, "deepstack levels")]
-        for payload, field in bad:
-            with pytest.raises(Exception, match=field.replace("[", r"\[")):
-                _generate(llm, [payload], kind)
-        return [_generate(llm, payloads(vs), kind) for vs in (compressed, case.fresh, flat)]
-
-    overrides = engine.overrides(workdir / "craft", 4, kind)
-    served, control, no_deepstack = engine.run(case.model, overrides, work, enable_mm_embeds=True)
-    reference = engine.adapters_generate(
-        case.model, case.loaded, None, case.videos, kind, threshold=THRESHOLD
-    )
-    engine.compare(served, reference)
-    _assert_lengths(served, kind, frames, case)
-    engine.control_gaps(control, reference)
-    engine.control_gaps(no_deepstack, reference)

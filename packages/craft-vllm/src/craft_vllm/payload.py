@@ -18,7 +18,7 @@ Fields (K kept rows of width D, a grid of T x H x W merged tokens):
 | `craft_num_kept` | `[1]` int: K | `[]` |
 | `second_per_grid_ts` | `[1]` float: seconds per grid step | `[]` |
 | `craft_made_with` | `[1, L]` uint8: JSON of what made it (`MADE_WITH`) | `[L]` |
-| `timestamps` (Qwen3-VL, Qwen3.5) | `[1, T]` float64: each frame run's seconds | `[T]` |
+| `timestamps` (Qwen3-VL, Qwen3.5, GLM-4.1V) | `[1, T]` float64: each frame run's seconds | `[T]` |
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from craft_adapters import CompressedVideo
 ROWS, GRID = "video_embeds", "video_grid_thw"
 COORDS, COUNT, SECONDS = "craft_coords", "craft_num_kept", "second_per_grid_ts"
 MADE_WITH = "craft_made_with"
-TIMESTAMPS = "timestamps"  # Qwen3-VL / Qwen3.5: each frame run's "<t seconds>" text
+TIMESTAMPS = "timestamps"  # Qwen3-VL / Qwen3.5 / GLM-4.1V: each frame run's seconds (text)
 PER_VIDEO = (GRID, COUNT, SECONDS, MADE_WITH, TIMESTAMPS)  # one entry per video (batched)
 MADE_WITH_KEYS = ("model_type", "hidden_size", "craft_sha256")
 """What a server compares with its own (`craft_adapters.check_made_with`): the backbone's
@@ -103,6 +103,9 @@ class PayloadFormat:
             uncompressed, whatever was kept (LLaVA-OneVision, InternVL).
         seconds_positions: the temporal positions follow `second_per_grid_ts` (Qwen2.5-VL:
             `tokens_per_second` per second of video).
+        run_seconds: how a run's seconds are read off its frames (`frame_timestamps`):
+            "mean" of its first and last frame's (Qwen3-VL, Qwen3.5), or the "whole" seconds
+            of its first frame (GLM-4.1V writes `int(seconds)`).
     """
 
     model_type: str
@@ -110,6 +113,7 @@ class PayloadFormat:
     frame_runs: int = 0
     flat: bool = False
     seconds_positions: bool = False
+    run_seconds: str = "mean"
 
 
 @dataclass(frozen=True)
@@ -175,11 +179,15 @@ def payload_format(model_type: Any) -> PayloadFormat:
     return formats[model_type]
 
 
-def frame_timestamps(frames: int, fps: float, grid_frames: int, run: int = 2) -> list[float]:
+def frame_timestamps(
+    frames: int, fps: float, grid_frames: int, run: int = 2, rule: str = "mean"
+) -> list[float]:
     """The `[T]` seconds of each run of `run` frames of `frames` frames sampled at `fps`
     (indices 0, 1, ...: how `craft-compress` and `build_inputs` hand frames to the
-    processor), by the processor's rule (`_calculate_timestamps`): the last frame repeated up
-    to a whole run, each run the mean of its first and last frame's `index / fps`.
+    processor), by the processor's rule: the last frame repeated up to a whole run, each run
+    the mean of its first and last frame's `index / fps` (`rule="mean"`, Qwen3's
+    `_calculate_timestamps`) or the whole seconds of its first frame (`rule="whole"`,
+    GLM-4.1V's `int(index / fps)`).
 
     Raises:
         ValueError: `fps` not > 0 and finite, or `frames` not the `grid_frames` runs' frames.
@@ -195,6 +203,10 @@ def frame_timestamps(frames: int, fps: float, grid_frames: int, run: int = 2) ->
         )
     index = list(range(frames)) + [frames - 1] * (-frames % run)
     seconds = [i / fps for i in index]
+    if rule == "whole":
+        return [float(int(s)) for s in seconds[::run]]
+    if rule != "mean":
+        raise ValueError(f"rule must be 'mean' or 'whole', got {rule!r}")
     return [(seconds[i] + seconds[i + run - 1]) / 2 for i in range(0, len(seconds), run)]
 
 
@@ -209,7 +221,8 @@ def video_timestamps(video: CompressedVideo, fps: float | None = None) -> list[f
             count do not fit the grid; `fps` given for another backbone; a backbone that
             is not served.
     """
-    run = payload_format(video.metadata.get("model_type")).frame_runs
+    form = payload_format(video.metadata.get("model_type"))
+    run = form.frame_runs
     if not run:
         if fps is not None:  # not ignored: the caller thinks it matters
             timed = [f.model_type for f in declared_formats().values() if f.frame_runs]
@@ -226,7 +239,7 @@ def video_timestamps(video: CompressedVideo, fps: float | None = None) -> list[f
             "or the timestamps: video_payload / chat_part's timestamps=)"
         )
     frames = video.metadata.get("frames", video.grid[0] * run)
-    return frame_timestamps(frames, rate, video.grid[0], run)
+    return frame_timestamps(frames, rate, video.grid[0], run, form.run_seconds)
 
 
 def video_payload(
@@ -236,12 +249,13 @@ def video_payload(
 
     `merge`: the backbone's spatial merge size: vLLM's `video_grid_thw` counts patches, the
     compressed video's grid merged tokens. None: the served backbone's (`payload_format` of
-    the video's `model_type`: 1 for LLaVA-OneVision and InternVL, 2 for every Qwen).
+    the video's `model_type`: 1 for LLaVA-OneVision and InternVL, 2 for every Qwen and GLM).
     Qwen3-VL: the rows are the main rows and the deepstack rows side by side (`[K, D +
     levels * D]`, vLLM's layout of Qwen3-VL's embedding inputs).
-    `timestamps`: for a backbone that writes frame runs' seconds (Qwen3-VL, Qwen3.5) only: the
-    T seconds its frame runs are written with, as its processor gives them
-    (`processor._calculate_timestamps(indices, fps, 2)`). None: from the video's metadata
+    `timestamps`: for a backbone that writes frame runs' seconds (Qwen3-VL, Qwen3.5,
+    GLM-4.1V) only: the T seconds its frame runs are written with, as its processor gives
+    them (Qwen3: `processor._calculate_timestamps(indices, fps, 2)`; GLM-4.1V: the whole
+    seconds of each run's first frame). None: from the video's metadata
     (`video_timestamps`; refused where it has no `fps`).
     """
     t, h, w = video.grid
@@ -298,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--fps",
         type=float,
-        help="Qwen3-VL / Qwen3.5: the rate the video's frames were sampled at, for a file "
+        help="Qwen3-VL / Qwen3.5 / GLM-4.1V: the rate the video's frames were sampled at, for a file "
         "that does not record it (craft-compress does; given, it overrides the file's)",
     )
     args = parser.parse_args(argv)

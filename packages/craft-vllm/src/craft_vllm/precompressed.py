@@ -26,7 +26,7 @@ it was made with (`craft_made_with` against the served backbone and CRAFT checkp
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache, lru_cache, partial
 from pathlib import Path
 from typing import Any, ClassVar
@@ -90,6 +90,13 @@ class PayloadLimits:
             starts N (+ its fixed rows) positions after its start, whatever was kept.
         deepstack_levels: Qwen3-VL's deepstack levels L: each row is `[D + L * D]`, the
             main row and the kept token's deepstack rows side by side.
+        whole_seconds: the frame runs' `timestamps` are whole seconds (GLM-4.1V writes
+            `int(seconds)`: a fraction would be dropped from the prompt, so it is refused).
+        extent: `extent(grid, timestamps, cap)`: the positions one video spans uncompressed
+            (the text after it starts that many positions after its start), or any value
+            over `cap` once it is known to exceed it; from the model file
+            (`PayloadProcessingInfo.craft_extent`, GLM-4.1V: its frame runs and their
+            timestamp text), None where the rules below apply.
     """
 
     merge: int
@@ -103,6 +110,8 @@ class PayloadLimits:
     side: int | None = None
     flat: bool = False
     deepstack_levels: int = 0
+    whole_seconds: bool = False
+    extent: Callable[[tuple[int, int, int], list[float], int], int] | None = None
 
     def made_with(self) -> dict[str, Any]:
         """The values of `MADE_WITH_KEYS` this server has."""
@@ -177,35 +186,47 @@ def _check_counts(data: Mapping[str, Any], limits: PayloadLimits) -> list[tuple[
 
 
 def _check_positions(
-    videos: list[tuple[int, ...]], seconds: torch.Tensor, limits: PayloadLimits
+    videos: list[tuple[int, ...]], data: Mapping[str, Any], limits: PayloadLimits
 ) -> None:
     """Refuse payloads whose positions could run past the rotary table (vLLM's worker would
     index out of it and die): a video at grid extent E (the text after it starts E positions
     after its start) and K rows moves every later position by E - K; with prompt + output at
     most `max_model_len` tokens, the largest position is below max_model_len + sum(E - K).
-    1-D positions (`limits.flat`): E = N = T * H * W."""
-    if limits.tokens_per_second is None and not limits.flat:
+    1-D positions (`limits.flat`): E = N = T * H * W; `limits.extent`: the model file's E."""
+    if limits.tokens_per_second is None and not limits.flat and limits.extent is None:
         return
+    seconds = data[SECONDS]
+    room = limits.max_positions - limits.max_model_len
+    stamps = data[TIMESTAMPS].tolist() if limits.extent is not None else [None] * len(videos)
     shift = 0
-    for (t, h, w, k), second in zip(videos, seconds.tolist()):
-        if limits.flat:
+    for (t, h, w, k), second, times in zip(videos, seconds.tolist(), stamps):
+        if limits.extent is not None:
+            extent = limits.extent((t, h, w), times, room - shift + k)
+        elif limits.flat:
             extent = t * h * w
         else:
             factor = float(limits.tokens_per_second or 0.0) * float(second)
             extent = max(int((t - 1) * factor), h - 1, w - 1) + 1
         shift += max(0, extent - k)
-    room = limits.max_positions - limits.max_model_len
     if shift > room:
+        cause = (  # what sets the extent: the seconds (Qwen2.5-VL), else the grid
+            f"{SECONDS} {seconds.tolist()}"
+            if limits.tokens_per_second is not None
+            else f"{GRID} {data[GRID].tolist()}"
+        )
         raise ValueError(
-            f"compressed video payload: {SECONDS} {seconds.tolist()} spreads the video over "
+            f"compressed video payload: {cause} spreads the video over "
             f"{shift} positions more than its rows; with --max-model-len "
             f"{limits.max_model_len} the model's {limits.max_positions} positions leave "
             f"{room} (a lower --max-model-len leaves more)"
         )
 
 
-def _check_timestamps(data: Mapping[str, Any], videos: list[tuple[int, ...]]) -> None:
-    """Qwen3.5: one `[T]` row of finite seconds >= 0, non-decreasing, per video ([V, T])."""
+def _check_timestamps(
+    data: Mapping[str, Any], videos: list[tuple[int, ...]], whole: bool = False
+) -> None:
+    """Qwen3-VL, Qwen3.5, GLM-4.1V: one `[T]` row of finite seconds >= 0, non-decreasing,
+    per video ([V, T]); `whole`: whole seconds."""
     stamps = data[TIMESTAMPS]
     frames = {v[0] for v in videos}
     ok = isinstance(stamps, torch.Tensor) and stamps.is_floating_point() and stamps.dim() == 2
@@ -217,6 +238,11 @@ def _check_timestamps(data: Mapping[str, Any], videos: list[tuple[int, ...]]) ->
         raise ValueError(f"compressed video payload: {TIMESTAMPS} must be finite and >= 0")
     if bool((stamps[:, 1:] < stamps[:, :-1]).any()):
         raise ValueError(f"compressed video payload: {TIMESTAMPS} must not decrease")
+    if whole and not bool((stamps == stamps.floor()).all()):
+        raise ValueError(
+            f"compressed video payload: {TIMESTAMPS} must be whole seconds (this backbone "
+            "writes each frame run's whole seconds)"
+        )
 
 
 def check_payload(data: Mapping[str, Any], limits: PayloadLimits) -> None:
@@ -258,9 +284,9 @@ def check_payload(data: Mapping[str, Any], limits: PayloadLimits) -> None:
             "compressed video payload",
             **limits.made_with(),
         )
-    _check_positions(videos, data[SECONDS], limits)
-    if limits.timed:
-        _check_timestamps(data, videos)
+    if limits.timed:  # before the positions: a model file's extent reads them
+        _check_timestamps(data, videos, limits.whole_seconds)
+    _check_positions(videos, data, limits)
 
 
 def served_limits(model_config: Any, form: PayloadFormat, side: int | None) -> PayloadLimits:
@@ -285,6 +311,7 @@ def served_limits(model_config: Any, form: PayloadFormat, side: int | None) -> P
         side=side,
         flat=form.flat,
         deepstack_levels=levels,
+        whole_seconds=form.run_seconds == "whole",
     )
 
 
@@ -332,10 +359,13 @@ class PayloadParser:
 
 
 @cache
-def payload_parser(base: Any) -> type:
+def payload_parser(base: Any, timed: bool = False) -> type:
     """vLLM's data parser class `base` (a backbone's own) that also takes payloads: its video
-    embedding fields and the payload's (`FIELDS`; Qwen3's `timestamps` are vLLM's own)."""
+    embedding fields and the payload's (`FIELDS`, and `timestamps` where `timed`: Qwen3's
+    parsers have them already)."""
     video = {**base.embedding_fields.get("video", {}), **FIELDS}  # type: ignore[attr-defined]
+    if timed:
+        video.setdefault(TIMESTAMPS, "metadata")
     fields = {**base.embedding_fields, "video": video}  # type: ignore[attr-defined]
     return type(f"Payload{base.__name__}", (PayloadParser, base), {"embedding_fields": fields})
 
@@ -351,13 +381,23 @@ class PayloadProcessingInfo:
         backbone's fixed frame grid), else None."""
         return None
 
+    def craft_extent(self, grid: tuple[int, int, int], timestamps: list[float], cap: int) -> int:
+        """The positions one payload video of merged `grid` spans uncompressed (the model
+        file's rule; `PayloadLimits.extent`). Only called where `craft_has_extent`."""
+        raise NotImplementedError
+
+    craft_has_extent: ClassVar[bool] = False
+
     def get_data_parser(self) -> Any:
         parser = super().get_data_parser()  # type: ignore[misc]
         base: Any = type(parser)
-        parser.__class__ = payload_parser(base)  # the same parser, payloads added
+        form = self.payload_format
+        parser.__class__ = payload_parser(base, bool(form.frame_runs))  # payloads added
         model_config = self.ctx.model_config  # type: ignore[attr-defined]
-        side = self.craft_frame_side()
-        parser._craft_limits = served_limits(model_config, self.payload_format, side)
+        limits = served_limits(model_config, form, self.craft_frame_side())
+        if self.craft_has_extent:
+            limits = replace(limits, extent=self.craft_extent)
+        parser._craft_limits = limits
         return parser
 
 
