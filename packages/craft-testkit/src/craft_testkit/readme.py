@@ -51,7 +51,9 @@ def python_blocks(readme: Path) -> list[Block]:
     Raises:
         ValueError: a block opened and never closed (the README would render wrongly too).
     """
-    blocks, code, start = [], None, 0
+    blocks: list[Block] = []
+    code: list[str] | None = None
+    start = 0
     for number, line in enumerate(readme.read_text(encoding="utf-8").splitlines(), 1):
         fence = line.strip().startswith("```")
         if code is None and fence and line.strip()[3:].strip() == "python":
