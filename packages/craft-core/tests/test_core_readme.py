@@ -11,7 +11,6 @@ from craft_testkit.readme import Block, python_blocks, run_block
 README = Path(__file__).parents[1] / "README.md"
 
 
-@pytest.mark.slow  # its first example compresses N = 6,272 at D = 2,560 (seconds of CPU)
 @pytest.mark.parametrize("block", python_blocks(README), ids=str)
 def test_readme_example_runs(block: Block, tmp_path: Path) -> None:
     run_block(block, tmp_path)
