@@ -464,7 +464,7 @@ def wrap(
             without a compressor equals the unwrapped model) or "original" (the backbone's
             own code: what its checkpoints were trained with and what vLLM and craft-vllm
             serve). They differ only for Qwen2.5-VL on transformers 5.x (the text after a
-            video; README, "Position-id policy").
+            video; docs/internals.md, "Position-id policy per backbone").
 
     Raises:
         ValueError: unsupported model_type, compressor width != LLM width, bad budget, an
