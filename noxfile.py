@@ -46,7 +46,7 @@ SOURCES = [f"packages/{p}/src" for p in PACKAGES]
 # own Inductor cache); the session's env (core_paths') reaches the workers. Only the suites in
 # XDIST_PACKAGES, each run green that way in full; `-- -n 0` runs one in a single process.
 XDIST = ["-n", "2", "--dist", "loadfile"]
-XDIST_PACKAGES = {"craft-core"}
+XDIST_PACKAGES = {"craft-core", "craft-adapters", "craft-eval"}
 
 
 def _sync(session: nox.Session, *args: str) -> None:
