@@ -9,8 +9,9 @@ them from an image's), hence `video_token_id`. No deepstack.
 
 lmms-eval 0.7.3's only GLM class (`simple/glm4v.py:GLM4V`) hands a video to the processor as
 an IMAGE item (`{"type": "image", "url": path}`): no `pixel_values_videos` would reach the
-wrapper, which would then run uncompressed. So no plugin model is generated for it
-(`lmms_classes = None`). vLLM has the model (`glm4_1v.py`); craft-vllm does not serve it.
+wrapper, which would then run uncompressed. So no plugin model is generated from it
+(`lmms_classes = None`); craft-eval writes `craft_glm4v` by hand with a video route.
+craft-vllm serves it (`craft_vllm/glm4v.py`).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class Glm4vAdapter(QwenAdapter):
     # the processor samples / resizes itself; the fps reaches its timestamps via the metadata
     input_rules = InputRules(processors=("Glm4vProcessor",), video_metadata=True)
     reference_archs = (("glm4_1v-9b", "glm-4.1v-9b", "glm-4.1v-9b-thinking"),)
-    lmms_classes = None  # lmms-eval 0.7.3 feeds GLM videos as images (module docstring)
+    lmms_classes = None  # lmms-eval 0.7.3 feeds GLM videos as images; craft_glm4v is hand-written
 
     @property
     def video_token_id(self) -> int:
