@@ -152,7 +152,7 @@ def _vllm_env(session: nox.Session) -> None:
     first time, seconds once the venv exists: nox reuses it)."""
     overrides = Path(session.create_tmp()) / "vllm-overrides.txt"
     overrides.write_text(VLLM_OVERRIDES)
-    local = ["craft-core", "craft-adapters", "craft-vllm"]
+    local = ["craft-core", "craft-adapters", "craft-vllm", "craft-testkit"]
     editable = [arg for p in local for arg in ("-e", f"packages/{p}")]
     session.install("--override", str(overrides), *VLLM_REQUIREMENTS, *editable)
 
