@@ -10,7 +10,7 @@ HoliTom: github.com/cokeshao/HoliTom @ e9b2972f6895c9e7d7fe74eb8c3a2ecaab8056e0,
 `merge_tokens_by_attention_density`, `merge_tokens_by_density`,
 `merge_tokens_by_clustering`, `cluster_dpc_knn`).
 
-Each re-statement applies only the deviations craft-eval's README lists (ties by index,
+Each re-statement applies only the deviations craft-eval's docs/baselines.md lists (ties by index,
 no random density noise; FlashVID's one-frame segments cluster unpicked tokens only;
 HoliTom's D > 0 as meant). Videos: T = 16 frames of 8 x 8 or 14 x 14 tokens, D = 32 / 64,
 with static places, moving places and a scene cut; the published settings at 10-25%

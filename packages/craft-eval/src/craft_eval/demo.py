@@ -280,7 +280,7 @@ def _finish(world: _World, rows: dict[str, list[dict[str, Any]]], out: Path) -> 
         )
     if world.tag.startswith("tiny-"):
         _line("\nAccuracy here is MEANINGLESS: a tiny model with random weights.")
-    _line("FLOPs reduction: analytical, language-model prefill, formula in the README.")
+    _line("FLOPs reduction: analytical, language-model prefill, formula in docs/efficiency.md.")
     _line(
         "prefill saved: the uncompressed prefill minus this one (same question, medians); "
         "compare it with compress ms, the time the compressor took to save it."

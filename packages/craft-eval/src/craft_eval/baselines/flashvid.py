@@ -26,7 +26,7 @@ github.com/Fanziyang-v/FlashVID at commit 1d37422c5afcaa15ee46b5355f5ba798fa9329
    clusters, `c` = the segment's merge budget over its survivors (all kept when `c >= 1`),
    each cluster the mean of its members, placed at its centre.
 
-Deliberate deviations (craft-eval's README, FlashVID): `tree_mean=True` (default) divides a
+Deliberate deviations (craft-eval's docs/baselines.md, FlashVID): `tree_mean=True` (default) divides a
 merged tree by the number of tokens in it, where the official code counts each merged
 child as 1 whatever it carried (`tree_mean=False` runs that); a one-frame segment clusters
 its unpicked tokens only (the official code clusters all of them, picked ones again, so an

@@ -23,7 +23,7 @@ e9b2972f6895c9e7d7fe74eb8c3a2ecaab8056e0, `holitom/llava_arch.py`:
    `beta * centre + (1 - beta) * mean(members)` (the environment's `NO_BETA` unset, as the
    published scripts run it).
 
-Deliberate deviations (craft-eval's README, HoliTom): `D > 0` runs what the code means (the
+Deliberate deviations (craft-eval's docs/baselines.md, HoliTom): `D > 0` runs what the code means (the
 official `pos.masked_select(mask.unsqueeze(-1))` broadcasts to `[B, n, n]` and crashes);
 a static slot is placed at its window's first frame and every kept token at its own
 place (the official code puts a window's static slots before its dynamic tokens); places

@@ -24,7 +24,7 @@ a method built here. The rules, re-stated from the official code:
 These methods depend on the question (the last token), so a video compressed with them
 cannot be stored once and served to many questions: craft-adapters refuses
 `encode_video` / `compress_videos` while the stage is attached, naming the method.
-Deviations (craft-eval's README): ties go to the smaller position (the official `topk`
+Deviations (craft-eval's docs/baselines.md): ties go to the smaller position (the official `topk`
 leaves them unspecified); one prompt per call; every video of a prompt is scored together;
 the stage runs on every backbone craft-adapters supports (the papers: FlashVID on
 LLaVA-OneVision, LLaVA-Video, Qwen2.5-VL, Qwen3-VL; HoliTom on LLaVA-OneVision /

@@ -273,7 +273,7 @@ def tempcompass_extract(reply: str, answer: str) -> str | None:
     (`tasks/tempcompass/utils.py:tempcompass_process_results_multi_choice`): the reply equals
     the full answer ("A. dunking a basketball") -> its letter; is one of A-D; or starts with
     "X." / "X)" (X in A-D) -> X. Anything else: None (lmms-eval asks an LLM judge; craft-eval
-    scores it wrong, see the README)."""
+    scores it wrong, see docs/lmms-eval.md)."""
     s = reply or ""
     gold = answer or ""
     if gold and s == gold:
