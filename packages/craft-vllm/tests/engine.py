@@ -223,7 +223,8 @@ def adapters_generate(
 ) -> list[Reference]:
     """craft-adapters' `generate()` on the same folder and videos, one video at a time, with
     the positions vLLM uses (`positions="original"`: for Qwen2.5-VL on transformers 5.x the
-    library's default rule starts the text after a video elsewhere; craft-adapters' README).
+    library's default rule starts the text after a video elsewhere; craft-adapters'
+    docs/internals.md, "Position-id policy per backbone").
     `positions=None`: the library's default rule (a control).
     """
     from transformers import AutoModelForImageTextToText
@@ -312,7 +313,7 @@ def logprob_gap(served: Served, reference: Reference) -> float:
 
 GAP = {"float32": 1e-3, "bfloat16": 0.15}
 """Largest first-step log-prob gap allowed between vLLM and transformers on the same input,
-by the dtype both run in (measured on these tiny models: craft-vllm's README)."""
+by the dtype both run in (measured on these tiny models: craft-vllm's docs/tests.md)."""
 
 CONTROL_GAP = {"float32": 1e-2, "bfloat16": 0.75}
 """Smallest gap a control (a wrong module, payload or position rule) must show: far above
