@@ -19,62 +19,22 @@ from typing import Any, NamedTuple
 
 import pytest
 import torch
-from test_lmms_plugin import _argv, lmms_env, tiny_models
+from test_lmms_plugin import _argv, _read, lmms_env, tiny_models, write_task
 
 __all__ = ["lmms_env", "tiny_models"]  # the fixtures, shared with the plugin's tests
 
 FPS, FRAMES, RATIO, NEW_TOKENS = 4.0, 4, 4, 8
 GAP, CONTROL_GAP = 1e-5, 1e-2  # first-step log-probs: the same computation; far from it
-TASK_YAML = """task: tiny_glm
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {docs}
-  cache_dir: {cache}
-test_split: test
-output_type: generate_until
-doc_to_visual: !function utils.doc_to_visual
-doc_to_text: !function utils.doc_to_text
-doc_to_target: answer
-generation_kwargs:
-  max_new_tokens: {tokens}
-  temperature: 0
-  do_sample: false
-  until: ["<|never|>"]
-process_results: !function utils.process_results
-metric_list:
-  - metric: exact
-    aggregation: mean
-    higher_is_better: true
-"""
-UTILS = """
-def doc_to_visual(doc):
-    return [doc["video"]]
-
-
-def doc_to_text(doc, lmms_eval_specific_kwargs=None):
-    return doc["question"]
-
-
-def process_results(doc, results):
-    return {"exact": float(results[0].strip() == doc["answer"])}
-"""
 
 
 def _task(root: Path, videos: list[Path]) -> tuple[Path, list[dict[str, Any]]]:
-    """The local task `tiny_glm` (its replies unsplit: `until` never matches)."""
-    import json
-
-    task = root / "task_glm"
-    task.mkdir()
+    """The local task `tiny_glm` (the plugin's tests' task, the question alone as the prompt,
+    NEW_TOKENS new tokens, its replies unsplit: `until` never matches)."""
     docs = [
         {"id": i, "video": str(video), "question": f"What moves {i}?", "answer": "A"}
         for i, video in enumerate(videos)
     ]
-    (task / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    yaml = TASK_YAML.format(docs=task / "docs.jsonl", cache=root / "datasets", tokens=NEW_TOKENS)
-    (task / "tiny_glm.yaml").write_text(yaml)
-    (task / "utils.py").write_text(UTILS)
+    task = write_task(root, docs, "tiny_glm", NEW_TOKENS, until=["<|never|>"], suffix="")
     return task, docs
 
 
@@ -142,12 +102,11 @@ def test_lmms_eval_glm4v_video_route_equals_generate(
     out = root / "out-glm4v"
     extra = f"fps={FPS},max_num_frames={FRAMES}"
     method = f"method=craft,checkpoint={root / 'craft_glm'},ratio={RATIO}"
-    argv = _argv("craft_glm4v", model, extra, method, task, out)
-    argv[argv.index("tiny_video")] = "tiny_glm"
+    argv = _argv("craft_glm4v", model, extra, method, task, out, "tiny_glm")
     monkeypatch.setattr(sys, "argv", ["lmms-eval", *argv])
     replies = _record_replies(monkeypatch)
     main()
-    summary, samples = _read_glm(out)
+    summary, samples = _read(out, "tiny_glm")
     assert summary["config"]["model"] == "craft_glm4v"
     videos, questions = [d["video"] for d in docs], [d["question"] for d in docs]
     loaded = CraftCompressor.from_pretrained(root / "craft_glm")
@@ -190,14 +149,3 @@ def _record_replies(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     monkeypatch.setattr(CompressedGenerate, "generate", record)
     return replies
-
-
-def _read_glm(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """`_read` of the `tiny_glm` task's files."""
-    import json
-
-    results = sorted(out.rglob("*_results.json"))
-    samples = sorted(out.rglob("*_samples_tiny_glm.jsonl"))
-    assert results and samples, f"lmms-eval wrote no results under {out}"
-    lines = [json.loads(line) for line in samples[-1].read_text().splitlines() if line.strip()]
-    return json.loads(results[-1].read_text()), sorted(lines, key=lambda s: s["doc_id"])

@@ -39,7 +39,7 @@ BACKBONES = [
     ("craft_llava_onevision", "llava_onevision", "max_frames_num=4"),
     ("craft_internvl", "internvl", "num_frames=4"),  # chat class only, batch size 1
 ]
-TASK_YAML = """task: tiny_video
+TASK_YAML = """task: {name}
 dataset_path: json
 dataset_kwargs:
   data_files:
@@ -51,22 +51,23 @@ doc_to_visual: !function utils.doc_to_visual
 doc_to_text: !function utils.doc_to_text
 doc_to_target: answer
 generation_kwargs:
-  max_new_tokens: 2
+  max_new_tokens: {tokens}
   temperature: 0
-  do_sample: false
+  do_sample: false{until}
 process_results: !function utils.process_results
 metric_list:
   - metric: exact
     aggregation: mean
     higher_is_better: true
 """
+OPTION_PROMPT = "\nAnswer with the option's letter from the given choices directly."
 TASK_UTILS = """
 def doc_to_visual(doc):
     return [doc["video"]]
 
 
 def doc_to_text(doc, lmms_eval_specific_kwargs=None):
-    return doc["question"] + "\\nAnswer with the option's letter from the given choices directly."
+    return doc["question"] + SUFFIX
 
 
 def process_results(doc, results):
@@ -95,14 +96,27 @@ def lmms_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         yield {"root": root, "task": task, "videos": videos, "env": env}
 
 
-def write_task(root: Path, rows: list[dict[str, Any]]) -> Path:
-    """The local lmms-eval task `tiny_video` over `rows` (JSONL docs) in `root / "task"`."""
-    task = root / "task"
+def write_task(
+    root: Path,
+    rows: list[dict[str, Any]],
+    name: str = "tiny_video",
+    tokens: int = 2,
+    until: list[str] | None = None,
+    suffix: str = OPTION_PROMPT,
+) -> Path:
+    """The local lmms-eval task `name` over `rows` (JSONL docs) in `root / "task"` (another
+    name: `root / "task_<name>"`): `tokens` new tokens at most, generation stopped at `until`
+    (None: lmms-eval's default), each prompt the doc's question + `suffix`."""
+    task = root / ("task" if name == "tiny_video" else f"task_{name}")
     task.mkdir()
     docs = task / "docs.jsonl"
     docs.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    (task / "tiny_video.yaml").write_text(TASK_YAML.format(docs=docs, cache=root / "datasets"))
-    (task / "utils.py").write_text(TASK_UTILS)
+    stop = "" if until is None else f"\n  until: {json.dumps(until)}"
+    yaml = TASK_YAML.format(
+        name=name, docs=docs, cache=root / "datasets", tokens=tokens, until=stop
+    )
+    (task / f"{name}.yaml").write_text(yaml)
+    (task / "utils.py").write_text(f"SUFFIX = {suffix!r}\n" + TASK_UTILS)
     return task
 
 
@@ -148,7 +162,15 @@ def tiny_models(lmms_env: dict[str, Any]) -> Any:
     return path
 
 
-def _argv(plugin: str, model: Path, extra: str, method: str, task: Path, out: Path) -> list[str]:
+def _argv(
+    plugin: str,
+    model: Path,
+    extra: str,
+    method: str,
+    task: Path,
+    out: Path,
+    name: str = "tiny_video",
+) -> list[str]:
     args = f"pretrained={model},device=cpu,device_map=cpu,{extra},{method}"
     return [
         "--model",
@@ -156,7 +178,7 @@ def _argv(plugin: str, model: Path, extra: str, method: str, task: Path, out: Pa
         "--model_args",
         args,
         "--tasks",
-        "tiny_video",
+        name,
         "--include_path",
         str(task),
         "--output_path",
@@ -165,9 +187,10 @@ def _argv(plugin: str, model: Path, extra: str, method: str, task: Path, out: Pa
     ]
 
 
-def _read(out: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _read(out: Path, name: str = "tiny_video") -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The summary and the sample log (by doc_id) of task `name`'s run written under `out`."""
     results = sorted(out.rglob("*_results.json"))
-    samples = sorted(out.rglob("*_samples_tiny_video.jsonl"))
+    samples = sorted(out.rglob(f"*_samples_{name}.jsonl"))
     assert results and samples, f"lmms-eval wrote no results under {out}"
     with open(samples[-1]) as f:
         lines = [json.loads(line) for line in f if line.strip()]
