@@ -8,8 +8,8 @@ checkpoints at every ratio, first-token accuracy and KL to the uncompressed mode
 Every number comes from craft-eval's runner with `scoring.FirstTokenScorer` (first-token
 option-letter hits and KL to the uncompressed model, `scoring.paired_records`) on the same
 held-out items (split "test"; `--family squares`: both tasks, 2 questions a clip; `--family
-crowd`: craft-world's crowd, 1 question a clip). Each method and ratio is a
-run folder under `<out>.runs/` (JSONL records, written as items finish): a killed run
+crowd`, `corners`, `quiz`: craft-world's tile families, 1 question a clip). Each method and
+ratio is a run folder under `<out>.runs/` (JSONL records, written as items finish): a killed run
 resumes where it stopped. The markdown has the table (accuracy % +- binomial SE, KL +- SE)
 and, for every checkpoint, its paired difference to every other method at every ratio, with a verdict: "wins" (KL lower by
 >= 3 paired SE and accuracy higher by >= 1 point), "KL only" (KL lower by >= 3 SE, accuracy
@@ -34,6 +34,7 @@ TASKS = {
     "squares": "object_existence,moving_count",
     "crowd": "moving_attribute",
     "corners": "moving_direction",
+    "quiz": "counterfactual_inference",
 }
 """The MVBench tasks each of craft-world's families is filed under."""
 

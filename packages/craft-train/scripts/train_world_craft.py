@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--family",
         nargs="+",
-        choices=["squares", "crowd", "corners"],
+        choices=["squares", "crowd", "corners", "quiz"],
         default=["squares"],
         help="craft-world's task families to train on (examples drawn from all)",
     )

@@ -24,6 +24,15 @@ diversity selection cannot tell it from the rest, while the feature that matters
 channel of the answer's token that a trained merge can carry into a neighbour. Filed under
 `moving_direction` (options fixed).
 
+The quiz family (`sample_quiz`, issue 54) asks a question that VARIES per clip: each clip
+draws its asked feature, one of the 24 colour x corner features ("Is there a green dot in a
+bottom-right corner?"), lays out the corners' tiles with that feature absent from every
+tile but, in a "yes" clip (probability 1/2), exactly one, and every other feature common
+(each dot any colour). A compressor never sees the question, so it must keep every feature
+a clip shows: the one present in a single tile may be any of the 24. Its caption (stage 1,
+"describe the video") lists every feature present (`quiz_caption`). Filed under
+`counterfactual_inference` (options fixed).
+
 Everything is a pure function of `(seed, split, index)`, as in `craft_world.clips`.
 """
 
@@ -43,14 +52,18 @@ __all__ = [
     "CORNERS_ASKED",
     "CORNERS_TASK",
     "CROWD_TASK",
+    "QUIZ_TASK",
     "TILES_PER_PAIR",
     "TILE_FAMILIES",
     "CrowdScene",
     "crowd_question",
     "crowd_token_colours",
+    "quiz_caption",
+    "quiz_features",
     "render_crowd",
     "sample_corners",
     "sample_crowd",
+    "sample_quiz",
     "sample_tiles",
     "tile_caption",
 ]
@@ -59,6 +72,8 @@ CROWD_TASK = "moving_attribute"
 """The MVBench task name the crowd questions are filed under (clevrer's video folder)."""
 CORNERS_TASK = "moving_direction"
 """The MVBench task name the corners questions are filed under (clevrer's video folder)."""
+QUIZ_TASK = "counterfactual_inference"
+"""The MVBench task name the quiz questions are filed under (clevrer's video folder)."""
 CORNERS = ("top-left", "top-right", "bottom-left", "bottom-right")
 """A tile's dot positions, in the order of `CrowdScene.tiles`' dots."""
 CORNERS_ASKED = ("red", 0)
@@ -73,6 +88,7 @@ CELLS = (SIZE // 14) ** 2
 """Patch cells of a frame (6 x 6): a tile sits in one."""
 _STREAM = 10  # rng streams of the tile families, disjoint from clips' 0 and 1
 _CORNERS_STREAM = 11
+_QUIZ_STREAM = 13  # 12: craft_world.tower_probe's balanced tiles
 
 
 Tile = tuple[int, int, tuple[str | None, ...]]
@@ -92,6 +108,8 @@ class CrowdScene:
         seed: seed of the background texture and noise.
         corner: the corner the question asks about (index into CORNERS), None: any corner
             (the crowd family).
+        family: the tile family that drew it ("crowd", "corners" or "quiz"; "" for tiles
+            drawn elsewhere, e.g. `craft_world.tower_probe`'s).
     """
 
     asked: str
@@ -99,6 +117,7 @@ class CrowdScene:
     tiles: tuple[Tile, ...]
     seed: int
     corner: int | None = None
+    family: str = ""
 
 
 def _lay_out(rng: np.random.Generator, draw_dots: Callable[[], list[str]]) -> list[Tile]:
@@ -130,18 +149,14 @@ def sample_crowd(seed: int, split: str, index: int) -> CrowdScene:
     if present:
         k, dot = int(rng.integers(len(tiles))), int(rng.integers(4))
         _paint(tiles, k, dot, asked)
-    return CrowdScene(asked, present, tuple(tiles), int(rng.integers(2**31)))
+    return CrowdScene(asked, present, tuple(tiles), int(rng.integers(2**31)), family="crowd")
 
 
-def sample_corners(seed: int, split: str, index: int) -> CrowdScene:
-    """The corners scene of clip `index` of `split` (a pure function of its arguments): the
-    crowd's layout, any colour at any corner but `CORNERS_ASKED`, which one tile shows in
-    half the clips."""
-    rng = _rng(seed, split, index, stream=_CORNERS_STREAM)
-    asked, corner = CORNERS_ASKED
+def _corner_tiles(rng: np.random.Generator, asked: str, corner: int, present: bool) -> list[Tile]:
+    """The corners' layout: every dot any colour but `asked` at `corner`, which one tile
+    shows when `present`."""
     names = list(PALETTE)
     others = [c for c in names if c != asked]
-    present = bool(rng.random() < 0.5)
 
     def draw_dots() -> list[str]:
         dots = [names[int(i)] for i in rng.integers(0, len(names), 4)]
@@ -151,15 +166,41 @@ def sample_corners(seed: int, split: str, index: int) -> CrowdScene:
     tiles = _lay_out(rng, draw_dots)
     if present:
         _paint(tiles, int(rng.integers(len(tiles))), corner, asked)
-    return CrowdScene(asked, present, tuple(tiles), int(rng.integers(2**31)), corner)
+    return tiles
 
 
-TILE_FAMILIES = {"crowd": sample_crowd, "corners": sample_corners}
+def sample_corners(seed: int, split: str, index: int) -> CrowdScene:
+    """The corners scene of clip `index` of `split` (a pure function of its arguments): the
+    crowd's layout, any colour at any corner but `CORNERS_ASKED`, which one tile shows in
+    half the clips."""
+    rng = _rng(seed, split, index, stream=_CORNERS_STREAM)
+    asked, corner = CORNERS_ASKED
+    present = bool(rng.random() < 0.5)
+    tiles = _corner_tiles(rng, asked, corner, present)
+    seed_ = int(rng.integers(2**31))
+    return CrowdScene(asked, present, tuple(tiles), seed_, corner, family="corners")
+
+
+def sample_quiz(seed: int, split: str, index: int) -> CrowdScene:
+    """The quiz scene of clip `index` of `split` (a pure function of its arguments): the
+    asked feature (colour x corner) drawn uniformly from the 24, then the corners' layout
+    with that feature absent but in one tile of a "yes" clip (probability 1/2)."""
+    rng = _rng(seed, split, index, stream=_QUIZ_STREAM)
+    names = list(PALETTE)
+    feature = int(rng.integers(len(names) * len(CORNERS)))
+    asked, corner = names[feature // len(CORNERS)], feature % len(CORNERS)
+    present = bool(rng.random() < 0.5)
+    tiles = _corner_tiles(rng, asked, corner, present)
+    seed_ = int(rng.integers(2**31))
+    return CrowdScene(asked, present, tuple(tiles), seed_, corner, family="quiz")
+
+
+TILE_FAMILIES = {"crowd": sample_crowd, "corners": sample_corners, "quiz": sample_quiz}
 """The tile families by name: each a sampler `(seed, split, index) -> CrowdScene`."""
 
 
 def sample_tiles(family: str, seed: int, split: str, index: int) -> CrowdScene:
-    """Clip `index` of `split` of the tile family `family` ("crowd" or "corners")."""
+    """Clip `index` of `split` of the tile family `family` ("crowd", "corners" or "quiz")."""
     if family not in TILE_FAMILIES:
         raise ValueError(f"family must be one of {tuple(TILE_FAMILIES)}, got {family!r}")
     return TILE_FAMILIES[family](seed, split, index)
@@ -185,14 +226,42 @@ def crowd_question(scene: CrowdScene) -> Question:
     if scene.corner is None:
         return Question(CROWD_TASK, f"Is there a {scene.asked} dot?", YES_NO, answer)
     where = CORNERS[scene.corner]
-    return Question(
-        CORNERS_TASK, f"Is there a {scene.asked} dot in a {where} corner?", YES_NO, answer
-    )
+    task = QUIZ_TASK if scene.family == "quiz" else CORNERS_TASK
+    return Question(task, f"Is there a {scene.asked} dot in a {where} corner?", YES_NO, answer)
+
+
+def quiz_features(scene: CrowdScene) -> set[tuple[str, int]]:
+    """The colour x corner features the scene's tiles show: `(colour, corner index)`."""
+    return {
+        (colour, corner)
+        for _, _, dots in scene.tiles
+        for corner, colour in enumerate(dots)
+        if colour is not None
+    }
+
+
+_SHORT = ("tl", "tr", "bl", "br")
+"""The caption's names of `CORNERS` (short: the world's tokenizer is byte-level)."""
+
+
+def quiz_caption(scene: CrowdScene) -> str:
+    """The quiz family's stage-1 caption: every feature present, colour by colour in palette
+    order, each colour's corners in `CORNERS`' order ("red tl tr br; green tl bl tr br; ...";
+    a colour shown at no corner is left out)."""
+    shown = quiz_features(scene)
+    parts = []
+    for colour in PALETTE:
+        corners = [_SHORT[k] for k in range(len(CORNERS)) if (colour, k) in shown]
+        if corners:
+            parts.append(" ".join([colour, *corners]))
+    return "; ".join(parts) + "."
 
 
 def tile_caption(scene: CrowdScene) -> str:
     """The stage-1 caption: the colours shown in palette order ("red, blue."), and for the
-    corners family whether the asked feature is there."""
+    corners family whether the asked feature is there; the quiz family's: `quiz_caption`."""
+    if scene.family == "quiz":
+        return quiz_caption(scene)
     shown = {d for _, _, dots in scene.tiles for d in dots if d is not None}
     caption = ", ".join(c for c in PALETTE if c in shown) + "."
     if scene.corner is not None:

@@ -38,7 +38,7 @@ __all__ = ["FAMILIES", "make_clips"]
 
 FAMILIES = ("squares", *TILE_FAMILIES)
 """`make_clips`' task families: `craft_world.clips`' squares, `craft_world.crowd`'s tiles
-(crowd, corners)."""
+(crowd, corners, quiz)."""
 
 
 def make_clips(
@@ -70,8 +70,10 @@ def make_clips(
         split: "test" (held out), "train" (the backbone's) or "craft" (the merge module's).
         start: first clip index.
         family: "squares" (this module's clips: existence and count questions), "crowd"
-            (`craft_world.crowd`: `json/moving_attribute.json`, files `crowd_<split>_<i>.mp4`)
-            or "corners" (`json/moving_direction.json`, files `corners_<split>_<i>.mp4`).
+            (`craft_world.crowd`: `json/moving_attribute.json`, files `crowd_<split>_<i>.mp4`),
+            "corners" (`json/moving_direction.json`, files `corners_<split>_<i>.mp4`) or
+            "quiz" (the asked feature drawn per clip: `json/counterfactual_inference.json`,
+            files `quiz_<split>_<i>.mp4`, captions listing every feature present).
 
     Returns:
         `out_dir`, ready for `craft_eval.tasks.get_benchmark("mvbench").load(out_dir)`.

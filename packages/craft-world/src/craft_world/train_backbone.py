@@ -20,7 +20,9 @@ The recipe (every default below is the shipped backbone's; about 45 minutes on o
 4. phase C (`--steps-c`): the language model (the tower frozen, `--freeze-vision-c`) learns
    the corners family's question (`--family-c`, a share `--crowd-share` of the examples)
    beside the squares' (issue 44: a tower that learned the question itself would make the
-   answer's token an outlier that any diversity selection keeps; docs/crowd.md);
+   answer's token an outlier that any diversity selection keeps; docs/crowd.md), and with
+   `--caption-share-c` a share of those tile examples is the clip's caption instead (the
+   quiz family's backbone, issue 54: docs/varying-question.md);
 5. batch 8, AdamW (lr 1e-3, betas 0.9/0.98, weight decay 0.01), gradient clip 1.0, per
    phase 5% linear warmup then cosine to 0 (phase P: 50 warm-up steps);
 6. checkpoints `--work/state.pt` every `--save-every` steps (a killed run resumes from it:
@@ -72,6 +74,7 @@ from craft_world.crowd import (
     crowd_token_colours,
     render_crowd,
     sample_tiles,
+    tile_caption,
 )
 from craft_world.files import make_clips
 from craft_world.tower_probe import new_corner_probe, probe_lr, probe_step
@@ -96,6 +99,7 @@ class Recipe:
     family_c: str = "corners"
     freeze_vision_c: bool = True
     steps_p: int = 600
+    caption_share_c: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("steps_a", "batch"):
@@ -105,8 +109,9 @@ class Recipe:
             raise ValueError(f"need steps_b, steps_c, steps_p >= 0 and lr > 0: {self}")
         if not 0 <= self.curriculum <= 1:
             raise ValueError(f"curriculum must be in [0, 1], got {self.curriculum}")
-        if not 0 <= self.crowd_share <= 1:
-            raise ValueError(f"crowd_share must be in [0, 1], got {self.crowd_share}")
+        for name in ("crowd_share", "caption_share_c"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if self.family_c not in TILE_FAMILIES:
             raise ValueError(
                 f"family_c must be one of {tuple(TILE_FAMILIES)}, got {self.family_c!r}"
@@ -123,7 +128,7 @@ PHASES = "ABCP"
 same with or without a phase P. The phases RUN in the order `ORDER`."""
 ORDER = (0, 1, 3, 2)
 """A, B, then P (the tower alone), then C (on the tower P left)."""
-_AFTER_AB = ("steps_c", "crowd_share", "family_c", "freeze_vision_c", "steps_p")
+_AFTER_AB = ("steps_c", "crowd_share", "family_c", "freeze_vision_c", "steps_p", "caption_share_c")
 """Recipe fields of the phases after A and B (a run may start from an A+B backbone)."""
 
 
@@ -245,10 +250,14 @@ def training_example(
     """Example `j` of `step` in `phase`: frames `[8, 84, 84, 3]`, the colour labels of its
     tokens `[144, 6]` and `(prompt, target)`. In phase C (2) a share `crowd_share` of the
     examples are questions of the tile family `family_c`, the rest the first family's (as in
-    phase B)."""
+    phase B); of those, a share `caption_share_c` are the clip's caption (`tile_caption`)
+    asked with the describe prompt (no draw when 0: the shipped recipe's batches)."""
     if phase == 2 and rng.random() < recipe.crowd_share:
         index = (phase * 10**8 + step) * recipe.batch + j
         crowd = sample_tiles(recipe.family_c, recipe.seed, "train", index)
+        if recipe.caption_share_c and rng.random() < recipe.caption_share_c:
+            caption = (CAPTION_PROMPT, tile_caption(crowd))
+            return render_crowd(crowd), crowd_token_colours(crowd), caption
         q = crowd_question(crowd)
         prompt = mvbench_prompt(q.question, q.candidates)
         if rng.random() < 0.5:
@@ -647,6 +656,12 @@ def _parser() -> argparse.ArgumentParser:
         help="phase C's share of tile-family examples",
     )
     parser.add_argument(
+        "--caption-share-c",
+        type=float,
+        default=defaults.caption_share_c,
+        help="share of phase C's tile-family examples that are the clip's caption",
+    )
+    parser.add_argument(
         "--family-c",
         choices=tuple(TILE_FAMILIES),
         default=defaults.family_c,
@@ -681,6 +696,7 @@ def main(argv: list[str] | None = None) -> int:
             steps_p=args.steps_p,
             crowd_share=args.crowd_share,
             family_c=args.family_c,
+            caption_share_c=args.caption_share_c,
             freeze_vision_c=args.freeze_vision_c,
             batch=args.batch,
             lr=args.lr,
