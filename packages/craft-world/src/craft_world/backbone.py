@@ -16,14 +16,17 @@ __all__ = ["VIDEO_TOKENS", "world_config", "world_processor"]
 VIDEO_TOKENS = 144
 """Video tokens of one clip: 4 temporal pairs x 6 x 6 patches."""
 
+MODEL_TYPE = "qwen2_5_vl"
+"""The backbone's transformers `config.model_type` (its craft-adapters registry key)."""
+
 
 def world_config() -> Any:
     """The `Qwen2_5_VLConfig` of the world backbone: craft-adapters' tiny Qwen2.5-VL (its
     tokenizer's ids, vision tower depth and windows) at the world's sizes (text: hidden 128,
     4 layers; vision: spatial merge 1, output 128)."""
-    from craft_adapters.backbones.qwen2_5_vl import Qwen25VLAdapter
+    from craft_adapters.registry import adapter_class
 
-    cfg = Qwen25VLAdapter.tiny_config()
+    cfg = adapter_class(MODEL_TYPE).tiny_config()  # the registry's adapter, by model_type
     text, vision = cfg.text_config, cfg.vision_config
     text.hidden_size, text.intermediate_size, text.num_hidden_layers = 128, 256, 4
     text.layer_types = ["full_attention"] * 4  # set from num_hidden_layers at init only
