@@ -34,9 +34,10 @@ from torch.utils.flop_counter import flop_registry
 
 from craft_core import CraftCompressor, CraftConfig, target_token_count
 from craft_core import merge as merge_module
+from craft_core.algorithm import pair
 from craft_core.certify import certified_partners
 from craft_core.opcount import OpCounter
-from craft_core.selection import full_partners, grid_projection, row_keys
+from craft_core.selection import grid_projection, row_keys
 
 
 def video_like(
@@ -266,11 +267,11 @@ def exactness_cost(device: torch.device, dim: int, repeats: int) -> None:
     features, _ = video_like(64, 16, 16, dim)
     features = features.to(device)
     compressor = CraftCompressor(CraftConfig(hidden_size=dim)).to(device)
-    block = compressor.config.sim_block
+    block = compressor.options.sim_block
     weight = grid_projection(compressor.projection)
 
     def exact() -> None:
-        full_partners(row_keys(features, weight, block)[0], block)
+        pair(row_keys(features, weight, block)[0], block)
 
     def certified() -> None:
         certified_partners(row_keys(features, weight, block)[0], block)

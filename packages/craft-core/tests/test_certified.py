@@ -2,11 +2,11 @@
 against the exact rule, and the eager loop on the same adversarial input.
 
 The independent references are the plain round (`algorithm.compress`: every similarity an
-exact float64 product, recomputed every round) and, for one pass, `selection.full_partners`. Inputs are
-adversarial for a float32 pass: static clips (every token has many exact duplicates),
-letterbox bars (hundreds of identical tokens), rows 1 ulp apart, bf16 input. A forced
-recheck of every row must give the same answer too, and the bound itself is checked against
-several summation orders.
+exact float64 product, recomputed every round) and, for one pass, its pairing
+`algorithm.pair`. Inputs are adversarial for a float32 pass: static clips (every token has
+many exact duplicates), letterbox bars (hundreds of identical tokens), rows 1 ulp apart,
+bf16 input. A forced recheck of every row must give the same answer too, and the bound
+itself is checked against several summation orders.
 """
 
 from __future__ import annotations
@@ -16,13 +16,14 @@ import torch
 from core_testkit import equals_the_plain_round, grid_coords, live_weights, noise
 
 from craft_core import CraftCompressor, CraftConfig
+from craft_core.algorithm import pair
 from craft_core.certify import (
     NORM_MAX,
     buffered_partners,
     certified_partners,
     similarity_bound,
 )
-from craft_core.selection import full_partners, grid_projection, make_projection, row_keys
+from craft_core.selection import grid_projection, make_projection, row_keys
 
 
 def clip(kind: str, seed: int, frames: int = 12, grid: int = 6, dim: int = 32):
@@ -121,7 +122,7 @@ def grid_embedding(n: int, dim: int, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("block", [1, 7, 4096])
 def test_certified_pass_equals_the_exact_pass(n: int, block: int) -> None:
     embed = grid_embedding(n, 16, seed=n + block)
-    sim, pos = full_partners(embed, block)
+    sim, pos = pair(embed, block)
     for recheck_all in (False, True):
         fast_sim, fast_pos, rechecked = certified_partners(embed, block, recheck_all=recheck_all)
         assert torch.equal(fast_pos, pos)
@@ -140,7 +141,7 @@ def test_rows_one_grid_step_apart_are_decided_exactly() -> None:
     step = torch.zeros_like(rows)
     step[torch.arange(rows.shape[0]), torch.randint(0, 32, (rows.shape[0],), generator=gen)] = 1
     rows = rows + step * 2.0**-23 * torch.randint(-1, 2, (rows.shape[0], 1), generator=gen)
-    sim, pos = full_partners(rows, 16)
+    sim, pos = pair(rows, 16)
     fast_sim, fast_pos, rechecked = certified_partners(rows, 16)
     assert rechecked > 0
     assert torch.equal(fast_pos, pos) and torch.equal(fast_sim, sim)
@@ -189,16 +190,15 @@ def test_a_looser_matmul_precision_widens_the_bound() -> None:
 
 
 @pytest.mark.slow
-def test_certified_equals_exact_at_16384_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_certified_equals_exact_at_16384_tokens() -> None:
     # One big static-frame video, 16,384 tokens (8 similarity blocks), a few rounds, on the
     # padded loop (its pairing is the certified one: `buffered_partners`, and
     # `certified_partners` in its eager fallback rounds), run on the CPU as test_graphed does;
     # and on the eager loop. (65,536 tokens took 805 s here, nearly all in the plain
     # reference round; the bound depends on D, not N; test_gpu.py runs N = 65,536 on CUDA.)
-    monkeypatch.setattr(CraftCompressor, "compile_on_cpu", True)
     x, coords = clip("letterbox", seed=9, frames=256, grid=8, dim=8)
     common = {"sim_dim": 16, "sim_block": 2048, "reduce": "target"}
-    certified = run(x, coords, {"ratio": 1.5}, cuda_graphs=True, **common)
+    certified = run(x, coords, {"ratio": 1.5}, cuda_graphs=True, allow_cpu=True, **common)
     assert certified.info["pairing"] == "graphed"
     assert_plain(certified, x, coords, {"ratio": 1.5}, **common)
     eager = run(x, coords, {"ratio": 1.5}, **common)
@@ -211,7 +211,7 @@ def test_certified_pass_at_16384_tokens_of_a_static_clip() -> None:
     x, _ = clip("static", seed=4, frames=64, grid=16, dim=8)
     weight = grid_projection(make_projection(8, 16, seed=0))
     embed = row_keys(x, weight)[0]
-    sim, pos = full_partners(embed, 2048)
+    sim, pos = pair(embed, 2048)
     fast_sim, fast_pos, rechecked = certified_partners(embed, 2048)
     assert rechecked == x.shape[0]
     assert torch.equal(fast_pos, pos) and torch.equal(fast_sim, sim)
@@ -229,7 +229,7 @@ def _in_doubt(embed: torch.Tensor) -> torch.Tensor:
 def test_buffered_pass_is_exact_when_the_doubt_fits(spare: int, n: int) -> None:
     embed = grid_embedding(n, 32, seed=n + spare)
     embed[n // 2 : n // 2 + 6] = embed[0]  # 7 exact copies: more than a row lists
-    exact_sim, exact_pos = full_partners(embed, 64)
+    exact_sim, exact_pos = pair(embed, 64)
     _, _, rechecked = certified_partners(embed, 64)
     sim, pos, in_doubt = buffered_partners(embed, 64, similarity_bound(32), spare)
     assert int(in_doubt) == rechecked > 0

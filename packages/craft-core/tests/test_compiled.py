@@ -1,7 +1,7 @@
 """The compiled loop (`compile=True`): the eager loop's tokens and rows, bit for bit, with at
 most one graph per size bucket and none for a second video of the same length. It is offered
-on CUDA only (slower than eager on a CPU); these tests run it on the CPU through the
-`compile_on_cpu` hook.
+on CUDA only (slower than eager on a CPU); these tests run it on the CPU with the run
+option `allow_cpu=True`.
 
 The default run checks a representative subset of the pinned cases (the gate with position
 weights at N = 33 and 64, both budget modes: one bucket, two graphs); `nox -s core_paths`
@@ -21,12 +21,7 @@ from test_same_tokens import PINNED, digests
 from craft_core import CraftCompressor, CraftConfig
 from craft_core.compiled import SPARE, bucket
 
-COMPILED = {"compile": True}
-
-
-@pytest.fixture(autouse=True)
-def compile_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(CraftCompressor, "compile_on_cpu", True)
+COMPILED = {"compile": True, "allow_cpu": True}  # allow_cpu: run on this CPU (refused else)
 
 
 def graphs() -> int:
@@ -64,7 +59,7 @@ def eager_and_compiled(
 ) -> tuple:
     config = config or mean_config()
     eager = CraftCompressor(config, sim_block=16)
-    compiled = CraftCompressor(config, sim_block=16, compile=True)
+    compiled = CraftCompressor(config, sim_block=16, **COMPILED)
     compiled.load_state_dict(eager.state_dict())  # the same weights (each init draws its own)
     with torch.no_grad():
         return eager(x, coords, **budget), compiled(x, coords, **budget)
@@ -108,7 +103,7 @@ def test_a_round_with_more_rows_in_doubt_than_the_buffer_is_redone_exactly() -> 
 def test_training_stays_eager_and_gradients_flow() -> None:
     config = CraftConfig(hidden_size=24, sim_dim=16)
     x, coords = make_tokens(4, 40, 24)
-    compressor = CraftCompressor(config, sim_block=16, compile=True)
+    compressor = CraftCompressor(config, sim_block=16, **COMPILED)
     out = compressor(x.requires_grad_(), coords, ratio=4.0)
     assert out.info["pairing"] != "compiled"
     out.features.sum().backward()
@@ -122,7 +117,7 @@ def test_fast_precision_compiled_gives_the_eager_tokens_and_rows_within_float32(
     config = CraftConfig(hidden_size=24, sim_dim=16)  # the gate: float32 arithmetic matters
     torch.manual_seed(0)
     eager = reference_gate(CraftCompressor(config, sim_block=16, precision="fast"), 0)
-    compiled = CraftCompressor(config, sim_block=16, precision="fast", compile=True)
+    compiled = CraftCompressor(config, sim_block=16, precision="fast", **COMPILED)
     compiled.load_state_dict(eager.state_dict())
     exact = CraftCompressor(config, sim_block=16)
     exact.load_state_dict(eager.state_dict())
@@ -151,15 +146,29 @@ def test_compile_is_a_strict_bool() -> None:
         CraftCompressor(CraftConfig(hidden_size=24), compile="yes")
 
 
-def test_compile_is_not_offered_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(CraftCompressor, "compile_on_cpu", False)
+def test_compile_is_not_offered_on_a_cpu() -> None:
     x, coords = make_tokens(4, 40, 24)
     compressor = CraftCompressor(CraftConfig(hidden_size=24), compile=True)
-    with torch.no_grad(), pytest.raises(ValueError, match="CUDA only"):
+    with torch.no_grad(), pytest.raises(ValueError, match=r"CUDA only.*allow_cpu=True"):
         compressor(x, coords, ratio=4.0)
     compressor.configure(compile=False)
     with torch.no_grad():
         assert compressor(x, coords, ratio=4.0).info["pairing"] != "compiled"
+
+
+def test_allow_cpu_is_a_strict_bool_that_needs_a_padded_loop() -> None:
+    config = CraftConfig(hidden_size=24)
+    with pytest.raises(ValueError, match="allow_cpu"):
+        CraftCompressor(config, compile=True, allow_cpu="yes")
+    for options in ({}, {"precision": "fast"}):  # nothing for it to allow
+        with pytest.raises(ValueError, match="allow_cpu=True lets compile=True"):
+            CraftCompressor(config, allow_cpu=True, **options)
+    compressor = CraftCompressor(config, cuda_graphs=True, allow_cpu=True)
+    with pytest.raises(ValueError, match="changes nothing"):
+        compressor.configure(cuda_graphs=False)
+    assert compressor.options.cuda_graphs  # a refused configure changes nothing
+    compressor.configure(cuda_graphs=False, allow_cpu=False)
+    assert not compressor.options.padded()
 
 
 def test_the_compiled_loop_leaves_dynamo_settings_as_it_found_them() -> None:

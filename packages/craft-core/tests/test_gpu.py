@@ -14,8 +14,9 @@ import torch
 from core_testkit import grid_coords
 
 from craft_core import CraftCompressor, CraftConfig
+from craft_core.algorithm import pair
 from craft_core.certify import certified_partners
-from craft_core.selection import full_partners, grid_projection, row_keys
+from craft_core.selection import grid_projection, row_keys
 
 pytestmark = pytest.mark.gpu
 
@@ -125,7 +126,7 @@ def test_real_size_bf16_timing_and_memory(frames: int, dim: int) -> None:
         out = compressor(x, coords, ratio=8.0)
         peak_mb = (torch.cuda.max_memory_allocated() - before) / 2**20
         whole = _median_ms(lambda: compressor(x, coords, ratio=8.0), 3 if frames >= 256 else 5)
-        exact_pass = _median_ms(lambda: full_partners(row_keys(x, weight, 2048)[0], 2048))
+        exact_pass = _median_ms(lambda: pair(row_keys(x, weight, 2048)[0], 2048))
         certified_pass = _median_ms(lambda: certified_partners(row_keys(x, weight, 2048)[0], 2048))
         embed = torch.nn.functional.normalize(x.float() @ compressor.projection, dim=1).bfloat16()
         cublas = _median_ms(lambda: [embed[s : s + 2048] @ embed.T for s in range(0, len(x), 2048)])

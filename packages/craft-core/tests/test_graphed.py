@@ -1,6 +1,6 @@
 """The padded round without Inductor (`cuda_graphs=True`): what a CUDA graph capture needs,
 checked on a CPU (no CUDA graphs here: the loop runs its padded rounds as they are, through
-the `compile_on_cpu` hook). `test_gpu.py` captures it on CUDA.
+the run option `allow_cpu=True`). `test_gpu.py` captures it on CUDA.
 
 - the same tokens, owners, rounds and rows as the plain round (`algorithm.compress`), bit for
   bit, on every reference case (`exact`), and as the eager loop in `fast`;
@@ -37,12 +37,7 @@ from craft_core.merge import round_embedding
 from craft_core.opcount import OpCounter
 from craft_core.selection import grid_projection
 
-GRAPHED = {"cuda_graphs": True}
-
-
-@pytest.fixture(autouse=True)
-def padded_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(CraftCompressor, "compile_on_cpu", True)
+GRAPHED = {"cuda_graphs": True, "allow_cpu": True}  # allow_cpu: run on this CPU (refused else)
 
 
 def test_the_graphed_loop_gives_the_plain_round_and_the_pins() -> None:
@@ -168,8 +163,7 @@ def test_videos_of_one_bucket_run_the_same_ops_on_the_same_shapes() -> None:
     assert shapes.trace != traces[0]
 
 
-def test_cuda_graphs_are_refused_on_a_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(CraftCompressor, "compile_on_cpu", False)
+def test_cuda_graphs_are_refused_on_a_cpu() -> None:
     x, coords = make_tokens(4, 40, 24)
     compressor = CraftCompressor(CraftConfig(hidden_size=24), cuda_graphs=True)
     with torch.no_grad(), pytest.raises(ValueError, match="cuda_graphs=True runs on CUDA only"):

@@ -202,7 +202,7 @@ def _decide(
 def certified_partners(
     embed: torch.Tensor, block: int, keep: int = 3, recheck_all: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """`selection.full_partners`' exact answer from one float32 pass plus exact rechecks.
+    """`algorithm.pair`'s exact answer from one float32 pass plus exact rechecks.
 
     One host sync (how many rows are in doubt); `buffered_partners` needs none.
 

@@ -69,7 +69,7 @@ class CraftCompressor(
     Args:
         config: what defines the function (saved with checkpoints).
         **options: how it runs (`runtime.RunOptions`: precision, compile, cuda_graphs,
-            sim_block, threads), chosen here, by `from_pretrained` or by `configure`.
+            allow_cpu, sim_block, threads), chosen here, by `from_pretrained` or by `configure`.
 
     Attributes:
         config: the `CraftConfig` it was built from.
@@ -81,9 +81,6 @@ class CraftCompressor(
 
     projection: torch.Tensor
     needs_attention = False
-
-    compile_on_cpu = False
-    """Whether the padded loop may run on a CPU: tests and benchmarks only (README)."""
 
     def __init__(self, config: CraftConfig, **options: Any) -> None:
         super().__init__()
@@ -154,12 +151,12 @@ class CraftCompressor(
         coords = [c.long() for c in coords]
         with self.options.cpu_threads(features[0].device):
             if self.options.padded() and not any(self._tracks_grad(f) for f in features):
-                if features[0].device.type == "cpu" and not self.compile_on_cpu:
+                if features[0].device.type == "cpu" and not self.options.allow_cpu:
                     name = "compile" if self.options.compile else "cuda_graphs"
                     raise ValueError(
                         f"{name}=True runs on CUDA only (a CPU has no CUDA graphs, and there "
                         "the compiled loop is 3-4x slower than eager: craft-core README); "
-                        "build or load without it"
+                        "build or load without it (or with allow_cpu=True to run it anyway)"
                     )
                 with torch.no_grad():
                     return [

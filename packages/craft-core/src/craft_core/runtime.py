@@ -50,15 +50,27 @@ class RunOptions(BaseModel):
         strict=True,
         description="Run each round as one compiled graph (torch.compile, power-of-two size "
         "buckets), replayed as a CUDA graph on CUDA. Refused on a CPU, where it is slower "
-        "than eager (README). Without autograd only (training runs eager).",
+        "than eager (README), unless allow_cpu=True. Without autograd only (training runs "
+        "eager).",
     )
     cuda_graphs: bool = Field(
         default=False,
         strict=True,
         description="Run each round as the fixed-shape padded round, captured as a CUDA "
         "graph from its own kernels (no Inductor: a capture costs milliseconds) and "
-        "replayed: one launch a round. CUDA only, without autograd. compile=True does the "
-        "same with the round fused by Inductor first (a cold compile per size bucket).",
+        "replayed: one launch a round. CUDA only (unless allow_cpu=True), without autograd. "
+        "compile=True does the same with the round fused by Inductor first (a cold compile "
+        "per size bucket).",
+    )
+    allow_cpu: bool = Field(
+        default=False,
+        strict=True,
+        description="Let compile=True / cuda_graphs=True run on a CPU. Refused by default: a "
+        "CPU has no CUDA graphs, so the padded rounds run op by op there (compiled or not), "
+        "3-4x slower than the eager loop (README, measured); a CPU call with either option "
+        "raises instead of silently taking the slow path. Set it to run or time the padded "
+        "loop where there is no GPU (its tests and benchmarks do): the same tokens and rows "
+        "as on CUDA. Needs compile=True or cuda_graphs=True.",
     )
     sim_block: StrictInt = Field(
         default=2048,
@@ -98,6 +110,11 @@ class RunOptions(BaseModel):
             raise ValueError(
                 "compile=True already replays its rounds as CUDA graphs; cuda_graphs=True is "
                 "the same loop without Inductor: choose one of them"
+            )
+        if self.allow_cpu and not self.padded():
+            raise ValueError(
+                "allow_cpu=True lets compile=True or cuda_graphs=True run on a CPU; without "
+                "either it changes nothing: drop it (or set allow_cpu=False with them)"
             )
         return self
 

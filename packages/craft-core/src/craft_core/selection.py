@@ -9,9 +9,10 @@ Pure functions on tensors, no learnable state, run under `torch.no_grad()`:
 **Exact similarities** (`keys.py`): every quantity selection compares is computed exactly,
 so it is the same bits on every path.
 
-The full pairing (`full_partners`) and the selection (`rank_edges`) have fixed shapes and no
-host synchronisation: the only data-dependent sizes of a round (edges, targets, lone targets)
-reach the host in one transfer, after which `lay_out` only slices.
+The selection (`rank_edges`) has fixed shapes and no host synchronisation (the pairing is
+`certify.py`'s; the plain one every pairing is tested against is `algorithm.pair`): the
+only data-dependent sizes of a round (edges, targets, lone targets) reach the host in one
+transfer, after which `lay_out` only slices.
 """
 
 from __future__ import annotations
@@ -22,44 +23,10 @@ import torch
 
 from craft_core.algorithm import orient
 from craft_core.algorithm import room as round_room
-from craft_core.keys import grid_projection, row_keys
+from craft_core.keys import grid_projection as grid_projection  # re-exported
 from craft_core.keys import make_projection as make_projection  # re-exported
+from craft_core.keys import row_keys as row_keys  # re-exported
 from craft_core.merge import GroupLayout
-
-
-def similarity_embedding(
-    features: torch.Tensor, projection: torch.Tensor, block: int = 4096
-) -> torch.Tensor:
-    """E = l2_normalize(X @ W_rand), exact, on the grid 2^-E_BITS: `[n, D] -> [n, d_sim]`.
-
-    `projection` is W_rand (float32) or its `grid_projection` (float64).
-    """
-    weight = projection if projection.dtype == torch.float64 else grid_projection(projection)
-    return row_keys(features, weight, block)[0]
-
-
-def full_partners(embed: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Step 1 for every row of a compact active set: its most similar other row.
-
-    Args:
-        embed: `[n, d]` exact embeddings of the active tokens, in ascending original index.
-        block: rows per block; extra memory is `block x n` float64 values.
-
-    Returns:
-        `(similarity [n] float64, partner [n] long)`: `partner` is a POSITION in `embed`.
-        Ties go to the smallest position (`max` returns the first maximum), i.e. the
-        smallest original index. A lone row gets `-inf`.
-    """
-    n = embed.shape[0]
-    best_sim = torch.empty(n, dtype=torch.float64, device=embed.device)
-    best_pos = torch.empty(n, dtype=torch.long, device=embed.device)
-    for start in range(0, n, block):
-        sims = embed[start : start + block] @ embed.T
-        sims.diagonal(offset=start).fill_(float("-inf"))  # a row's own column never wins
-        torch.max(
-            sims, dim=1, out=(best_sim[start : start + block], best_pos[start : start + block])
-        )
-    return best_sim, best_pos
 
 
 @dataclass
