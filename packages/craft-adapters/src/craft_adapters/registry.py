@@ -266,6 +266,13 @@ class BackboneAdapter:
 
         return BaseModelOutputWithPooling(pooler_output=torch.cat(new_features, dim=0).unsqueeze(0))
 
+    def deepstack_rows(self, output: Any, video: int) -> torch.Tensor | None:
+        """The rows a saved `CompressedVideo` of video `video` carries beside its kept rows
+        (its `deepstack` field, `[K, levels * D]`), from `output` (what
+        `shrink_video_output` returned). Default: None (no such rows). Qwen3-VL: the kept
+        tokens' deepstack rows, level after level."""
+        return None
+
     def forward_extra_kwargs(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """Keyword arguments to pass through to the HF model besides ids / mask / positions."""
         return {}

@@ -334,8 +334,9 @@ class CraftModel(torch.nn.Module):
         LLaVA-OneVision, InternVL).
 
         -> one `CompressedVideo` per video: kept rows `[K, D]` (LLaVA-OneVision: the grid's
-        rows only, not the newline row that the model adds after them), Qwen3-VL's deepstack
-        rows `[K, levels * D]`, their original `(t, h, w)`
+        rows only, not the newline row that the model adds after them), the rows the adapter's
+        `deepstack_rows` gives (Qwen3-VL's deepstack rows `[K, levels * D]`), their original
+        `(t, h, w)`
         in the merged grid (LLaVA-OneVision, InternVL: frame, row, column of a frame's grid), the grid, and metadata (model_type, hidden_size, craft_sha256:
         what a server checks with `check_made_with`; budget, seconds per grid step).
         """
@@ -357,8 +358,7 @@ class CraftModel(torch.nn.Module):
         }
         if isinstance(self.compressor, torch.nn.Module):  # a module's weights (not a stub's)
             made["craft_sha256"] = checkpoint_sha256(self.compressor)
-        # Qwen3-VL: per level, per video, the kept tokens' deepstack rows (shrink_video_output)
-        deep = getattr(prep.encoder_outputs[adapter.encoder_output_key], "deepstack_features", None)
+        encoded = prep.encoder_outputs[adapter.encoder_output_key]  # shrink_video_output's
         fixed = adapter.fixed_rows_per_video  # rows the server adds itself (LLaVA-OV's newline)
         grids = adapter.video_grids(inputs)
         for i, ((rows, feats), (grid, extra)) in enumerate(zip(prep.video_rows, grids)):
@@ -367,7 +367,8 @@ class CraftModel(torch.nn.Module):
             meta: dict[str, Any] = {**made, **extra}
             if self.token_budget is not None:
                 meta["budget"] = self.token_budget.describe()
-            stack = torch.cat([level[i] for level in deep], 1).detach().cpu() if deep else None
+            stack = adapter.deepstack_rows(encoded, i)  # Qwen3-VL's; None elsewhere
+            stack = stack.detach().cpu() if stack is not None else None
             video = CompressedVideo(feats[:k].detach().cpu(), coords, grid, meta, stack)
             out.append(video)
         return out

@@ -90,6 +90,14 @@ class Qwen3VLAdapter(QwenAdapter):
             ]
         return new
 
+    def deepstack_rows(self, output: Any, video: int) -> torch.Tensor | None:
+        """The kept tokens' deepstack rows of video `video` (`shrink_video_output`'s),
+        level after level: `[K, levels * D]`; None without deepstack rows."""
+        deep = getattr(output, "deepstack_features", None)
+        if not deep:
+            return None
+        return torch.cat([level[video] for level in deep], 1)
+
     @staticmethod
     def tiny_config() -> Any:
         """A tiny random config of this backbone (`craft_adapters.tiny.build_tiny_vlm`)."""
