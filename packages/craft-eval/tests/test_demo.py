@@ -42,7 +42,10 @@ def stub_demo(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         fams = [demo._Family(f, demo.FAMILY_QUESTIONS[f] * args[4], None, None) for f in families]
         return demo._World(None, "world", "trained-module", fams)
 
-    def job(w: Any, fam: Any, method: str, ratio: float | None) -> dict[str, Any]:
+    def headline(w: Any, out: Any, n: int, seed: int) -> Any:
+        return demo._Family(demo.HEADLINE, n, None, None)
+
+    def job(w: Any, fam: Any, method: str, ratio: float | None, **kw: Any) -> dict[str, Any]:
         seen["jobs"].append((fam.name, method, ratio))
         if (fam.name, method) in seen["fail"]:
             return {"method": method, "ratio": ratio, "error": "ValueError: boom"}
@@ -50,8 +53,11 @@ def stub_demo(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     monkeypatch.setattr("craft_eval.backend.adapters_status", lambda: (True, ""))
     monkeypatch.setattr(demo, "_world", world)
+    monkeypatch.setattr(demo, "_headline", headline)
     monkeypatch.setattr(demo, "_run_job", job)
-    monkeypatch.setattr(demo, "_finish", lambda w, rows, out: seen.update(rows=rows))
+    monkeypatch.setattr(
+        demo, "_finish", lambda w, rows, out, head=None: seen.update(rows=rows, headline=head)
+    )
     return seen
 
 
@@ -63,10 +69,142 @@ def test_demo_runs_both_families_with_the_default_methods_and_ratios(
                 "craft", "flashvid", "holitom", "flashvid-llm", "holitom-llm"]  # fmt: skip
     expected = [("none", None)] + [(m, r) for r in (8.0, 16.0) for m in defaults]
     expected += [("craft-trained", 8.0), ("craft-trained", 16.0)]
-    assert stub_demo["jobs"] == [(f, m, r) for f in ("squares", "corners") for m, r in expected]
+    # then the headline on its own 160 corners clips: only what it needs, after the tables
+    head = [("none", None)] + [(m, r) for r in (8.0, 16.0) for m in ("divprune", "craft-selection")]
+    head += [("craft-trained", 8.0), ("craft-trained", 16.0)]
+    assert stub_demo["jobs"] == [(f, m, r) for f in ("squares", "corners") for m, r in expected] + [
+        ("corners-headline", m, r) for m, r in head]  # fmt: skip
     assert list(stub_demo["rows"]) == ["squares", "corners"]
     assert [(r["method"], r["ratio"]) for r in stub_demo["rows"]["corners"]] == expected
-    assert "squares 80, corners 40" in capsys.readouterr().out  # 40 clips: 2 and 1 a clip
+    assert [(r["method"], r["ratio"]) for r in stub_demo["headline"]] == head
+    out = capsys.readouterr().out
+    assert "squares 80, corners 40" in out  # 40 clips: 2 and 1 a clip
+    assert "; headline 7 x 160 corners" in out and demo.HEADLINE_ITEMS == 160
+
+
+@pytest.mark.parametrize(
+    ("argv", "trained", "size"),
+    [
+        (["--headline-items", "12"], True, 12),
+        (["--headline-items", "0"], True, None),
+        (["--family", "squares"], True, None),  # the headline asks corners questions
+        ([], False, None),  # no trained module shipped: nothing to compare
+    ],
+    ids=["12-clips", "none-asked", "no-corners", "no-trained-module"],
+)
+def test_demo_runs_the_headline_only_where_it_can(
+    stub_demo: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    argv: list[str],
+    trained: bool,
+    size: int | None,
+) -> None:
+    if not trained:
+        world = demo._world  # the stub
+
+        def untrained(*args: Any) -> Any:
+            w = world(*args)
+            w.trained = None
+            return w
+
+        monkeypatch.setattr(demo, "_world", untrained)
+    assert cli.main(["demo", "--ratio", "8", *argv, "-o", str(tmp_path)]) == 0
+    ran = [(m, r) for f, m, r in stub_demo["jobs"] if f == "corners-headline"]
+    if size is None:
+        assert ran == [] and stub_demo["headline"] is None
+    else:
+        assert ran == [("none", None), ("divprune", 8.0), ("craft-selection", 8.0),
+                       ("craft-trained", 8.0)]  # fmt: skip
+
+
+def test_demo_names_a_failed_headline_configuration(
+    stub_demo: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stub_demo["fail"] = {("corners-headline", "divprune")}
+    argv = ["demo", "--methods", "uniform", "--ratio", "8", "--family", "corners"]
+    assert cli.main([*argv, "--headline-items", "5", "-o", str(tmp_path)]) == 1
+    # corners: none, uniform, craft-trained; headline: none, divprune, craft-selection, trained
+    assert "1 of 7 configurations FAILED (corners-headline:divprune@8.0)" in capsys.readouterr().out
+
+
+def _records(kl: list[float], correct: list[int], order: list[int] | None = None) -> list[Any]:
+    """A run's records over questions q0, q1, ... (in `order` when given: pairing is by id)."""
+    rows = [{"id": f"q{i}", "first_token_kl": k, "first_token_correct": bool(c)}
+            for i, (k, c) in enumerate(zip(kl, correct))]  # fmt: skip
+    return [rows[i] for i in order] if order is not None else rows
+
+
+def _plain_pair(a: list[float], b: list[float]) -> tuple[float, float]:
+    """Mean of a - b and its standard error, written out (not craft_eval.scoring)."""
+    d = [x - y for x, y in zip(a, b)]
+    mean = sum(d) / len(d)
+    return mean, (sum((x - mean) ** 2 for x in d) / (len(d) - 1)) ** 0.5 / len(d) ** 0.5
+
+
+# 8 questions: the trained module close to the uncompressed answer on all; DivPrune far and
+# wrong on 3; the mean rule close and right on all (a KL drop but no accuracy gain).
+KL_T = [0.1, 0.2, 0.1, 0.3, 0.2, 0.1, 0.2, 0.1]
+KL_D = [1.5, 1.2, 1.9, 1.4, 1.0, 1.6, 1.3, 1.8]
+KL_S = [0.4, 0.3, 0.5, 0.2, 0.6, 0.2, 0.4, 0.5]
+HIT_T, HIT_D, HIT_S = [1] * 8, [1, 0, 1, 0, 1, 1, 0, 1], [1] * 8
+
+
+def test_demo_headline_line_is_computed_from_the_records(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Per ratio ONE line: the trained module vs DivPrune and vs the mean rule, paired by
+    question id (the rivals' records in other orders), KL drop +- SE (n SE), accuracy points
+    +- paired SE, and whether it meets >= 3 SE and >= 3 points; a rival whose run failed or
+    scored other questions is named, not paired."""
+    shuffled = [3, 0, 7, 5, 1, 6, 2, 4]
+    rows = [
+        {"method": "none", "ratio": None, "records": _records([0.0] * 8, HIT_T)},
+        {"method": "divprune", "ratio": 8.0, "records": _records(KL_D, HIT_D, shuffled)},
+        {"method": "craft-selection", "ratio": 8.0,
+         "records": _records(KL_S, HIT_S, shuffled[::-1])},
+        {"method": "divprune", "ratio": 16.0, "records": _records(KL_D[:7], HIT_D[:7])},
+        {"method": "craft-selection", "ratio": 16.0, "error": "ValueError: boom"},
+        {"method": "craft-trained", "ratio": 8.0, "records": _records(KL_T, HIT_T)},
+        {"method": "craft-trained", "ratio": 16.0, "records": _records(KL_T, HIT_T)},
+    ]  # fmt: skip
+    results = demo_report.headline_results(rows)
+    demo_report.print_headline(results)
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if line.startswith("  ")]
+    assert out.splitlines()[1].startswith("HEADLINE (8 held-out corners questions")
+    assert len(lines) == 2 and lines[0].startswith("  8x: ") and lines[1].startswith("  16x: ")
+    want = []
+    for rival, kl, hits in (("divprune", KL_D, HIT_D), ("craft-selection", KL_S, HIT_S)):
+        drop, se = _plain_pair(kl, KL_T)
+        gain, gain_se = _plain_pair([100.0 * h for h in HIT_T], [100.0 * h for h in hits])
+        meets = drop / se >= 3 and gain >= 3
+        want.append(
+            f"vs {rival} KL drop {drop:+.3f} +- {se:.3f} ({drop / se:+.1f} SE), accuracy "
+            f"{gain:+.1f} +- {gain_se:.1f} points: {'MEETS' if meets else 'does NOT meet'}"
+        )
+    assert lines[0] == "  8x: " + "; ".join(want)
+    assert lines[0] == (
+        "  8x: vs divprune KL drop +1.300 +- 0.125 (+10.4 SE), accuracy +37.5 +- 18.3 points: "
+        "MEETS; vs craft-selection KL drop +0.225 +- 0.065 (+3.5 SE), accuracy +0.0 +- 0.0 "
+        "points: does NOT meet"  # >= 3 SE of KL but no accuracy gain: the goal asks both
+    )
+    assert lines[1] == (
+        "  16x: vs divprune not paired: the runs scored different questions (8 and 7, 1 not in "
+        "both); vs craft-selection not paired: its run failed"
+    )  # fmt: skip
+    md = demo_report.headline_markdown(results)
+    assert "| 8x | divprune | 8 | +1.300 | 0.125 | +10.4 | +37.5 | 18.3 | MEETS |" in md
+    assert "| 16x | craft-selection | not paired: its run failed |" in md
+
+
+def test_demo_headline_without_the_trained_module_says_so(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rows = [{"method": "divprune", "ratio": 8.0, "records": _records(KL_D, HIT_D)},
+            {"method": "craft-trained", "ratio": 8.0, "error": "ValueError: boom"}]  # fmt: skip
+    demo_report.print_headline(demo_report.headline_results(rows))
+    assert "no paired result: craft-trained did not run" in capsys.readouterr().out
 
 
 def test_demo_names_the_family_of_a_failed_configuration(
@@ -76,8 +214,9 @@ def test_demo_names_the_family_of_a_failed_configuration(
     argv = ["demo", "--methods", "uniform", "random", "--ratio", "4", "-o", str(tmp_path)]
     assert cli.main(argv) == 1
     out = capsys.readouterr().out
-    # 2 families x (none, uniform, random, craft-trained); only corners' uniform failed
-    assert "1 of 8 configurations FAILED (corners:uniform@4.0)" in out
+    # 2 families x (none, uniform, random, craft-trained) + the headline's none, divprune,
+    # craft-selection, craft-trained; only corners' uniform failed
+    assert "1 of 12 configurations FAILED (corners:uniform@4.0)" in out
     assert "error" not in str(stub_demo["rows"]["squares"])
 
 

@@ -203,6 +203,7 @@ USAGE_CASES: list[tuple[str, list[str], int, str]] = [
     ("demo-ratio-nan", ["demo", "--ratio", "nan"], 2, "--ratio"),
     ("demo-ratio-inf", ["demo", "--ratio", "inf"], 2, "--ratio"),
     ("demo-items-0", ["demo", "--items", "0"], 2, "--items"),
+    ("demo-headline-items-negative", ["demo", "--headline-items", "-1"], 2, "--headline-items"),
     ("demo-family-unknown", ["demo", "--family", "triangles"], 2, "--family triangles"),
     ("demo-family-case", ["demo", "--family", "Corners"], 2, "--family Corners"),
     ("demo-methods-all-and-more", ["demo", "--methods", "all", "uniform"], 2, "--methods all"),

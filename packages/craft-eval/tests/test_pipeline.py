@@ -167,12 +167,22 @@ def test_demo_runs_in_the_world_and_keeps_what_it_did_not_create(
 
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "mine.txt").write_text("not the demo's")  # `craft-eval demo -o .`
-    code = run_demo(methods=["craft-selection"], ratio=8.0, output=tmp_path, num_items=3)
+    code = run_demo(
+        methods=["craft-selection"], ratio=8.0, output=tmp_path, num_items=3, headline_items=4
+    )
     assert code == 0
     assert (tmp_path / "runs" / "mine.txt").read_text() == "not the demo's"
     out = capsys.readouterr().out
     assert "the world's trained backbone" in out and "FLOPs red." in out and "KL to unc." in out
     squares, corners = out.split("[4/4] corners")  # both families, each its own table
+    # the headline: its own 4 corners clips, one line at 8x vs DivPrune and the mean rule
+    corners, head = corners.split("\nHEADLINE (4 held-out corners questions")
+    (line,) = [x for x in head.splitlines() if x.startswith("  8x: ")]
+    assert line.count(" SE), accuracy ") == 2 and "not paired" not in line
+    assert line.startswith("  8x: vs divprune KL drop ") and "; vs craft-selection KL drop " in line
+    assert line.endswith(("MEETS", "does NOT meet"))
+    md = (tmp_path / "report" / "corners-headline" / "report.md").read_text()
+    assert "## Headline: craft-trained vs DivPrune" in md and "| 8x | divprune | 4 |" in md
     rows = {line.split()[0]: line for line in squares.splitlines() if "+-" in line}
     # the first-token KL of the uncompressed model against itself is 0; the paired line names
     # the other method with its SE
@@ -200,8 +210,15 @@ def test_demo_runs_in_the_world_and_keeps_what_it_did_not_create(
     for family in ("squares", "corners"):
         assert (tmp_path / "report" / family / "accuracy_vs_compression.png").exists()
         assert (tmp_path / "runs" / "world" / family / "mvbench" / "none").is_dir()
-    # A second run resumes from the records instead of deleting them.
-    assert run_demo(methods=["craft-selection"], ratio=8.0, output=tmp_path, num_items=3) == 0
+    headline_runs = tmp_path / "runs" / "world" / "corners-headline" / "mvbench"
+    assert sorted(p.name for p in headline_runs.iterdir()) == [
+        "craft-selection-r8", "craft-trained-r8", "divprune-r8", "none"]  # fmt: skip
+    # A second run resumes from the records instead of deleting them: the same lines.
+    code = run_demo(
+        methods=["craft-selection"], ratio=8.0, output=tmp_path, num_items=3, headline_items=4
+    )
+    assert code == 0
+    assert line in capsys.readouterr().out
 
 
 @pytest.mark.slow

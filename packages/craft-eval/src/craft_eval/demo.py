@@ -14,11 +14,19 @@
    selection-only baselines and CRAFT's fixed rules) at 8x and 16x, and the trained CRAFT
    module ("craft-trained") at the same ratios; each family's runs under
    OUTPUT/runs/<model>/<family>,
-4. prints per family the table (`craft_eval.demo_report`), the trained module against every
+4. the headline comparison: on a larger set of held-out corners clips (`headline_items`,
+   default `HEADLINE_ITEMS`, clips 0.. of the same seed under OUTPUT/data/corners-headline,
+   runs under OUTPUT/runs/<model>/corners-headline) only what it needs: uncompressed,
+   `HEADLINE_RIVALS` (DivPrune and the mean rule) and craft-trained at each ratio; at 40
+   questions the table's paired differences are ~1 SE, here ~5,
+5. prints per family the table (`craft_eval.demo_report`), the trained module against every
    other method paired over the same questions, after the corners table the paper's
    ablation ladder as craft-world stored it (`craft_world.ladder_path()`: measurements on
-   600 questions, not this run's); plots accuracy vs ratio, a panel per family; writes a
-   Markdown report per family and merge maps.
+   600 questions, not this run's); then the headline, one paired line per ratio (trained vs
+   each rival: KL drop +- SE, n SE, accuracy points +- paired SE, and whether it meets >= 3
+   SE and >= 3 points), computed from the headline runs' records; plots accuracy vs ratio, a
+   panel per family; writes a Markdown report per family (the headline's with its paired
+   table) and merge maps.
 
 `--model PATH` evaluates another checkpoint on the same clips; `--backbone TYPE` a tiny
 RANDOM model of that type (its accuracy is meaningless: a pipeline check only). Nothing is
@@ -33,13 +41,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from craft_eval.demo_report import TRAINED, binomial_se
+from craft_eval.demo_report import HEADLINE_RIVALS, TRAINED, binomial_se
 
 __all__ = [
     "DEMO_FAMILIES",
     "DEMO_METHODS",
     "DEMO_RATIOS",
     "FAMILY_TASKS",
+    "HEADLINE_ITEMS",
+    "HEADLINE_RIVALS",
     "binomial_se",
     "run_demo",
 ]
@@ -55,6 +65,12 @@ DEMO_METHODS = (
     "craft-selection", "craft-prune", "craft",  # CRAFT's mean rule, target rule, untrained gate
     "flashvid", "holitom", "flashvid-llm", "holitom-llm",  # + the stage inside the LM
 )  # fmt: skip
+HEADLINE = "corners-headline"  # the headline's data and runs folder name
+HEADLINE_ITEMS = 160
+"""Corners clips (1 question each) of the headline comparison, 7 configurations at 8x and
+16x: at the stored ladder's effect sizes (600 questions: 8.8 SE vs DivPrune at 8x) about 4.5
+paired SE, where the table's 40 give about 2 (seed 0, measured: 4.2 to 5.2 SE vs DivPrune and
+the mean rule; on the first 40 clips, 1.0 to 1.1)."""
 
 
 def _line(text: str) -> None:
@@ -101,6 +117,7 @@ def run_demo(
     device: str | None = None,
     num_items: int = 40,
     seed: int = 0,
+    headline_items: int = HEADLINE_ITEMS,
 ) -> int:
     """Run the demo; returns a process exit code: 0 when every configuration ran, 1 when a
     required piece is missing or any configuration failed (all, or some: the tables show
@@ -111,21 +128,31 @@ def run_demo(
         methods: registered method names (default `DEMO_METHODS`).
         families: world families, keys of `FAMILY_TASKS`.
         num_items: held-out clips per family.
+        headline_items: held-out corners clips of the headline comparison (0: none); it runs
+            when the corners family does and the world ships a trained module.
     """
     start = time.perf_counter()
     if not _prerequisites():
         return 1
     if num_items < 1:
         raise ValueError(f"num_items must be positive, got {num_items}")
+    if headline_items < 0:
+        raise ValueError(f"headline_items must be >= 0, got {headline_items}")
     unknown = [f for f in families if f not in FAMILY_TASKS]
     if unknown or not families:
         raise ValueError(f"families must be some of {list(FAMILY_TASKS)}, got {list(families)}")
     grid = [float(ratio)] if ratio is not None else [float(r) for r in ratios]
     world = _world(model_path, backbone, Path(output), device, num_items, seed, tuple(families))
     jobs = _jobs(world.trained, DEMO_METHODS if methods is None else methods, grid)
+    head = None
+    if headline_items and "corners" in families and world.trained is not None:
+        head = _headline(world, Path(output), headline_items, seed)
+    head_jobs = _jobs(world.trained, HEADLINE_RIVALS, grid) if head is not None else []
     total = sum(len(jobs) * fam.n_items for fam in world.families)
+    total += len(head_jobs) * (head.n_items if head is not None else 0)
     sizes = ", ".join(f"{fam.name} {fam.n_items}" for fam in world.families)
-    _line(f"[3/4] {len(jobs)} configurations x questions ({sizes}) at ratios {grid}")
+    _line(f"[3/4] {len(jobs)} configurations x questions ({sizes}) at ratios {grid}"
+          + (f"; headline {len(head_jobs)} x {head.n_items} corners" if head else ""))  # fmt: skip
     from tqdm.auto import tqdm
 
     rows: dict[str, list[dict[str, Any]]] = {}
@@ -135,13 +162,20 @@ def run_demo(
         for method, r in jobs:
             rows[fam.name].append(_run_job(world, fam, method, r))
             bar.update(fam.n_items)
+    headline: list[dict[str, Any]] | None = None
+    if head is not None:  # the same runner, its own questions; no profile, no merge maps
+        headline = []
+        for method, r in head_jobs:
+            headline.append(_run_job(world, head, method, r, profile=False))
+            bar.update(head.n_items)
     bar.close()
-    _finish(world, rows, Path(output))
-    failed = [f"{name}:{r['method']}@{r['ratio']}" for name, fr in rows.items() for r in fr
+    _finish(world, rows, Path(output), headline)
+    done = {**rows, **({HEADLINE: headline} if headline is not None else {})}
+    failed = [f"{name}:{r['method']}@{r['ratio']}" for name, fr in done.items() for r in fr
               if "error" in r]  # fmt: skip
     _line(f"done in {time.perf_counter() - start:.0f} s")
     if failed:  # any failed configuration: the demo did not show what it promised
-        count = sum(len(fr) for fr in rows.values())
+        count = sum(len(fr) for fr in done.values())
         _line(
             f"craft-eval demo: {len(failed)} of {count} configurations FAILED ({', '.join(failed)})"
         )
@@ -173,7 +207,7 @@ class _Family:
     name: str
     n_items: int  # questions
     measure: Any  # craft_eval.measure.Measure: its runs, the uncompressed model wrapped once
-    first: Any  # the first question (its efficiency profile)
+    first: Any  # the first question (its efficiency profile); None: the headline's (none)
 
 
 @dataclass
@@ -184,6 +218,7 @@ class _World:
     tag: str
     trained: str | None  # the shipped trained module, or None
     families: list[_Family]
+    processor: Any = None
 
 
 def _world(
@@ -218,7 +253,26 @@ def _world(
                           max_frames=DEMO_FRAMES, tag=tag)  # fmt: skip
         first = get_benchmark("mvbench").load(data, subset=tasks)[0]
         fams.append(_Family(name, FAMILY_QUESTIONS[name] * n, measure, first))
-    return _World(model, tag, trained, fams)
+    return _World(model, tag, trained, fams, processor)
+
+
+def _headline(world: _World, out: Path, n: int, seed: int) -> _Family:
+    """The headline's corners clips (`make_clips(n, seed)`: clips 0..n-1, so the table's
+    are among them) and their own runs folder, on the model already loaded."""
+    import craft_world
+    from craft_eval.measure import Measure
+
+    data = craft_world.make_clips(out / "data" / HEADLINE, n, seed=seed, family="corners")
+    _line(f"[1/4] wrote {FAMILY_QUESTIONS['corners'] * n} held-out corners questions for the "
+          f"headline comparison -> {data}")  # fmt: skip
+    runs = _headline_runs(out, world.tag)
+    measure = Measure(world.model, world.processor, data, runs, subset=FAMILY_TASKS["corners"],
+                      max_frames=DEMO_FRAMES, tag=world.tag)  # fmt: skip
+    return _Family(HEADLINE, FAMILY_QUESTIONS["corners"] * n, measure, None)
+
+
+def _headline_runs(out: Path, tag: str) -> Path:
+    return out / "runs" / tag / HEADLINE
 
 
 def _jobs(
@@ -232,11 +286,13 @@ def _jobs(
     return jobs
 
 
-def _run_job(world: _World, fam: _Family, method: str, ratio: float | None) -> dict[str, Any]:
+def _run_job(
+    world: _World, fam: _Family, method: str, ratio: float | None, *, profile: bool = True
+) -> dict[str, Any]:
     """One configuration on one family: the benchmark run with the first-token scorer
-    (resumable records; the trained module is CRAFT from the shipped checkpoint), then the
-    efficiency profile of the family's first question. A failure is this row's error, never
-    the demo's: the other methods' results still print."""
+    (resumable records; the trained module is CRAFT from the shipped checkpoint), then with
+    `profile` the efficiency profile of the family's first question and one merge map. A
+    failure is this row's error, never the demo's: the other methods' results still print."""
     from craft_core import TokenBudget
     from craft_eval.in_model import scaled_stage_options
     from craft_eval.tasks import get_benchmark
@@ -246,20 +302,28 @@ def _run_job(world: _World, fam: _Family, method: str, ratio: float | None) -> d
     try:
         done = fam.measure.run(
             method, budget, method="craft" if trained else method,
-            checkpoint=world.trained if trained else None, merge_maps=1,
+            checkpoint=world.trained if trained else None, merge_maps=int(profile),
             method_kwargs=None if trained else scaled_stage_options(method, world.model),
         )  # fmt: skip
-        prompt = get_benchmark("mvbench").prompt(fam.first)
-        prof = done.backend.profile(fam.first, prompt, repeats=3)
+        prof: dict[str, Any] = {}
+        if profile:
+            prompt = get_benchmark("mvbench").prompt(fam.first)
+            prof = done.backend.profile(fam.first, prompt, repeats=3)
     except Exception as error:  # one method failing must not hide the others' results
         return {"method": method, "ratio": ratio, "error": f"{type(error).__name__}: {error}"}
     return {"method": method, "ratio": ratio, "scores": done.scores, "records": done.records,
             **prof}  # fmt: skip
 
 
-def _finish(world: _World, rows: dict[str, list[dict[str, Any]]], out: Path) -> None:
+def _finish(
+    world: _World,
+    rows: dict[str, list[dict[str, Any]]],
+    out: Path,
+    headline: list[dict[str, Any]] | None = None,
+) -> None:
     """Per family the table, the paired comparisons and the report (after corners, the
-    stored ladder); then the plot, a panel per family."""
+    stored ladder); the headline's paired lines and report; then the plot, a panel per
+    family."""
     from craft_eval import demo_report
     from craft_eval.report import write_report
 
@@ -271,6 +335,14 @@ def _finish(world: _World, rows: dict[str, list[dict[str, Any]]], out: Path) -> 
             demo_report.print_ladder(demo_report.ladder_file())
         if any("scores" in r for r in rows[fam.name]):
             reports[fam.name] = write_report(fam.measure.runs, out / "report" / fam.name)
+    if headline is not None:
+        results = demo_report.headline_results(headline)
+        demo_report.print_headline(results)
+        if any("scores" in r for r in headline):
+            runs = _headline_runs(out, world.tag)
+            reports[HEADLINE] = write_report(runs, out / "report" / HEADLINE)
+            with open(reports[HEADLINE]["markdown"], "a", encoding="utf-8") as md:
+                md.write("\n" + demo_report.headline_markdown(results))
     plot = demo_report.plot_families(rows, out / "report" / "accuracy_vs_ratio.png")
     if world.tag == "world":
         _line(

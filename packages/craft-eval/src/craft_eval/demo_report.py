@@ -14,6 +14,10 @@ from pathlib import Path
 from typing import Any
 
 TRAINED = "craft-trained"
+HEADLINE_RIVALS = ("divprune", "craft-selection")
+"""What the headline pairs the trained module with: DivPrune and the best fixed rule (CRAFT's
+mean rule, the stored ladder's best rung without training)."""
+GOAL_SE, GOAL_POINTS = 3.0, 3.0  # issue 54: beat a rival by >= 3 paired SE and >= 3 points
 LADDER_SOURCE = "packages/craft-world/docs/crowd.md"
 
 
@@ -117,6 +121,108 @@ def print_paired(rows: list[dict[str, Any]]) -> None:
                 f"  vs {other:<16} KL drop {drop:+.3f} +- {se:.3f} ({drop / max(se, 1e-12):+5.1f} SE)"
                 f"   accuracy {100 * gain:+5.1f} +- {100 * gain_se:.1f} points"
             )
+
+
+def headline_results(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The headline's figures from its runs' records: per ratio the trained module ran at,
+    per rival in `HEADLINE_RIVALS`, `{"ratio", "rival", "n" (paired questions), "kl_drop",
+    "kl_se" (the rival's first-token KL minus the trained module's, mean and paired SE),
+    "n_se" (kl_drop / kl_se), "points", "points_se" (first-token accuracy, trained minus rival, points), "meets"}`, or
+    `{"ratio", "rival", "error"}` where the rival's run failed or the two runs did not answer
+    the same questions."""
+    done = {(r["method"], r["ratio"]): r["records"] for r in rows if "records" in r}
+    out: list[dict[str, Any]] = []
+    for (method, ratio), mine in done.items():
+        if method != TRAINED:
+            continue
+        for rival in HEADLINE_RIVALS:
+            entry: dict[str, Any] = {"ratio": ratio, "rival": rival}
+            theirs = done.get((rival, ratio))
+            try:
+                if theirs is None:
+                    raise ValueError("its run failed")
+                entry.update(_paired(mine, theirs))
+            except ValueError as why:
+                entry["error"] = str(why)
+            out.append(entry)
+    return out
+
+
+def _paired(mine: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The trained module's records against a rival's, paired by question id; ValueError
+    unless both scored exactly the same questions."""
+    from craft_eval.scoring import paired_records
+
+    def scored(records: list[dict[str, Any]]) -> set[str]:
+        return {r["id"] for r in records if r.get("first_token_kl") is not None
+                and r.get("first_token_correct") is not None}  # fmt: skip
+
+    a, b = scored(mine), scored(theirs)
+    if a != b:
+        raise ValueError(f"the runs scored different questions ({len(a)} and {len(b)}, "
+                         f"{len(a ^ b)} not in both)")  # fmt: skip
+    drop, se = paired_records(theirs, mine, "first_token_kl")
+    gain, gain_se = paired_records(mine, theirs, "first_token_correct")
+    n_se = drop / max(se, 1e-12)
+    return {"n": len(a), "kl_drop": drop, "kl_se": se, "n_se": n_se, "points": 100 * gain,
+            "points_se": 100 * gain_se,
+            "meets": n_se >= GOAL_SE and 100 * gain >= GOAL_POINTS}  # fmt: skip
+
+
+def _verdict(entry: dict[str, Any]) -> str:
+    return "MEETS" if entry["meets"] else "does NOT meet"
+
+
+def print_headline(results: list[dict[str, Any]]) -> None:
+    """The headline: one line per ratio, the trained module against each rival."""
+    sizes = sorted({r["n"] for r in results if "n" in r})
+    counted = " / ".join(str(n) for n in sizes) or "no"
+    _line(f"\nHEADLINE ({counted} held-out corners questions, their own clips; paired over the "
+          f"same questions): {TRAINED} vs DivPrune and the mean rule (craft-selection). "
+          f"KL drop > 0: closer to the uncompressed answer; accuracy: first-token, points. "
+          f"Goal: >= {GOAL_SE:g} SE and >= {GOAL_POINTS:g} points.")  # fmt: skip
+    if not results:
+        _line(f"  no paired result: {TRAINED} did not run")
+        return
+    for ratio in dict.fromkeys(r["ratio"] for r in results):
+        parts = []
+        for e in (r for r in results if r["ratio"] == ratio):
+            if "error" in e:
+                parts.append(f"vs {e['rival']} not paired: {e['error']}")
+                continue
+            parts.append(
+                f"vs {e['rival']} KL drop {e['kl_drop']:+.3f} +- {e['kl_se']:.3f} "
+                f"({e['n_se']:+.1f} SE), accuracy {e['points']:+.1f} +- {e['points_se']:.1f} "
+                f"points: {_verdict(e)}"
+            )
+        _line(f"  {ratio:g}x: " + "; ".join(parts))
+
+
+def headline_markdown(results: list[dict[str, Any]]) -> str:
+    """The headline as a Markdown section (appended to its report)."""
+    sizes = " / ".join(str(n) for n in sorted({r["n"] for r in results if "n" in r})) or "no"
+    lines = [
+        f"## Headline: {TRAINED} vs DivPrune and the mean rule",
+        "",
+        f"{sizes} held-out corners questions, paired over the same questions; KL drop: the "
+        f"rival's first-token KL to the uncompressed model minus {TRAINED}'s (nats); accuracy: "
+        f"first-token, {TRAINED} minus the rival (points). Goal: >= {GOAL_SE:g} SE and >= "
+        f"{GOAL_POINTS:g} points.",
+        "",
+        "| ratio | vs | questions | KL drop | SE | KL drop / SE | accuracy (points) | SE | goal |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in results:
+        if "error" in e:
+            lines.append(f"| {e['ratio']:g}x | {e['rival']} | not paired: {e['error']} "
+                         "| | | | | | |")  # fmt: skip
+            continue
+        lines.append(
+            f"| {e['ratio']:g}x | {e['rival']} | {e['n']} | {e['kl_drop']:+.3f} | "
+            f"{e['kl_se']:.3f} | {e['n_se']:+.1f} | {e['points']:+.1f} | {e['points_se']:.1f} "
+            f"| {_verdict(e)} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def ladder_file() -> Path | None:

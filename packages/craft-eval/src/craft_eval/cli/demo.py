@@ -10,7 +10,7 @@ from craft_eval.cli.common import UsageError, check_device, check_output, parse_
 
 
 def add_parser(sub: Any) -> None:
-    from craft_eval.demo import DEMO_FAMILIES, DEMO_METHODS
+    from craft_eval.demo import DEMO_FAMILIES, DEMO_METHODS, HEADLINE_ITEMS
 
     demo = sub.add_parser("demo", help="the whole pipeline on a laptop CPU, nothing downloaded")
     demo.add_argument("--model", help="another checkpoint instead of the world's backbone")
@@ -18,6 +18,13 @@ def add_parser(sub: Any) -> None:
     demo.add_argument("--ratio", type=float, help="one ratio only (default: 8 and 16)")
     demo.add_argument(
         "--items", type=int, default=40, help="held-out clips per family (default: 40)"
+    )
+    demo.add_argument(
+        "--headline-items",
+        type=int,
+        default=HEADLINE_ITEMS,
+        help="corners clips of the headline comparison (craft-trained vs DivPrune and the mean "
+        f"rule, paired; with the corners family; 0: none; default: {HEADLINE_ITEMS})",
     )
     demo.add_argument(
         "--methods",
@@ -45,6 +52,7 @@ def command(args: argparse.Namespace) -> int:
         output=args.output,
         device=args.device,
         num_items=args.items,
+        headline_items=args.headline_items,
     )
 
 
@@ -55,6 +63,8 @@ def check_demo_args(args: argparse.Namespace) -> tuple[list[str] | None, tuple[s
     check_output(args.output, "--output")
     if args.items < 1:
         raise UsageError(f"--items must be at least 1, got {args.items}")
+    if args.headline_items < 0:
+        raise UsageError(f"--headline-items must be at least 0, got {args.headline_items}")
     if args.model and args.backbone:
         raise UsageError("give --model or --backbone, not both")
     if args.model and not (Path(args.model) / "config.json").is_file():
