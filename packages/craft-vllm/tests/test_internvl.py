@@ -17,9 +17,9 @@ import engine
 import pytest
 import tiny_internvl as kind
 import torch
-from craft_vllm.flat import BASE
 from craft_vllm.internvl import CraftInternVLForConditionalGeneration as Model
 from craft_vllm.internvl import _layout
+from craft_vllm.positions import BASE
 
 import craft_adapters
 
@@ -40,6 +40,8 @@ def _fake() -> SimpleNamespace:
     fake.get_language_model = lambda: embed
     fake.craft_full_length = lambda f: Model.craft_full_length(fake, f)
     fake.craft_media_ids = lambda: Model.craft_media_ids(fake)
+    fake.craft_columns = Model.craft_columns
+    fake.craft_write_positions = lambda *a: Model.craft_write_positions(fake, *a)
     return fake
 
 

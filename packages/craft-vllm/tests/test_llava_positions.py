@@ -30,6 +30,8 @@ def _fake() -> SimpleNamespace:
     fake = SimpleNamespace(config=config)
     fake.craft_full_length = lambda f: Model.craft_full_length(fake, f)
     fake.craft_media_ids = lambda: Model.craft_media_ids(fake)
+    fake.craft_columns = Model.craft_columns
+    fake.craft_write_positions = lambda *a: Model.craft_write_positions(fake, *a)
     return fake
 
 

@@ -133,6 +133,36 @@ def build(
     )
 
 
+def adapters_processor(kind: str) -> Any:
+    """craft-adapters' tiny processor of `kind` ("qwen3_vl", "qwen3_5", "glm4v"), images
+    normalized as videos are.
+
+    vLLM 0.32 normalizes pixels on the device with ONE mean/std for images and videos
+    (`build_mm_input_norm`, read from the image processor); the real Qwen3-VL, Qwen3.5 and
+    GLM-4.1V checkpoints use one for both, craft-adapters' tiny image processor keeps CLIP's.
+    """
+    from craft_adapters.tiny import build_tiny_processor
+
+    out = build_tiny_processor(kind)
+    out.image_processor.image_mean = list(out.video_processor.image_mean)
+    out.image_processor.image_std = list(out.video_processor.image_std)
+    return out
+
+
+def adapters_config(adapter: Any, **text_fields: Any) -> Any:
+    """craft-adapters' tiny config of `adapter` (a backbone adapter class) at these tests'
+    widths: the language model HIDDEN wide (MLP 256) with `text_fields` set on it (head
+    sizes vLLM's CPU kernels take), the vision tower 64 wide (MLP 128) writing HIDDEN-wide
+    rows, so one CRAFT checkpoint serves every test backbone."""
+    cfg = adapter.tiny_config()
+    text, vision = cfg.text_config, cfg.vision_config
+    text.hidden_size, text.intermediate_size = HIDDEN, 256
+    for key, value in text_fields.items():
+        setattr(text, key, value)
+    vision.hidden_size, vision.intermediate_size, vision.out_hidden_size = 64, 128, HIDDEN
+    return cfg
+
+
 def save_random(
     folder: str | Path,
     config: Any,

@@ -26,28 +26,22 @@ DTYPE = "float32"
 
 
 def processor() -> Any:
-    """craft-adapters' tiny GLM-4.1V processor, images normalized as videos are (vLLM
-    normalizes both with the image processor's mean / std: tiny_qwen3.py)."""
-    from craft_adapters.tiny import build_tiny_processor
-
-    out = build_tiny_processor("glm4v")
+    """craft-adapters' tiny GLM-4.1V processor, images normalized as videos are
+    (`tiny.adapters_processor`), room for 64 frames."""
+    out = tiny.adapters_processor("glm4v")
     # the video processor's longest_edge bounds a whole video's pixels: room for 64 frames
     out.video_processor.size = {"shortest_edge": 28 * 28, "longest_edge": 64 * FRAME * FRAME}
-    out.image_processor.image_mean = list(out.video_processor.image_mean)
-    out.image_processor.image_std = list(out.video_processor.image_std)
     return out
 
 
 def config() -> Any:
     from craft_adapters.backbones.glm4v import Glm4vAdapter
 
-    cfg = Glm4vAdapter.tiny_config()
-    text, vision = cfg.text_config, cfg.vision_config
-    text.hidden_size, text.intermediate_size = HIDDEN, 256
-    text.num_attention_heads, text.num_key_value_heads, text.head_dim = 2, 1, 64
-    text.rope_parameters["mrope_section"] = [4, 6, 6]  # half of the 32 rotary dims
-    vision.hidden_size, vision.intermediate_size, vision.out_hidden_size = 64, 128, HIDDEN
-    vision.image_size = FRAME
+    cfg = tiny.adapters_config(
+        Glm4vAdapter, num_attention_heads=2, num_key_value_heads=1, head_dim=64
+    )
+    cfg.text_config.rope_parameters["mrope_section"] = [4, 6, 6]  # half of the 32 rotary dims
+    cfg.vision_config.image_size = FRAME
     return cfg
 
 

@@ -27,28 +27,15 @@ DTYPE = "float32"
 
 def processor(kind: str = "qwen3_vl") -> Any:
     """craft-adapters' tiny processor of `kind` ("qwen3_vl", "qwen3_5"), images normalized as
-    videos are (0.5, 0.5).
-
-    vLLM 0.32 normalizes pixels on the device with ONE mean/std for images and videos
-    (`build_mm_input_norm`, read from the image processor); the real Qwen3-VL and Qwen3.5
-    checkpoints use 0.5 / 0.5 for both, craft-adapters' tiny image processor keeps CLIP's.
-    """
-    from craft_adapters.tiny import build_tiny_processor
-
-    out = build_tiny_processor(kind)
-    out.image_processor.image_mean = list(out.video_processor.image_mean)
-    out.image_processor.image_std = list(out.video_processor.image_std)
-    return out
+    videos are (0.5, 0.5: `tiny.adapters_processor`)."""
+    return tiny.adapters_processor(kind)
 
 
 def config() -> Any:
     from craft_adapters.backbones.qwen3_vl import Qwen3VLAdapter
 
-    cfg = Qwen3VLAdapter.tiny_config()
-    text, vision = cfg.text_config, cfg.vision_config
-    text.hidden_size, text.head_dim, text.intermediate_size = HIDDEN, 32, 256
-    text.rope_parameters["mrope_section"] = [4, 6, 6]  # sums to head_dim / 2
-    vision.hidden_size, vision.intermediate_size, vision.out_hidden_size = 64, 128, HIDDEN
+    cfg = tiny.adapters_config(Qwen3VLAdapter, head_dim=32)
+    cfg.text_config.rope_parameters["mrope_section"] = [4, 6, 6]  # sums to head_dim / 2
     return cfg
 
 

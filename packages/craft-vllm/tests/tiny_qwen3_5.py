@@ -36,14 +36,9 @@ def processor() -> Any:
 def config() -> Any:
     from craft_adapters.backbones.qwen3_5 import Qwen35Adapter
 
-    cfg = Qwen35Adapter.tiny_config()
-    text, vision = cfg.text_config, cfg.vision_config
-    text.hidden_size, text.intermediate_size = HIDDEN, 256
     # vLLM's CPU Gated DeltaNet kernel (`chunk_gated_delta_rule_cpu`) refuses 16 ("multiples
     # of 32") and 32 ("Unexpected head dim size"); 128 is the real checkpoints' size
-    text.linear_key_head_dim = text.linear_value_head_dim = 128
-    vision.hidden_size, vision.intermediate_size, vision.out_hidden_size = 64, 128, HIDDEN
-    return cfg
+    return tiny.adapters_config(Qwen35Adapter, linear_key_head_dim=128, linear_value_head_dim=128)
 
 
 def build(folder: str | Path, seed: int = 0) -> Path:

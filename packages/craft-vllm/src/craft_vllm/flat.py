@@ -22,7 +22,7 @@ A compressed video that arrives as a payload (`precompressed.py`) is read into a
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +30,7 @@ import numpy as np
 import torch
 
 from craft_vllm.payload import COORDS, COUNT, GRID
-from craft_vllm.positions import prompt_positions
-
-BASE = 256  # index = hi * BASE + lo; integers up to 256 are exact in bfloat16
+from craft_vllm.positions import ColumnPositions, exact_columns, prompt_positions
 
 
 def update_model_config(model_config: Any) -> None:
@@ -50,8 +48,7 @@ def update_model_config(model_config: Any) -> None:
 
 def index_columns(index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """`[K, 2]` (`index // BASE`, `index % BASE`) of `[K]` original row indices."""
-    index = index.long()
-    return torch.stack([index // BASE, index % BASE], dim=1).to(dtype)
+    return exact_columns(index.long()[:, None], dtype)
 
 
 @dataclass
@@ -100,13 +97,10 @@ def grid_tokens(feature: Any) -> int | None:
     return t * h * w
 
 
-class FlatPositions:
+class FlatPositions(ColumnPositions):
     """Mixin of a 1-D RoPE CRAFT model (the module docstring). Subclasses give the media
-    token ids (`craft_media_ids`) and each video's uncompressed length (`craft_full_length`)."""
-
-    def craft_media_ids(self) -> tuple[int, ...]:
-        """The token ids of the placeholder slots the embeddings fill."""
-        raise NotImplementedError
+    token ids (`craft_media_ids`) and each video's uncompressed length (`craft_full_length`);
+    each row's 2 columns hold its original index in the video."""
 
     def craft_full_length(self, feature: Any) -> int:
         """The uncompressed placeholder length of one video feature."""
@@ -126,25 +120,9 @@ class FlatPositions:
             items.append((f.mm_position.offset, count, line))
         return prompt_positions(len(input_tokens), items)
 
-    def recompute_mrope_positions(
-        self,
-        input_ids: list[int] | torch.Tensor,
-        multimodal_embeddings: Sequence[torch.Tensor],
-        mrope_positions: torch.LongTensor,
-        num_computed_tokens: int,
-    ) -> tuple[Sequence[torch.Tensor], torch.Tensor, int]:
-        """Strip the index columns and write `start + index` into row 0 of the media tokens
-        these embeddings fill: the first `sum(rows)` media tokens from `num_computed_tokens`
-        (the runner hands the items overlapping the scheduled chunk, in order)."""
-        ids = torch.as_tensor(input_ids, device=mrope_positions.device).long()
-        media = torch.isin(ids, ids.new_tensor(self.craft_media_ids()))
-        media[:num_computed_tokens] = False
-        embeds = [e[:, :-2] for e in multimodal_embeddings]
-        positions = mrope_positions.clone()
-        if multimodal_embeddings:
-            cols = torch.cat([e[:, -2:] for e in multimodal_embeddings]).round().long()
-            index = (cols[:, 0] * BASE + cols[:, 1]).to(positions.device)
-            where = media.nonzero(as_tuple=True)[0][: index.shape[0]]
-            positions[0, where] = positions[1, where] + index
-        delta = int(positions[0].max()) + 1 - int(ids.numel())
-        return embeds, positions, delta
+    def craft_write_positions(
+        self, positions: torch.Tensor, values: torch.Tensor, where: torch.Tensor
+    ) -> int:
+        """Row 0 of each media token: its item's start (row 1) + its original index."""
+        positions[0, where] = positions[1, where] + values[:, 0]
+        return int(positions[0].max()) + 1

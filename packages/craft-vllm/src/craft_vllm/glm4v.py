@@ -52,15 +52,14 @@ from vllm.tokenizers import cached_tokenizer_from_config
 from craft_adapters.backbones.qwen3_vl import timestamp_coords
 from craft_vllm.common import CraftModel, CraftProcessor
 from craft_vllm.payload import TIMESTAMPS, PayloadFormat
-from craft_vllm.positions import prompt_positions
+from craft_vllm.positions import ColumnPositions, exact_columns, prompt_positions
 from craft_vllm.precompressed import PayloadFields, PayloadProcessingInfo, PayloadVideoInput
 
 ARCHITECTURE = "CraftGlm4vForConditionalGeneration"
 PAYLOAD = PayloadFormat("glm4v", merge=2, frame_runs=2, run_seconds="whole")
 """Payloads: `video_grid_thw` in patches (2 x 2 merge), `timestamps` the whole seconds of each
 run of 2 frames (the prompt's text after each group)."""
-BASE = 256  # a column pair (x // BASE, x % BASE): integers up to 256 are exact in bfloat16
-COLUMNS = 8  # slot index, then the (t, h, w) position relative to the start: 4 pairs
+COLUMNS = 8  # slot index, then the (t, h, w) position relative to the start: 4 exact pairs
 
 
 @lru_cache(maxsize=4096)
@@ -113,7 +112,7 @@ def extent(grid: tuple[int, int], seconds_lengths: Sequence[int]) -> int:
 def position_columns(slots: torch.Tensor, pos: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """`[K, 8]` exact columns of `[K]` slot indices and their `[3, K]` relative positions."""
     values = torch.cat([slots.long()[None], pos.long()], dim=0).T  # [K, 4]
-    return torch.stack([values // BASE, values % BASE], dim=2).reshape(-1, COLUMNS).to(dtype)
+    return exact_columns(values, dtype)
 
 
 class CraftGlm4vMultiModalProcessor(PayloadFields, CraftProcessor, Glm4vMultiModalProcessor):
@@ -195,11 +194,16 @@ class CraftGlm4vProcessingInfo(PayloadProcessingInfo, Glm4vProcessingInfo):
     dummy_inputs=Glm4vDummyInputsBuilder,
 )
 class CraftGlm4vForConditionalGeneration(
-    PayloadVideoInput, CraftModel, Glm4vForConditionalGeneration, SupportsMultiModalPruning
+    ColumnPositions,
+    PayloadVideoInput,
+    CraftModel,
+    Glm4vForConditionalGeneration,
+    SupportsMultiModalPruning,
 ):
     """GLM-4.1V whose video tokens go through a CRAFT checkpoint at a fixed ratio."""
 
     architecture = ARCHITECTURE
+    craft_columns = COLUMNS
 
     def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
@@ -297,27 +301,15 @@ class CraftGlm4vForConditionalGeneration(
             items.append((f.mm_position.offset, f.mm_position.length, pos))
         return prompt_positions(len(input_tokens), items)
 
-    def recompute_mrope_positions(
-        self,
-        input_ids: list[int] | torch.Tensor,
-        multimodal_embeddings: Sequence[torch.Tensor],
-        mrope_positions: torch.LongTensor,
-        num_computed_tokens: int,
-    ) -> tuple[Sequence[torch.Tensor], torch.Tensor, int]:
-        """Strip the 8 columns and write `start + position` into the slots these embeddings
-        fill: the first `sum(rows)` `<|image|>` tokens from `num_computed_tokens` (the runner
-        hands the items overlapping the scheduled chunk, in order); `start` is the position
-        of each item's slot 0 (`slot index` columns back), whose relative position is 0."""
-        ids = torch.as_tensor(input_ids, device=mrope_positions.device).long()
-        media = ids == self.craft_ids[2]
-        media[:num_computed_tokens] = False
-        embeds = [e[:, :-COLUMNS] for e in multimodal_embeddings]
-        positions = mrope_positions.clone()
-        if multimodal_embeddings:
-            cols = torch.cat([e[:, -COLUMNS:] for e in multimodal_embeddings]).round().long()
-            values = (cols[:, 0::2] * BASE + cols[:, 1::2]).to(positions.device)  # [n, 4]
-            where = media.nonzero(as_tuple=True)[0][: values.shape[0]]
-            start = positions[0, where - values[:, 0]]
-            positions[:, where] = start + values[:, 1:].T
-        delta = int(positions.max()) + 1 - int(ids.numel())
-        return embeds, positions, delta
+    def craft_media_ids(self) -> tuple[int, ...]:
+        return (self.craft_ids[2],)  # <|image|>: video and image slots alike
+
+    def craft_write_positions(
+        self, positions: torch.Tensor, values: torch.Tensor, where: torch.Tensor
+    ) -> int:
+        """Each slot at `start + position`, `values` `[n, 4]` its slot index and relative
+        `(t, h, w)`; `start` is the position of its item's slot 0 (`slot index` slots back),
+        whose relative position is 0 (so writing again is idempotent)."""
+        start = positions[0, where - values[:, 0]]
+        positions[:, where] = start + values[:, 1:].T
+        return int(positions.max()) + 1

@@ -15,8 +15,15 @@ compare against.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
+
+BASE = 256
+"""An integer x rides in a row's extra columns as the pair (x // BASE, x % BASE): each part an
+integer up to 256, exact in bfloat16 (flat.py's original row index, glm4v.py's slot and
+relative positions)."""
 
 
 def grid_positions(t: int, h: int, w: int, t_factor: float = 1.0) -> np.ndarray:
@@ -69,3 +76,57 @@ def prompt_positions(
     positions = np.concatenate(parts, axis=1)
     delta = int(positions.max()) + 1 - num_tokens if positions.size else 0
     return torch.from_numpy(np.ascontiguousarray(positions)), delta
+
+
+def exact_columns(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`[K, 2 m]` columns of `dtype` holding `[K, m]` integers in 0 .. BASE**2 - 1 exactly
+    (each as its `BASE` pair); `media_rows` reads them back."""
+    values = values.long()
+    pairs = torch.stack([values // BASE, values % BASE], dim=2)
+    return pairs.reshape(values.shape[0], -1).to(dtype)
+
+
+class ColumnPositions:
+    """Mixin of a model whose encoder hands each media row on with `craft_columns` extra
+    columns (`exact_columns`: where the row goes), which vLLM's runner gives back to its
+    pruning hook, `recompute_mrope_positions`: the columns are stripped and the positions
+    written (`craft_write_positions`, the model's rule) into the media tokens the rows fill.
+    Subclasses give the media token ids (`craft_media_ids`) and the rule."""
+
+    craft_columns = 2
+
+    def craft_media_ids(self) -> tuple[int, ...]:
+        """The token ids of the placeholder slots the embeddings fill."""
+        raise NotImplementedError
+
+    def craft_write_positions(
+        self, positions: torch.Tensor, values: torch.Tensor, where: torch.Tensor
+    ) -> int:
+        """Write into `positions` `[3, L]` the positions of the slots `where` `[n]` from
+        their rows' columns `values` `[n, craft_columns // 2]`; -> the largest position + 1."""
+        raise NotImplementedError
+
+    def recompute_mrope_positions(
+        self,
+        input_ids: list[int] | torch.Tensor,
+        multimodal_embeddings: Sequence[torch.Tensor],
+        mrope_positions: torch.LongTensor,
+        num_computed_tokens: int,
+    ) -> tuple[Sequence[torch.Tensor], torch.Tensor, int]:
+        """Strip the columns and write the positions of the media tokens these embeddings
+        fill: the first `sum(rows)` media tokens from `num_computed_tokens` (the runner hands
+        the items overlapping the scheduled chunk, in order)."""
+        columns = self.craft_columns
+        ids = torch.as_tensor(input_ids, device=mrope_positions.device).long()
+        media = torch.isin(ids, ids.new_tensor(list(self.craft_media_ids())))
+        media[:num_computed_tokens] = False
+        embeds = [e[:, :-columns] for e in multimodal_embeddings]
+        if multimodal_embeddings:
+            cols = torch.cat([e[:, -columns:] for e in multimodal_embeddings]).round().long()
+        else:
+            cols = torch.zeros((0, columns), dtype=torch.long)
+        values = (cols[:, 0::2] * BASE + cols[:, 1::2]).to(mrope_positions.device)
+        where = media.nonzero(as_tuple=True)[0][: values.shape[0]]
+        positions = mrope_positions.clone()
+        end = self.craft_write_positions(positions, values, where)
+        return embeds, positions, end - int(ids.numel())
