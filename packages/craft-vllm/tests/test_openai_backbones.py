@@ -1,7 +1,9 @@
 """Compressed videos of LLaVA-OneVision, Qwen3-VL, InternVL, Qwen3.5 and GLM-4.1V through
 `vllm serve`'s OpenAI API, as test_openai_payloads.py does for Qwen2.5-VL: one server per backbone
-(`servers`, module scope, started together; the multiprocess engine), payloads sent with the
-`openai` client as `payload.chat_part` builds them.
+(`backbone`, module scope, one backbone's tests after the other's, each server stopped when its
+backbone's tests are done; the multiprocess engine), payloads sent with the `openai` client as
+`payload.chat_part` builds them. Under pytest-xdist each backbone is a work unit of its own
+(conftest: the five servers' start-ups are shared out between the workers).
 
 - Equality: three videos compressed by craft-adapters in threshold mode (through a file) are
   served with the first step's log-probs within `engine.GAP` of craft-adapters' threshold-mode
@@ -85,28 +87,18 @@ class Backbone(NamedTuple):
     base: str  # the server's URL
 
 
-@pytest.fixture(scope="module")
-def servers(workdir, tmp_path_factory) -> Iterator[dict[str, Backbone]]:
-    """Each of `KINDS` built, its videos compressed, and served at ratio 4 (payloads only);
-    the servers start together (`serve_all`: their start-ups overlap)."""
-    cases, specs = {}, []
-    for name, kind in KINDS.items():
-        folder = tmp_path_factory.mktemp(name)
-        cases[name] = build_case(kind, FRAMES, workdir, folder)
-        overrides = engine.overrides(workdir / "craft", 4, kind)
-        limit = ("--limit-mm-per-prompt", '{"video": 1, "image": 0}')
-        specs.append((cases[name].model, overrides, folder / "serve.log", limit, kind.DTYPE))
-    with serve_all(specs) as bases:
-        yield {
-            name: Backbone(kind, cases[name], base)
-            for (name, kind), base in zip(KINDS.items(), bases)
-        }
-
-
-@pytest.fixture(params=list(KINDS))
-def backbone(request, servers) -> Backbone:
-    """One backbone of `servers`."""
-    return servers[request.param]  # type: ignore[no-any-return]
+@pytest.fixture(scope="module", params=list(KINDS))
+def backbone(request, workdir, tmp_path_factory) -> Iterator[Backbone]:
+    """One of `KINDS` built, its videos compressed, and served at ratio 4 (payloads only),
+    until its last test is done (pytest runs one backbone's tests, then the next one's)."""
+    kind = KINDS[request.param]
+    folder = tmp_path_factory.mktemp(request.param)
+    case = build_case(kind, FRAMES, workdir, folder)
+    overrides = engine.overrides(workdir / "craft", 4, kind)
+    limit = ("--limit-mm-per-prompt", '{"video": 1, "image": 0}')
+    spec = (case.model, overrides, folder / "serve.log", limit, kind.DTYPE)
+    with serve_all([spec]) as (base,):
+        yield Backbone(kind, case, base)
 
 
 def timestamps(kind: Any, frames: int) -> list[float] | None:
