@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from craft_testkit.readme import Block, python_blocks, run_block
+from craft_testkit.readme import Block, python_blocks, run_block, shape_problems
 
 README = Path(__file__).parents[1] / "README.md"
 
@@ -69,3 +69,17 @@ def test_a_declared_need_that_is_missing_skips_saying_what(tmp_path: Path) -> No
 @pytest.mark.parametrize("block", python_blocks(README), ids=str)
 def test_readme_example_runs(block: Block, tmp_path: Path) -> None:
     run_block(block, tmp_path)
+
+
+def test_shape_problems_names_long_readmes_and_wide_prose(tmp_path: Path) -> None:
+    fence = "`" * 3
+    wide = "x" * 101
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# ok\n\n| {wide} |\n\n{fence}python\n{wide} = 1\n{fence}\n")
+    assert shape_problems(readme) == []  # a table row and code may be wide
+    readme.write_text(f"# ok\n\n{wide}\n" + "line\n" * 198)
+    assert shape_problems(readme) == [
+        "README.md: 201 lines, over 200",
+        "README.md: lines over 100 characters: [3]",
+    ]
+    assert shape_problems(readme, max_lines=201, max_width=101) == []

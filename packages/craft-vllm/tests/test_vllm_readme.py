@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from craft_testkit.readme import Block, python_blocks, run_block
+from craft_testkit.readme import Block, python_blocks, run_block, shape_problems
 
 README = Path(__file__).parents[1] / "README.md"
 BLOCKS = python_blocks(README)
@@ -50,12 +50,5 @@ def test_vllm_readme_example_runs(
         assert torch.equal(sent, video.features)  # type: ignore[attr-defined]
 
 
-def test_no_line_over_100_characters_outside_tables_and_code() -> None:
-    long, code = [], False
-    for number, line in enumerate(README.read_text(encoding="utf-8").splitlines(), 1):
-        if line.startswith("```"):
-            code = not code
-        elif not code and not line.startswith("|") and len(line) > 100:
-            long.append(number)
-    assert not long, f"README.md lines over 100 characters: {long}"
-    assert len(README.read_text(encoding="utf-8").splitlines()) <= 200
+def test_readme_shape() -> None:
+    assert not shape_problems(README)  # <= 200 lines, none over 100 characters in prose

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-__all__ = ["Block", "python_blocks", "run_block"]
+__all__ = ["Block", "python_blocks", "run_block", "shape_problems"]
 
 _NEEDS = re.compile(r"#\s*needs:\s*(.+)")
 
@@ -88,6 +88,25 @@ def run_block(block: Block, workdir: Path) -> dict[str, object]:
     with _chdir(workdir):
         exec(compile(source, str(block.path), "exec"), namespace)
     return namespace
+
+
+def shape_problems(readme: Path, max_lines: int = 200, max_width: int = 100) -> list[str]:
+    """What keeps `readme` from the front door's shape, one sentence each (empty: none):
+    more than `max_lines` lines, or prose lines wider than `max_width` characters (table rows
+    and fenced code are exempt: a table cannot wrap, code is copied as it is)."""
+    lines = readme.read_text(encoding="utf-8").splitlines()
+    wide, code = [], False
+    for number, line in enumerate(lines, 1):
+        if line.lstrip().startswith("```"):
+            code = not code
+        elif not code and not line.startswith("|") and len(line) > max_width:
+            wide.append(number)
+    problems = (
+        [f"{readme.name}: {len(lines)} lines, over {max_lines}"] if len(lines) > max_lines else []
+    )
+    if wide:
+        problems.append(f"{readme.name}: lines over {max_width} characters: {wide}")
+    return problems
 
 
 @contextlib.contextmanager
