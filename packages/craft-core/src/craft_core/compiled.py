@@ -25,7 +25,7 @@ than the recheck buffer holds (`spare`), the graph merges nothing and the round 
 eagerly (`fallback_round`).
 On CUDA the tokens are the same but not every row bit: Triton's float64 (the gate, the
 softmax) differs from ATen's by up to ~1e-13 relative, so a once-rounded float32 value now
-and then lands one ulp away (measured on an H100: README, "On a GPU").
+and then lands one ulp away (measured on an H100: docs/measurements.md, "On a GPU").
 
 Training stays eager: with autograd on, `CraftCompressor` runs the eager loop. The runner and
 its graphs belong to the compressor (`CraftCompressor._runners`), and Dynamo's graph limit is

@@ -41,7 +41,7 @@ def _shipped(name: str, remake: str) -> Path:
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"the shipped checkpoint {path} is missing; remake it with `{remake}` "
-            "(see packages/craft-world/README.md)"
+            "(see packages/craft-world/docs/world.md and docs/module.md)"
         )
     return path
 
