@@ -9,8 +9,8 @@ processes side by side (one CPU core each); each step's 16 questions are one mic
 their videos go through the compressor in ONE `compress_many` call (craft-core 1.1); the
 held-out KLs are computed in batches of clips, in two processes.
 
-Measured (one run each, 2 cores shared with other jobs, load ~9; craft-world's README,
-"Learning in CI"): the batched held-out KLs equal the per-clip ones bit for bit and take
+Measured (one run each, 2 cores shared with other jobs, load ~9; craft-world's
+docs/learning.md): the batched held-out KLs equal the per-clip ones bit for bit and take
 1/6.2 of their time; a step of 16 questions as one micro-batch took 2.4 s against 11.3 s as
 16 micro-batches (4.7x; the two runs' KL drops agree to 1e-7). Where a batched step goes:
 decoding the 16 mp4 files 21%, the rest of the inputs 13%, compress_many 22%, the vision
