@@ -91,33 +91,33 @@ QUICK_FILES = (
     "test_vllm_readme.py",
 )
 COST = {
-    "server": 150.0,
-    "test_openai_backbones[qwen3_5]": 130.0,
-    "test_backbones[qwen3_5]": 120.0,
-    "test_openai_backbones[glm4v]": 105.0,
-    "test_openai_backbones[qwen3_vl]": 105.0,
-    "test_openai_backbones[llava_onevision]": 100.0,
-    "test_openai_backbones[internvl]": 100.0,
-    "test_precompressed::test_qwen3_5_threshold_mode_served_from_compressed_videos": 90.0,
-    "test_backbones[glm4v]": 60.0,
-    "test_backbones[qwen3_vl]": 60.0,
-    "test_backbones[llava_onevision]": 60.0,
-    "test_backbones[internvl]": 60.0,
-    "test_runner::test_evs_fails_on_cpu_without_the_fix": 60.0,
-    "test_precompressed::test_threshold_mode_served_from_compressed_videos": 40.0,
-    "test_equality::test_craft_equals_craft_adapters[4]": 35.0,
-    "test_equality::test_uncompressed_equals_transformers": 30.0,
-    "test_equality::test_craft_equals_craft_adapters[2]": 30.0,
-    "test_equality::test_craft_equals_craft_adapters[8]": 30.0,
-    "test_equality::test_craft_equals_craft_adapters[16]": 30.0,
-    "test_runner::test_prefix_cache_hit_equals_library": 25.0,
+    "server": 440.0,
+    "test_openai_backbones[qwen3_5]": 420.0,
+    "test_openai_backbones[glm4v]": 240.0,
+    "test_openai_backbones[llava_onevision]": 220.0,
+    "test_backbones[qwen3_5]": 220.0,
+    "test_openai_backbones[internvl]": 205.0,
+    "test_openai_backbones[qwen3_vl]": 160.0,
+    "test_precompressed::test_qwen3_5_threshold_mode_served_from_compressed_videos": 140.0,
+    "test_backbones[qwen3_vl]": 130.0,
+    "test_backbones[internvl]": 120.0,
+    "test_backbones[llava_onevision]": 115.0,
+    "test_backbones[glm4v]": 105.0,
+    "test_runner::test_evs_fails_on_cpu_without_the_fix": 95.0,
+    "test_equality::test_craft_equals_craft_adapters[2]": 60.0,
+    "test_equality::test_craft_equals_craft_adapters[4]": 60.0,
+    "test_precompressed::test_threshold_mode_served_from_compressed_videos": 60.0,
+    "test_equality::test_craft_equals_craft_adapters[16]": 50.0,
+    "test_equality::test_uncompressed_equals_transformers": 40.0,
+    "test_equality::test_craft_equals_craft_adapters[8]": 40.0,
+    "test_runner::test_prefix_cache_hit_equals_library": 30.0,
     "test_runner::test_evs_serves_on_cpu_with_the_fix": 20.0,
     "test_errors::test_video_too_short_for_the_ratio_is_refused_per_request": 20.0,
 }
-"""Seconds of CPU each unit takes (its shared fixtures' setup counted in), roughly: a
-`vllm serve` start-up ~60, an in-process engine ~15, a bfloat16 reference more. The workers
-take the longest units first, so that the last unit to start is a short one; a unit not
-listed counts 0 (quick: it goes last)."""
+"""Seconds each unit took (its shared fixtures' setup counted in; `nox -s vllm --
+--durations=0`, one run on 2 workers while other jobs held the load average at 10-12: the
+ratios count, not the seconds). The workers take the longest units first, so that the last
+unit to start is a short one; a unit not listed counts 0 (quick: it goes last)."""
 
 
 def unit(nodeid: str) -> str:
