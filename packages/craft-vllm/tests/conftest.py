@@ -115,7 +115,7 @@ COST = {
     "test_errors::test_video_too_short_for_the_ratio_is_refused_per_request": 20.0,
 }
 """Seconds each unit took (its shared fixtures' setup counted in; `nox -s vllm --
---durations=0`, one run on 2 workers while other jobs held the load average at 10-12: the
+--durations=0`, one run on 2 workers while other jobs held the load average at 8-13: the
 ratios count, not the seconds). The workers take the longest units first, so that the last
 unit to start is a short one; a unit not listed counts 0 (quick: it goes last)."""
 
