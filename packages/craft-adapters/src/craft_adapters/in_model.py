@@ -123,6 +123,32 @@ def _language_model(model: Any) -> Any:
     return lm
 
 
+def _scoring_layer_attention(hf: Any, layers: Any, layer: int) -> Any:
+    """The attention module of layer `layer - 1`, where the last token's attention is read;
+    refused, naming the layers that qualify, where that layer has none (linear attention)."""
+    attention = _attention_of(layers[layer - 1])
+    if attention is None:
+        usable = [i + 1 for i in range(len(layers) - 1) if _attention_of(layers[i])]
+        raise ValueError(
+            f"layer {layer - 1} of {type(hf).__name__} is not an attention layer (the "
+            "score is the last token's attention there): "
+            + (f"layer must be one of {usable}" if usable else "no layer of it qualifies")
+        )
+    return attention
+
+
+def _adapter_video_rows(hf: Any, lm: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Which positions of a prefill are the video's, from the backbone's adapter; a bare
+    language model has none, so the caller must say."""
+    if lm is hf:
+        raise ValueError(
+            f"InModelDrop on a bare language model ({type(hf).__name__}): give "
+            "video_rows= (which positions of a prefill are the video's)"
+        )
+    adapter = get_adapter(hf)
+    return lambda ids: adapter.video_mask({"input_ids": ids})[0]
+
+
 class InModelDrop:
     """Hooks that keep, at decoder layer `layer`, the video rows `rule` chooses.
 
@@ -160,14 +186,7 @@ class InModelDrop:
                 f"this model already carries method {other.name!r}'s stage inside the language "
                 "model: remove() it first"
             )
-        attention = _attention_of(layers[layer - 1])
-        if attention is None:
-            usable = [i + 1 for i in range(len(layers) - 1) if _attention_of(layers[i])]
-            raise ValueError(
-                f"layer {layer - 1} of {type(hf).__name__} is not an attention layer (the "
-                "score is the last token's attention there): "
-                + (f"layer must be one of {usable}" if usable else "no layer of it qualifies")
-            )
+        attention = _scoring_layer_attention(hf, layers, layer)
         self.name, self.rule, self.layer = name, rule, layer
         self.report: DropReport | None = None
         self.waiting = False
@@ -176,15 +195,7 @@ class InModelDrop:
         self._keep: torch.Tensor | None = None
         self._prefill = 0
         self._embeds_too = video_rows is not None
-        if video_rows is None:
-            if self._lm is hf:
-                raise ValueError(
-                    f"InModelDrop on a bare language model ({type(hf).__name__}): give "
-                    "video_rows= (which positions of a prefill are the video's)"
-                )
-            adapter = get_adapter(hf)
-            video_rows = lambda ids: adapter.video_mask({"input_ids": ids})[0]  # noqa: E731
-        self._video_rows = video_rows
+        self._video_rows = video_rows or _adapter_video_rows(hf, self._lm)
         self._attention = attention
         self._original_config = attention.config
         self.base_attention = attention.config._attn_implementation

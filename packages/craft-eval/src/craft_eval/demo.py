@@ -134,13 +134,7 @@ def run_demo(
     start = time.perf_counter()
     if not _prerequisites():
         return 1
-    if num_items < 1:
-        raise ValueError(f"num_items must be positive, got {num_items}")
-    if headline_items < 0:
-        raise ValueError(f"headline_items must be >= 0, got {headline_items}")
-    unknown = [f for f in families if f not in FAMILY_TASKS]
-    if unknown or not families:
-        raise ValueError(f"families must be some of {list(FAMILY_TASKS)}, got {list(families)}")
+    _check_sizes(num_items, headline_items, families)
     grid = [float(ratio)] if ratio is not None else [float(r) for r in ratios]
     world = _world(model_path, backbone, Path(output), device, num_items, seed, tuple(families))
     jobs = _jobs(world.trained, DEMO_METHODS if methods is None else methods, grid)
@@ -153,6 +147,33 @@ def run_demo(
     sizes = ", ".join(f"{fam.name} {fam.n_items}" for fam in world.families)
     _line(f"[3/4] {len(jobs)} configurations x questions ({sizes}) at ratios {grid}"
           + (f"; headline {len(head_jobs)} x {head.n_items} corners" if head else ""))  # fmt: skip
+    rows, headline = _run_all(world, jobs, head, head_jobs, total)
+    _finish(world, rows, Path(output), headline)
+    done = {**rows, **({HEADLINE: headline} if headline is not None else {})}
+    _line(f"done in {time.perf_counter() - start:.0f} s")
+    return _exit_code(done)
+
+
+def _check_sizes(num_items: int, headline_items: int, families: Sequence[str]) -> None:
+    """The demo's sizes and families, refused before anything is written."""
+    if num_items < 1:
+        raise ValueError(f"num_items must be positive, got {num_items}")
+    if headline_items < 0:
+        raise ValueError(f"headline_items must be >= 0, got {headline_items}")
+    unknown = [f for f in families if f not in FAMILY_TASKS]
+    if unknown or not families:
+        raise ValueError(f"families must be some of {list(FAMILY_TASKS)}, got {list(families)}")
+
+
+def _run_all(
+    world: _World,
+    jobs: list[tuple[str, float | None]],
+    head: _Family | None,
+    head_jobs: list[tuple[str, float | None]],
+    total: int,
+) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]] | None]:
+    """Every family's configurations, then the headline's (None without one), under one
+    progress bar of `total` questions."""
     from tqdm.auto import tqdm
 
     rows: dict[str, list[dict[str, Any]]] = {}
@@ -169,18 +190,18 @@ def run_demo(
             headline.append(_run_job(world, head, method, r, profile=False))
             bar.update(head.n_items)
     bar.close()
-    _finish(world, rows, Path(output), headline)
-    done = {**rows, **({HEADLINE: headline} if headline is not None else {})}
+    return rows, headline
+
+
+def _exit_code(done: dict[str, list[dict[str, Any]]]) -> int:
+    """0, or 1 naming every failed configuration: the demo did not show what it promised."""
     failed = [f"{name}:{r['method']}@{r['ratio']}" for name, fr in done.items() for r in fr
               if "error" in r]  # fmt: skip
-    _line(f"done in {time.perf_counter() - start:.0f} s")
-    if failed:  # any failed configuration: the demo did not show what it promised
-        count = sum(len(fr) for fr in done.values())
-        _line(
-            f"craft-eval demo: {len(failed)} of {count} configurations FAILED ({', '.join(failed)})"
-        )
-        return 1
-    return 0
+    if not failed:
+        return 0
+    count = sum(len(fr) for fr in done.values())
+    _line(f"craft-eval demo: {len(failed)} of {count} configurations FAILED ({', '.join(failed)})")
+    return 1
 
 
 def _prerequisites() -> bool:

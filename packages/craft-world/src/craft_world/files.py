@@ -80,8 +80,7 @@ def make_clips(
     """
     _check_clip_args(n, seed, split, start, family)
     out = Path(out_dir)
-    old = out / "world.json"
-    stale = old.is_file() and json.loads(old.read_text()).get("generator") != GENERATOR
+    stale = _other_generator(out)
     videos = out / "video" / VIDEO_FOLDER
     videos.mkdir(parents=True, exist_ok=True)
     (out / "json").mkdir(exist_ok=True)
@@ -89,11 +88,8 @@ def make_clips(
     captions, qa = [], []
     for index in range(start, start + n):
         name, frames, caption, questions = _clip(family, seed, split, index)
-        path = videos / name
-        if stale or not path.is_file():
-            tmp = path.with_suffix(".tmp.mp4")
-            write_mp4(tmp, frames())
-            tmp.replace(path)
+        if stale or not (videos / name).is_file():
+            _write_atomically(videos / name, frames())
         rel = f"video/{VIDEO_FOLDER}/{name}"
         captions.append({"video": rel, "caption": caption, "source": "world"})
         for q in questions:
@@ -102,6 +98,19 @@ def make_clips(
     meta = {"seed": seed, "split": split, "start": start, "n": n, "generator": GENERATOR}
     _write_manifests(out, records, captions, qa, {**meta, "family": family})
     return out
+
+
+def _other_generator(out: Path) -> bool:
+    """Whether `out` holds clips of another `GENERATOR` version (they are rewritten)."""
+    old = out / "world.json"
+    return old.is_file() and json.loads(old.read_text()).get("generator") != GENERATOR
+
+
+def _write_atomically(path: Path, frames: Any) -> None:
+    """The clip's mp4 under a temporary name, then renamed: a killed run leaves no half file."""
+    tmp = path.with_suffix(".tmp.mp4")
+    write_mp4(tmp, frames)
+    tmp.replace(path)
 
 
 def _write_manifests(
