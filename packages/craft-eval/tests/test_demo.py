@@ -54,7 +54,19 @@ def stub_demo(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     monkeypatch.setattr("craft_eval.backend.adapters_status", lambda: (True, ""))
     monkeypatch.setattr(demo, "_world", world)
     monkeypatch.setattr(demo, "_headline", headline)
+
+    def parallel(spec: Any, todo: Any, workers: int, on_done: Any) -> list[dict[str, Any]]:
+        # the pool's contract without processes: every job's row, in the order given
+        seen["workers"] = workers
+        rows = []
+        for name, method, ratio, _profile in todo:
+            rows.append(job(None, demo._Family(name, 0, None, None), method, ratio))
+            on_done(name)
+        return rows
+
     monkeypatch.setattr(demo, "_run_job", job)
+    monkeypatch.setattr(demo, "_worker_spec", lambda *args: None)
+    monkeypatch.setattr("craft_eval.demo_pool.run_parallel", parallel)
     monkeypatch.setattr(
         demo, "_finish", lambda w, rows, out, head=None: seen.update(rows=rows, headline=head)
     )
@@ -65,8 +77,8 @@ def test_demo_runs_both_families_with_the_default_methods_and_ratios(
     stub_demo: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert cli.main(["demo", "-o", str(tmp_path)]) == 0
-    defaults = ["divprune", "visionzip", "fastvid", "uniform", "craft-selection", "craft-prune",
-                "craft", "flashvid", "holitom", "flashvid-llm", "holitom-llm"]  # fmt: skip
+    defaults = ["divprune", "visionzip", "fastvid", "flashvid-llm", "holitom-llm",
+                "craft-selection"]  # fmt: skip
     expected = [("none", None)] + [(m, r) for r in (8.0, 16.0) for m in defaults]
     expected += [("craft-trained", 8.0), ("craft-trained", 16.0)]
     # then the headline on its own 160 corners clips: only what it needs, after the tables
@@ -80,6 +92,23 @@ def test_demo_runs_both_families_with_the_default_methods_and_ratios(
     out = capsys.readouterr().out
     assert "squares 80, corners 40" in out  # 40 clips: 2 and 1 a clip
     assert "; headline 7 x 160 corners" in out and demo.HEADLINE_ITEMS == 160
+
+
+def test_demo_shares_configurations_out_between_workers_in_job_order(
+    stub_demo: dict[str, Any], tmp_path: Path
+) -> None:
+    from craft_eval.demo_pool import default_workers
+
+    argv = ["demo", "--methods", "uniform", "--ratio", "8", "--headline-items", "3"]
+    assert cli.main([*argv, "-o", str(tmp_path / "a"), "--workers", "1"]) == 0
+    alone, rows_alone = list(stub_demo["jobs"]), stub_demo["rows"]
+    assert "workers" not in stub_demo  # one process: the pool is not used
+    stub_demo["jobs"].clear()
+    assert cli.main([*argv, "-o", str(tmp_path / "b")]) == 0
+    assert stub_demo["workers"] == default_workers() >= 1
+    assert stub_demo["jobs"] == alone and stub_demo["rows"] == rows_alone
+    assert cli.main([*argv, "-o", str(tmp_path / "c"), "--workers", "3"]) == 0
+    assert stub_demo["workers"] == 3
 
 
 @pytest.mark.parametrize(

@@ -204,6 +204,8 @@ USAGE_CASES: list[tuple[str, list[str], int, str]] = [
     ("demo-ratio-inf", ["demo", "--ratio", "inf"], 2, "--ratio"),
     ("demo-items-0", ["demo", "--items", "0"], 2, "--items"),
     ("demo-headline-items-negative", ["demo", "--headline-items", "-1"], 2, "--headline-items"),
+    ("demo-workers-0", ["demo", "--workers", "0"], 2, "--workers"),
+    ("demo-workers-text", ["demo", "--workers", "two"], 2, "--workers"),
     ("demo-family-unknown", ["demo", "--family", "triangles"], 2, "--family triangles"),
     ("demo-family-case", ["demo", "--family", "Corners"], 2, "--family Corners"),
     ("demo-methods-all-and-more", ["demo", "--methods", "all", "uniform"], 2, "--methods all"),
@@ -722,13 +724,14 @@ def test_demo_exit_code_says_whether_a_configuration_failed(
     monkeypatch.setattr(demo, "_world", lambda *a: stub)
     monkeypatch.setattr(demo, "_finish", lambda *a: None)
 
-    def job(world: Any, fam: Any, method: str, ratio: float | None) -> dict[str, Any]:
+    def job(world: Any, fam: Any, method: str, ratio: float | None, **kw: Any) -> dict[str, Any]:
         if method in failing:
             return {"method": method, "ratio": ratio, "error": "ValueError: boom"}
         return {"method": method, "ratio": ratio, "scores": {}}
 
     monkeypatch.setattr(demo, "_run_job", job)
-    got = cli.main(["demo", "--methods", "uniform", "random", "--ratio", "4", "-o", str(tmp_path)])
+    argv = ["demo", "--methods", "uniform", "random", "--ratio", "4", "--workers", "1"]
+    got = cli.main([*argv, "-o", str(tmp_path)])
     out = capsys.readouterr().out
     assert got == code
     if failing:

@@ -222,6 +222,35 @@ def test_demo_runs_in_the_world_and_keeps_what_it_did_not_create(
 
 
 @pytest.mark.slow
+def test_demo_workers_record_what_one_process_records(tmp_path: Path) -> None:
+    """The same configurations run by 2 spawned workers and in this one process: every
+    question's record the same (reply, kept tokens, option hit; the KL to float32 noise,
+    the workers' torch runs 1 thread where this process may run more)."""
+    from craft_eval.demo import run_demo
+    from craft_eval.runner import run_records
+
+    def records(out: Path) -> dict[str, dict[str, Any]]:
+        got = {}
+        for run in sorted((out / "runs" / "world").glob("*/mvbench/*/")):
+            for r in run_records(run):
+                got[f"{run.parent.parent.name}/{run.name}/{r['id']}"] = r
+        return got
+
+    sizes = dict(methods=["divprune"], ratio=8.0, num_items=2, headline_items=3)
+    assert run_demo(**sizes, families=("corners",), output=tmp_path / "one", workers=1) == 0
+    assert run_demo(**sizes, families=("corners",), output=tmp_path / "two", workers=2) == 0
+    one, two = records(tmp_path / "one"), records(tmp_path / "two")
+    # corners: none, divprune, trained x 2 clips; headline: + the mean rule, x 3 clips
+    assert sorted(one) == sorted(two) and len(one) == 3 * 2 + 4 * 3
+    for key, mine in one.items():
+        theirs = two[key]
+        for field in ("reply", "kept_digests", "first_token_correct", "tokens_after"):
+            assert mine.get(field) == theirs.get(field), (key, field)
+        assert theirs["first_token_kl"] == pytest.approx(mine["first_token_kl"], rel=1e-5,
+                                                          abs=1e-7), key  # fmt: skip
+
+
+@pytest.mark.slow
 def test_demo_wraps_each_configuration_once(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

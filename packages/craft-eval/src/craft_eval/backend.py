@@ -23,6 +23,7 @@ import torch
 
 from craft_core import TokenBudget
 from craft_eval.efficiency import cache_nbytes
+from craft_eval.input_cache import InputCache, Prepared
 from craft_eval.methods.build import row_logs
 from craft_eval.runner import Generation, VideoDecodeError
 from craft_eval.tasks import Item, Prompt
@@ -176,6 +177,8 @@ class HFBackend:
             (ratio / threshold / min_tokens), parsed here once.
         method_kwargs: passed to the method's factory (e.g. checkpoint=...).
         merge_map_dir: if given, the first `merge_maps` items' merge data is saved there.
+        input_cache: decoded frames and processor outputs shared with the other backends
+            of the same model and processor (`InputCache`); None: built for every call.
     """
 
     def __init__(
@@ -193,6 +196,7 @@ class HFBackend:
         max_frames: int = 64,
         merge_map_dir: str | Path | None = None,
         merge_maps: int = 0,
+        input_cache: InputCache | None = None,
     ) -> None:
         import craft_adapters
         from craft_core import budget_of
@@ -221,12 +225,10 @@ class HFBackend:
         self.merge_map_dir = None if merge_map_dir is None else Path(merge_map_dir)
         self.merge_maps = merge_maps
         self._saved_maps = 0
+        self.input_cache = input_cache
 
     def generate(self, item: Item, prompt: Prompt) -> Generation:
-        frames, sampled_fps, capped = read_frames(
-            item.video, fps=self.fps, max_frames=self.max_frames, segment=item.segment
-        )
-        inputs = self._inputs(frames, sampled_fps, prompt)
+        frames, _, capped, inputs = self._prepare(item, prompt)
         if self.compressor is not None:
             self.compressor.reset()
         self.probe.arm()
@@ -272,11 +274,9 @@ class HFBackend:
         """Log-probabilities of the first answer token `[V]` float32 (CPU): one forward of
         the wrapped model (compressor inside) on the item's inputs, the next-token
         distribution right after the prompt (for MVBench prompts, the option letter)."""
-        frames, fps, _ = read_frames(
-            item.video, fps=self.fps, max_frames=self.max_frames, segment=item.segment
-        )
+        inputs = self._prepare(item, prompt)[3]
         # logits_to_keep=1, as generate's prefill: the same lm_head product, the same bits.
-        logits = self.model(**self._inputs(frames, fps, prompt), logits_to_keep=1).logits
+        logits = self.model(**inputs, logits_to_keep=1).logits
         return _log_softmax(logits[0, -1])
 
     def profile(
@@ -287,10 +287,7 @@ class HFBackend:
         compression time, the prompt's KV cache (MB) and the prefill length."""
         import statistics
 
-        frames, fps, _ = read_frames(
-            item.video, fps=self.fps, max_frames=self.max_frames, segment=item.segment
-        )
-        inputs = self._inputs(frames, fps, prompt)
+        inputs = self._prepare(item, prompt)[3]
         prefill: list[float] = []
         compress: list[float] = []
         for i in range(warmup + repeats):
@@ -312,12 +309,25 @@ class HFBackend:
             + f", median of {repeats} after {warmup} warm-up",
         }
 
-    def _inputs(self, frames: np.ndarray, fps: float, prompt: Prompt) -> dict[str, Any]:
-        inputs = build_model_inputs(self.processor, frames, fps, prompt)
-        return {
-            k: v.to(self.device) if isinstance(v, torch.Tensor) else v
-            for k, v in dict(inputs).items()
-        }
+    def _prepare(self, item: Item, prompt: Prompt) -> Prepared:
+        """The item's frames, their rate, whether the cap bound, and the processor outputs
+        on the model's device: from the shared `input_cache` when there is one."""
+
+        def build() -> Prepared:
+            frames, rate, capped = read_frames(
+                item.video, fps=self.fps, max_frames=self.max_frames, segment=item.segment
+            )
+            inputs = build_model_inputs(self.processor, frames, rate, prompt)
+            on_device = {
+                k: v.to(self.device) if isinstance(v, torch.Tensor) else v
+                for k, v in dict(inputs).items()
+            }
+            return frames, rate, capped, on_device
+
+        if self.input_cache is None:
+            return build()
+        sampling = (item.segment, prompt, self.fps, self.max_frames, str(self.device))
+        return self.input_cache.get(InputCache.key(item.video, *sampling), build)
 
     def _count_video_tokens(self, inputs: dict[str, Any]) -> int:
         # the backbone's adapter knows its video placeholder (InternVL: the image context token)

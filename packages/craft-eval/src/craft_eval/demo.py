@@ -61,10 +61,13 @@ DEMO_FAMILIES = ("squares", "corners")
 DEMO_FRAMES = 8  # the world's clips: 8 frames at 2 fps
 DEMO_RATIOS = (8.0, 16.0)
 DEMO_METHODS = (
-    "divprune", "visionzip", "fastvid", "uniform",  # selection only
-    "craft-selection", "craft-prune", "craft",  # CRAFT's mean rule, target rule, untrained gate
-    "flashvid", "holitom", "flashvid-llm", "holitom-llm",  # + the stage inside the LM
+    "divprune", "visionzip", "fastvid",  # selection only
+    "flashvid-llm", "holitom-llm",  # the newest peers, each with its stage inside the LM
+    "craft-selection",  # CRAFT's mean rule (the best fixed rule of the stored ladder)
 )  # fmt: skip
+"""The table's rivals of the trained module; `--methods all` runs every registered method
+(uniform, CRAFT's target rule and untrained gate, the peers without their stage in the LM):
+25 configurations instead of 15, about twice the demo's time."""
 HEADLINE = "corners-headline"  # the headline's data and runs folder name
 HEADLINE_ITEMS = 160
 """Corners clips (1 question each) of the headline comparison, 7 configurations at 8x and
@@ -78,17 +81,21 @@ def _line(text: str) -> None:
 
 
 def _load(model_path: str | None, backbone: str | None, out: Path, dev: Any) -> tuple[Any, ...]:
-    """`(model, processor, tag, trained_checkpoint or None, description)`."""
+    """`(model, processor, tag, trained_checkpoint or None, description, source)`: `source`
+    is the folder the model was loaded from (None: craft-world's shipped backbone), where a
+    demo worker loads the same weights."""
     from craft_eval.backend import load_pretrained
 
     if model_path:
         model, processor = load_pretrained(model_path, dev)
-        return model, processor, Path(model_path).name, None, f"loaded {model_path}"
+        return model, processor, Path(model_path).name, None, f"loaded {model_path}", model_path
     if backbone:
         from craft_adapters.tiny import build_tiny_vlm
 
-        model, processor = build_tiny_vlm(backbone, out / "tiny-model")
-        return model.to(dev).eval(), processor, f"tiny-{backbone}", None, "a tiny RANDOM model"
+        folder = out / "tiny-model"
+        model, processor = build_tiny_vlm(backbone, folder)  # saved there, loaded back
+        what = "a tiny RANDOM model"
+        return model.to(dev).eval(), processor, f"tiny-{backbone}", None, what, str(folder)
     import craft_world
 
     try:
@@ -102,7 +109,8 @@ def _load(model_path: str | None, backbone: str | None, out: Path, dev: Any) -> 
         trained: str | None = str(craft_world.craft_path())
     except FileNotFoundError:
         trained = None
-    return model.to(dev).eval(), processor, "world", trained, "the world's trained backbone"
+    what = "the world's trained backbone"
+    return model.to(dev).eval(), processor, "world", trained, what, None
 
 
 def run_demo(
@@ -118,6 +126,7 @@ def run_demo(
     num_items: int = 40,
     seed: int = 0,
     headline_items: int = HEADLINE_ITEMS,
+    workers: int = 1,
 ) -> int:
     """Run the demo; returns a process exit code: 0 when every configuration ran, 1 when a
     required piece is missing or any configuration failed (all, or some: the tables show
@@ -130,11 +139,13 @@ def run_demo(
         num_items: held-out clips per family.
         headline_items: held-out corners clips of the headline comparison (0: none); it runs
             when the corners family does and the world ships a trained module.
+        workers: processes the configurations are shared out between (`demo_pool`); 1:
+            all in this one.
     """
     start = time.perf_counter()
     if not _prerequisites():
         return 1
-    _check_sizes(num_items, headline_items, families)
+    _check_sizes(num_items, headline_items, families, workers)
     grid = [float(ratio)] if ratio is not None else [float(r) for r in ratios]
     world = _world(model_path, backbone, Path(output), device, num_items, seed, tuple(families))
     jobs = _jobs(world.trained, DEMO_METHODS if methods is None else methods, grid)
@@ -147,15 +158,19 @@ def run_demo(
     sizes = ", ".join(f"{fam.name} {fam.n_items}" for fam in world.families)
     _line(f"[3/4] {len(jobs)} configurations x questions ({sizes}) at ratios {grid}"
           + (f"; headline {len(head_jobs)} x {head.n_items} corners" if head else ""))  # fmt: skip
-    rows, headline = _run_all(world, jobs, head, head_jobs, total)
+    rows, headline = _run_all(world, jobs, head, head_jobs, total, workers)
     _finish(world, rows, Path(output), headline)
     done = {**rows, **({HEADLINE: headline} if headline is not None else {})}
     _line(f"done in {time.perf_counter() - start:.0f} s")
     return _exit_code(done)
 
 
-def _check_sizes(num_items: int, headline_items: int, families: Sequence[str]) -> None:
-    """The demo's sizes and families, refused before anything is written."""
+def _check_sizes(
+    num_items: int, headline_items: int, families: Sequence[str], workers: int = 1
+) -> None:
+    """The demo's sizes, families and workers, refused before anything is written."""
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
     if num_items < 1:
         raise ValueError(f"num_items must be positive, got {num_items}")
     if headline_items < 0:
@@ -171,26 +186,46 @@ def _run_all(
     head: _Family | None,
     head_jobs: list[tuple[str, float | None]],
     total: int,
+    workers: int = 1,
 ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]] | None]:
-    """Every family's configurations, then the headline's (None without one), under one
-    progress bar of `total` questions."""
+    """Every family's configurations, then the headline's (None without one; no profile, no
+    merge maps), under one progress bar of `total` questions; in this process, or shared
+    out between `workers` (`demo_pool`)."""
     from tqdm.auto import tqdm
 
-    rows: dict[str, list[dict[str, Any]]] = {}
+    fams = {fam.name: fam for fam in world.families} | ({HEADLINE: head} if head else {})
+    todo = [(fam.name, m, r, True) for fam in world.families for m, r in jobs]
+    todo += [(HEADLINE, m, r, False) for m, r in head_jobs] if head is not None else []
     bar = tqdm(total=total, unit="q", desc="demo", dynamic_ncols=True)
-    for fam in world.families:
-        rows[fam.name] = []
-        for method, r in jobs:
-            rows[fam.name].append(_run_job(world, fam, method, r))
-            bar.update(fam.n_items)
-    headline: list[dict[str, Any]] | None = None
-    if head is not None:  # the same runner, its own questions; no profile, no merge maps
-        headline = []
-        for method, r in head_jobs:
-            headline.append(_run_job(world, head, method, r, profile=False))
-            bar.update(head.n_items)
+    if workers == 1:
+        done = []
+        for name, method, r, profile in todo:
+            done.append(_run_job(world, fams[name], method, r, profile=profile))
+            bar.update(fams[name].n_items)
+    else:
+        from craft_eval import demo_pool
+
+        done = demo_pool.run_parallel(_worker_spec(world, fams, workers), todo, workers,
+                                      lambda name: bar.update(fams[name].n_items))  # fmt: skip
     bar.close()
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in fams}
+    for (name, *_), row in zip(todo, done, strict=True):
+        rows[name].append(row)
+    headline = rows.pop(HEADLINE) if head is not None else None
     return rows, headline
+
+
+def _worker_spec(world: _World, fams: dict[str, _Family], workers: int) -> Any:
+    """The `demo_pool.WorkerSpec` that rebuilds this world in a worker process."""
+    from craft_eval import demo_pool
+
+    families = tuple(
+        (name, str(f.measure.data_root), str(f.measure.runs), f.measure.subset, f.n_items)
+        for name, f in fams.items()
+    )
+    device = str(next(world.model.parameters()).device)
+    return demo_pool.WorkerSpec(world.source, device, world.tag, world.trained, families,
+                                demo_pool.threads_per_worker(workers))  # fmt: skip
 
 
 def _exit_code(done: dict[str, list[dict[str, Any]]]) -> int:
@@ -240,6 +275,7 @@ class _World:
     trained: str | None  # the shipped trained module, or None
     families: list[_Family]
     processor: Any = None
+    source: str | None = None  # the model's folder (None: craft-world's shipped backbone)
 
 
 def _world(
@@ -265,7 +301,7 @@ def _world(
         _line(f"[1/4] wrote {FAMILY_QUESTIONS[name] * n} held-out {name} questions "
               f"(MVBench format) + clips -> {roots[name]}")  # fmt: skip
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model, processor, tag, trained, what = _load(model_path, backbone, out, dev)
+    model, processor, tag, trained, what, source = _load(model_path, backbone, out, dev)
     _line(f"[2/4] {what} ({model.config.model_type}) on {dev}")
     fams = []
     for name, data in roots.items():
@@ -274,7 +310,7 @@ def _world(
                           max_frames=DEMO_FRAMES, tag=tag)  # fmt: skip
         first = get_benchmark("mvbench").load(data, subset=tasks)[0]
         fams.append(_Family(name, FAMILY_QUESTIONS[name] * n, measure, first))
-    return _World(model, tag, trained, fams, processor)
+    return _World(model, tag, trained, fams, processor, source)
 
 
 def _headline(world: _World, out: Path, n: int, seed: int) -> _Family:

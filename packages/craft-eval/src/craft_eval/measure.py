@@ -10,7 +10,8 @@ method at each budget is one resumable run of the runner with `scoring.FirstToke
     drop, se = paired_records(a.records, b.records, "first_token_kl")
 
 The model is wrapped once per method and budget (`HFBackend`); the uncompressed one once, as
-the "none" run and as the scorer's reference. `craft-eval demo` and craft-eval's
+the "none" run and as the scorer's reference. Each clip is decoded and processed once for all
+of them (`InputCache`). `craft-eval demo` and craft-eval's
 `scripts/world_table.py` measure the miniature world (`craft_world.make_clips`) through it.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 
 from craft_core import TokenBudget
 from craft_eval.backend import HFBackend
+from craft_eval.input_cache import InputCache
 from craft_eval.runner import RunConfig, run_benchmark, run_records
 from craft_eval.scoring import FirstTokenScorer
 
@@ -63,7 +65,9 @@ class Measure:
         self.model, self.processor = model, processor
         self.data_root, self.runs = Path(data_root), Path(runs)
         self.subset, self.max_frames, self.tag = subset, max_frames, tag
-        self.reference = HFBackend(model, processor, max_frames=max_frames)
+        # every method reads the same clips: decoded and processed once, by the first to ask
+        self.inputs = InputCache()
+        self.reference = HFBackend(model, processor, max_frames=max_frames, input_cache=self.inputs)
         self.scorer = FirstTokenScorer(self.reference, processor.tokenizer)
 
     def run(
@@ -103,6 +107,7 @@ class Measure:
                 method_kwargs=options or None,
                 merge_map_dir=run_dir,
                 merge_maps=merge_maps,
+                input_cache=self.inputs,
             )
         summary = run_benchmark(config, backend, run_dir, progress=False, scorers=[self.scorer])
         assert summary is not None  # one process: rank 0

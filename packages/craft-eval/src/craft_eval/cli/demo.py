@@ -11,6 +11,7 @@ from craft_eval.cli.common import UsageError, check_device, check_output, parse_
 
 def add_parser(sub: Any) -> None:
     from craft_eval.demo import DEMO_FAMILIES, DEMO_METHODS, HEADLINE_ITEMS
+    from craft_eval.demo_pool import default_workers
 
     demo = sub.add_parser("demo", help="the whole pipeline on a laptop CPU, nothing downloaded")
     demo.add_argument("--model", help="another checkpoint instead of the world's backbone")
@@ -35,6 +36,13 @@ def add_parser(sub: Any) -> None:
     demo.add_argument(
         "--family", default="both", help=f"{', '.join(DEMO_FAMILIES)} or both (default: both)"
     )
+    demo.add_argument(
+        "--workers",
+        type=int,
+        default=default_workers(),
+        help="processes the configurations are shared out between (default: the cores, at "
+        f"most 4: {default_workers()} here; 1: all in one process)",
+    )
     demo.add_argument("--output", "-o", default="craft-demo")
     demo.add_argument("--device")
 
@@ -53,6 +61,7 @@ def command(args: argparse.Namespace) -> int:
         device=args.device,
         num_items=args.items,
         headline_items=args.headline_items,
+        workers=args.workers,
     )
 
 
@@ -65,6 +74,8 @@ def check_demo_args(args: argparse.Namespace) -> tuple[list[str] | None, tuple[s
         raise UsageError(f"--items must be at least 1, got {args.items}")
     if args.headline_items < 0:
         raise UsageError(f"--headline-items must be at least 0, got {args.headline_items}")
+    if args.workers < 1:
+        raise UsageError(f"--workers must be at least 1, got {args.workers}")
     if args.model and args.backbone:
         raise UsageError("give --model or --backbone, not both")
     if args.model and not (Path(args.model) / "config.json").is_file():
