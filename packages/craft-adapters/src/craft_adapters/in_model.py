@@ -208,9 +208,12 @@ class InModelDrop:
             layers[i].register_forward_pre_hook(self._on_layer(i), with_kwargs=True)
             for i in range(layer, len(layers))
         ]
-        if hasattr(self._lm, "_deepstack_process"):  # Qwen3-VL: rows added after layers 0..
-            own = self._lm._deepstack_process
-            self._lm._deepstack_process = lambda h, m, e: own(h, *self._deepstack(h, m, e))
+        # rows the backbone adds inside the LM (Qwen3-VL's deepstack) follow the drop; a bare
+        # language model has no backbone adapter and is called without them
+        self._unroute = None
+        if self._lm is not hf:
+            adapter = get_adapter(hf)
+            self._unroute = adapter.route_lm_visual_rows(self._lm, self._deepstack)
         hf._craft_in_model_drop = self
         self._model = hf
 
@@ -220,7 +223,8 @@ class InModelDrop:
             handle.remove()
         self._attention.config = self._original_config
         del self._attention._craft_in_model_drop
-        self._lm.__dict__.pop("_deepstack_process", None)
+        if self._unroute is not None:
+            self._unroute()
         if getattr(self._model, "_craft_in_model_drop", None) is self:
             del self._model._craft_in_model_drop
 

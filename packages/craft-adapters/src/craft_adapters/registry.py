@@ -27,6 +27,7 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, ClassVar
@@ -272,6 +273,13 @@ class BackboneAdapter:
         `shrink_video_output` returned). Default: None (no such rows). Qwen3-VL: the kept
         tokens' deepstack rows, level after level."""
         return None
+
+    def route_lm_visual_rows(self, lm: Any, select: Callable[..., Any]) -> Callable[[], None]:
+        """Send the visual rows this backbone adds INSIDE the language model `lm` through
+        `select(hidden [1, S', D], mask [1, S], rows [V, D]) -> (mask, rows)`, so a stage that
+        drops positions inside the LM (`InModelDrop`) keeps them aligned; returns the undo.
+        Default: the backbone adds none, nothing to route. Qwen3-VL: its deepstack rows."""
+        return lambda: None
 
     def forward_extra_kwargs(self, inputs: dict[str, Any]) -> dict[str, Any]:
         """Keyword arguments to pass through to the HF model besides ids / mask / positions."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -89,6 +90,13 @@ class Qwen3VLAdapter(QwenAdapter):
                 for layer in deep
             ]
         return new
+
+    def route_lm_visual_rows(self, lm: Any, select: Callable[..., Any]) -> Callable[[], None]:
+        """The deepstack rows transformers adds after the first decoder layers
+        (`_deepstack_process(hidden, visual_pos_masks, rows)`), through `select` first."""
+        own = lm._deepstack_process
+        lm._deepstack_process = lambda h, m, e: own(h, *select(h, m, e))
+        return lambda: lm.__dict__.pop("_deepstack_process", None)
 
     def deepstack_rows(self, output: Any, video: int) -> torch.Tensor | None:
         """The kept tokens' deepstack rows of video `video` (`shrink_video_output`'s),
