@@ -17,7 +17,8 @@ untrained module (`fresh/`, the same bits as craft-eval's untrained `craft`), fo
 prompts, no labels (folder `distill/`; craft-world 0.4's module). `--ship` copies the
 method's final module (`stage2-fresh/` for stage2 and ladder). One CPU thread; every run
 checkpoints and resumes (run the same command again). `--set` overrides every run
-(`optim.lr=1e-3`); `s1:` / `s2:` prefixed ones the stage-1 / stage-2 runs.
+(`optim.lr=1e-3`); `s1:` / `s2:` prefixed ones the stage-1 / stage-2 runs. `--only`: some
+of the method's runs (their starting runs must be there).
 """
 
 from __future__ import annotations
@@ -61,6 +62,12 @@ def main(argv: list[str] | None = None) -> int:
         help="craft-world's task families to train on (examples drawn from all)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=list(RUNS),
+        help="train only these runs of --method (e.g. the ladder's rungs but the shipped one)",
+    )
     parser.add_argument("--backbone", help="the frozen world backbone (default: the shipped one)")
     parser.add_argument(
         "--set",
@@ -105,7 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         caps: list[str | Path] = [r / "captions.jsonl" for r in roots]
         qas: list[str | Path] = [r / "qa.jsonl" for r in roots]
         common = [o for o in args.set if not o.startswith(("s1:", "s2:"))]
-        for name in runs:
+        unknown = sorted(set(args.only or []) - set(runs))
+        if unknown:
+            parser.error(f"--only {' '.join(unknown)}: not a run of --method {args.method}")
+        for name in [r for r in runs if not args.only or r in args.only]:
             stage, init, extra = RUNS[name]
             if init == "fresh":
                 save_untrained_module(work / init, args.backbone)
