@@ -188,7 +188,9 @@ def vllm(session: nox.Session) -> None:
         "-q",
         *VLLM_XDIST,
         *session.posargs,  # `-- -n 0`: one process
-        env=env,
+        # one OpenMP thread a process: -n 2 workers (and their servers) on 2 cores; torch's
+        # default (a thread per core each) spent CPU spin-waiting for the other's cores
+        env={**env, "OMP_NUM_THREADS": "1"},
     )
 
 

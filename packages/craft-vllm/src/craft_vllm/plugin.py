@@ -104,6 +104,7 @@ def _patch_load_model(cls: type, fix_cpu: bool) -> None:
         return result
 
     load_model._craft_patched = True  # type: ignore[attr-defined]
+    load_model.__wrapped__ = original  # type: ignore[attr-defined]
     load_model.__doc__ = original.__doc__
     cls.load_model = load_model  # type: ignore[attr-defined]
 
