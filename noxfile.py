@@ -189,8 +189,9 @@ def vllm(session: nox.Session) -> None:
         *VLLM_XDIST,
         *session.posargs,  # `-- -n 0`: one process
         # one OpenMP thread a process: -n 2 workers (and their servers) on 2 cores; torch's
-        # default (a thread per core each) spent CPU spin-waiting for the other's cores
-        env={**env, "OMP_NUM_THREADS": "1"},
+        # default (a thread per core each) spent CPU spin-waiting for the other's cores. No
+        # VLLM_CPU_KVCACHE_SPACE: the tests size the KV cache (engine.KV_CACHE_BYTES)
+        env={"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
     )
 
 

@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING
 import pytest
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).parent))
@@ -217,6 +216,8 @@ def serve_all(specs: list[Spec]) -> Iterator[list[Server]]:
     start-ups, the slow part, overlap): vLLM's MULTIPROCESS engine (as users run it),
     `--enable-mm-embeds` (compressed payloads), output to the spec's log. Yields once every
     `/health` answers; all stopped on exit."""
+    import engine
+
     servers: list[Server] = []
     with ExitStack() as stack:
         for model, overrides, log, args, dtype in specs:
@@ -227,6 +228,7 @@ def serve_all(specs: list[Spec]) -> Iterator[list[Server]]:
                 "--hf-overrides", json.dumps(overrides),
                 "--dtype", dtype, "--enforce-eager", "--max-model-len", "2048",
                 "--enable-mm-embeds", "--block-size", str(BLOCK), *args,
+                "--kv-cache-memory-bytes", str(engine.KV_CACHE_BYTES),
             ]  # fmt: skip
             env = {**NO_PINNING, **os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
             out = stack.enter_context(open(log, "w"))  # closed by the stack
