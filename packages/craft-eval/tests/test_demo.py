@@ -39,11 +39,11 @@ def stub_demo(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     def world(*args: Any) -> Any:
         families = args[-1]
         seen["families"] = families
-        fams = [demo._Family(f, demo.FAMILY_QUESTIONS[f] * args[4], None, None) for f in families]
-        return demo._World(None, "world", "trained-module", fams)
+        fams = [demo.Family(f, demo.FAMILY_QUESTIONS[f] * args[4], None, None) for f in families]
+        return demo.World(None, "world", "trained-module", fams)
 
     def headline(w: Any, out: Any, n: int, seed: int) -> Any:
-        return demo._Family(demo.HEADLINE, n, None, None)
+        return demo.Family(demo.HEADLINE, n, None, None)
 
     def job(w: Any, fam: Any, method: str, ratio: float | None, **kw: Any) -> dict[str, Any]:
         seen["jobs"].append((fam.name, method, ratio))
@@ -60,11 +60,11 @@ def stub_demo(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         seen["workers"] = workers
         rows = []
         for name, method, ratio, _profile in todo:
-            rows.append(job(None, demo._Family(name, 0, None, None), method, ratio))
+            rows.append(job(None, demo.Family(name, 0, None, None), method, ratio))
             on_done(name)
         return rows
 
-    monkeypatch.setattr(demo, "_run_job", job)
+    monkeypatch.setattr(demo, "run_job", job)
     monkeypatch.setattr(demo, "_worker_spec", lambda *args: None)
     monkeypatch.setattr("craft_eval.demo_pool.run_parallel", parallel)
     monkeypatch.setattr(
@@ -359,7 +359,7 @@ def test_demo_prints_the_ladder_after_the_corners_table(
     monkeypatch.setattr(demo_report, "print_paired", lambda rows: print("PAIRED"))
     monkeypatch.setattr(demo_report, "print_ladder", lambda path: print("LADDER"))
     monkeypatch.setattr(demo_report, "plot_families", lambda rows, path: path)
-    world = demo._World(None, "world", None, [demo._Family(f, 1, None, None) for f in families])
+    world = demo.World(None, "world", None, [demo.Family(f, 1, None, None) for f in families])
     rows = {f: [{"method": "none", "ratio": None, "error": "x"}] for f in families}
     demo._finish(world, rows, tmp_path)
     marks = [m for m in capsys.readouterr().out.split() if m.isupper() and m.isalpha()]

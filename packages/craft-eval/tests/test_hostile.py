@@ -719,7 +719,7 @@ def test_demo_exit_code_says_whether_a_configuration_failed(
     (one family here; both: test_demo.py)."""
     from craft_eval import demo
 
-    stub = demo._World(None, "world", None, [demo._Family("squares", 2, None, None)])
+    stub = demo.World(None, "world", None, [demo.Family("squares", 2, None, None)])
     monkeypatch.setattr("craft_eval.backend.adapters_status", lambda: (True, ""))
     monkeypatch.setattr(demo, "_world", lambda *a: stub)
     monkeypatch.setattr(demo, "_finish", lambda *a: None)
@@ -729,7 +729,7 @@ def test_demo_exit_code_says_whether_a_configuration_failed(
             return {"method": method, "ratio": ratio, "error": "ValueError: boom"}
         return {"method": method, "ratio": ratio, "scores": {}}
 
-    monkeypatch.setattr(demo, "_run_job", job)
+    monkeypatch.setattr(demo, "run_job", job)
     argv = ["demo", "--methods", "uniform", "random", "--ratio", "4", "--workers", "1"]
     got = cli.main([*argv, "-o", str(tmp_path)])
     out = capsys.readouterr().out

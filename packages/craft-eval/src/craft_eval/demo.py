@@ -37,10 +37,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from craft_eval.demo_jobs import DEMO_FRAMES, Family, World, run_job
 from craft_eval.demo_report import HEADLINE_RIVALS, TRAINED, binomial_se
 
 __all__ = [
@@ -58,7 +58,6 @@ FAMILY_TASKS = {"squares": "object_existence,moving_count", "corners": "moving_d
 """The MVBench tasks each family of the world files its questions under."""
 FAMILY_QUESTIONS = {"squares": 2, "corners": 1}  # questions per clip
 DEMO_FAMILIES = ("squares", "corners")
-DEMO_FRAMES = 8  # the world's clips: 8 frames at 2 fps
 DEMO_RATIOS = (8.0, 16.0)
 DEMO_METHODS = (
     "divprune", "visionzip", "fastvid",  # selection only
@@ -181,9 +180,9 @@ def _check_sizes(
 
 
 def _run_all(
-    world: _World,
+    world: World,
     jobs: list[tuple[str, float | None]],
-    head: _Family | None,
+    head: Family | None,
     head_jobs: list[tuple[str, float | None]],
     total: int,
     workers: int = 1,
@@ -200,7 +199,7 @@ def _run_all(
     if workers == 1:
         done = []
         for name, method, r, profile in todo:
-            done.append(_run_job(world, fams[name], method, r, profile=profile))
+            done.append(run_job(world, fams[name], method, r, profile=profile))
             bar.update(fams[name].n_items)
     else:
         from craft_eval import demo_pool
@@ -215,7 +214,7 @@ def _run_all(
     return rows, headline
 
 
-def _worker_spec(world: _World, fams: dict[str, _Family], workers: int) -> Any:
+def _worker_spec(world: World, fams: dict[str, Family], workers: int) -> Any:
     """The `demo_pool.WorkerSpec` that rebuilds this world in a worker process."""
     from craft_eval import demo_pool
 
@@ -256,28 +255,6 @@ def _prerequisites() -> bool:
     return True
 
 
-@dataclass
-class _Family:
-    """One family's questions and runs."""
-
-    name: str
-    n_items: int  # questions
-    measure: Any  # craft_eval.measure.Measure: its runs, the uncompressed model wrapped once
-    first: Any  # the first question (its efficiency profile); None: the headline's (none)
-
-
-@dataclass
-class _World:
-    """What every configuration of one demo run shares."""
-
-    model: Any
-    tag: str
-    trained: str | None  # the shipped trained module, or None
-    families: list[_Family]
-    processor: Any = None
-    source: str | None = None  # the model's folder (None: craft-world's shipped backbone)
-
-
 def _world(
     model_path: str | None,
     backbone: str | None,
@@ -286,7 +263,7 @@ def _world(
     n: int,
     seed: int,
     families: tuple[str, ...],
-) -> _World:
+) -> World:
     """Writes each family's held-out clips, loads the model once, wraps it uncompressed
     once per family (its KL reference)."""
     import torch
@@ -309,11 +286,11 @@ def _world(
         measure = Measure(model, processor, data, out / "runs" / tag / name, subset=tasks,
                           max_frames=DEMO_FRAMES, tag=tag)  # fmt: skip
         first = get_benchmark("mvbench").load(data, subset=tasks)[0]
-        fams.append(_Family(name, FAMILY_QUESTIONS[name] * n, measure, first))
-    return _World(model, tag, trained, fams, processor, source)
+        fams.append(Family(name, FAMILY_QUESTIONS[name] * n, measure, first))
+    return World(model, tag, trained, fams, processor, source)
 
 
-def _headline(world: _World, out: Path, n: int, seed: int) -> _Family:
+def _headline(world: World, out: Path, n: int, seed: int) -> Family:
     """The headline's corners clips (`make_clips(n, seed)`: clips 0..n-1, so the table's
     are among them) and their own runs folder, on the model already loaded."""
     import craft_world
@@ -325,7 +302,7 @@ def _headline(world: _World, out: Path, n: int, seed: int) -> _Family:
     runs = _headline_runs(out, world.tag)
     measure = Measure(world.model, world.processor, data, runs, subset=FAMILY_TASKS["corners"],
                       max_frames=DEMO_FRAMES, tag=world.tag)  # fmt: skip
-    return _Family(HEADLINE, FAMILY_QUESTIONS["corners"] * n, measure, None)
+    return Family(HEADLINE, FAMILY_QUESTIONS["corners"] * n, measure, None)
 
 
 def _headline_runs(out: Path, tag: str) -> Path:
@@ -343,37 +320,8 @@ def _jobs(
     return jobs
 
 
-def _run_job(
-    world: _World, fam: _Family, method: str, ratio: float | None, *, profile: bool = True
-) -> dict[str, Any]:
-    """One configuration on one family: the benchmark run with the first-token scorer
-    (resumable records; the trained module is CRAFT from the shipped checkpoint), then with
-    `profile` the efficiency profile of the family's first question and one merge map. A
-    failure is this row's error, never the demo's: the other methods' results still print."""
-    from craft_core import TokenBudget
-    from craft_eval.in_model import scaled_stage_options
-    from craft_eval.tasks import get_benchmark
-
-    trained = method == TRAINED
-    budget = None if ratio is None else TokenBudget(ratio=ratio)  # the demo's --ratio, once
-    try:
-        done = fam.measure.run(
-            method, budget, method="craft" if trained else method,
-            checkpoint=world.trained if trained else None, merge_maps=int(profile),
-            method_kwargs=None if trained else scaled_stage_options(method, world.model),
-        )  # fmt: skip
-        prof: dict[str, Any] = {}
-        if profile:
-            prompt = get_benchmark("mvbench").prompt(fam.first)
-            prof = done.backend.profile(fam.first, prompt, repeats=3)
-    except Exception as error:  # one method failing must not hide the others' results
-        return {"method": method, "ratio": ratio, "error": f"{type(error).__name__}: {error}"}
-    return {"method": method, "ratio": ratio, "scores": done.scores, "records": done.records,
-            **prof}  # fmt: skip
-
-
 def _finish(
-    world: _World,
+    world: World,
     rows: dict[str, list[dict[str, Any]]],
     out: Path,
     headline: list[dict[str, Any]] | None = None,

@@ -3,8 +3,8 @@
 A configuration (one method at one ratio on one family's questions) is one resumable run in
 its own folder, so configurations are independent: each worker process loads the same model
 (from the folder the parent loaded it from, or craft-world's shipped backbone), wraps it
-once per family like the parent (`demo._Family`, its `Measure`), and runs whole
-configurations through `demo._run_job`, the one code path of a single-process demo. The
+once per family like the parent (`demo_jobs.Family`, its `Measure`), and runs whole
+configurations through `demo_jobs.run_job`, the one code path of a single-process demo. The
 parent writes the clips, collects each configuration's row in the job order and prints the
 tables; a worker writes only its configurations' run folders.
 
@@ -34,7 +34,7 @@ class WorkerSpec:
         model_source: the checkpoint folder the parent's model was loaded from; None:
             craft-world's shipped backbone (`craft_world.load_backbone()`).
         device: the parent's torch device ("cpu", "cuda:0").
-        tag, trained: as the parent's `demo._World`.
+        tag, trained: as the parent's `demo_jobs.World`.
         families: per family (the headline too), `(name, data root, runs folder, MVBench
             tasks, questions)`, as the parent's `Measure`s.
         threads: torch threads per worker.
@@ -48,7 +48,7 @@ class WorkerSpec:
     threads: int
 
 
-_WORLD: Any = None  # the worker's `demo._World`, built once by `_start`
+_WORLD: Any = None  # the worker's `demo_jobs.World`, built once by `_start`
 
 
 def _start(spec: WorkerSpec) -> None:
@@ -56,7 +56,7 @@ def _start(spec: WorkerSpec) -> None:
     global _WORLD
     import torch
 
-    from craft_eval import demo
+    from craft_eval.demo_jobs import DEMO_FRAMES, Family, World
     from craft_eval.measure import Measure
     from craft_eval.tasks import get_benchmark
 
@@ -73,17 +73,17 @@ def _start(spec: WorkerSpec) -> None:
     fams = []
     for name, data, runs, tasks, n in spec.families:
         measure = Measure(model, processor, data, runs, subset=tasks,
-                          max_frames=demo.DEMO_FRAMES, tag=spec.tag)  # fmt: skip
+                          max_frames=DEMO_FRAMES, tag=spec.tag)  # fmt: skip
         first = get_benchmark("mvbench").load(data, subset=tasks)[0]
-        fams.append(demo._Family(name, n, measure, first))
-    _WORLD = demo._World(model, spec.tag, spec.trained, fams, processor)
+        fams.append(Family(name, n, measure, first))
+    _WORLD = World(model, spec.tag, spec.trained, fams, processor)
 
 
 def _job(family: str, method: str, ratio: float | None, profile: bool) -> dict[str, Any]:
-    from craft_eval import demo
+    from craft_eval.demo_jobs import run_job
 
     (fam,) = [f for f in _WORLD.families if f.name == family]
-    return demo._run_job(_WORLD, fam, method, ratio, profile=profile)
+    return run_job(_WORLD, fam, method, ratio, profile=profile)
 
 
 def run_parallel(
