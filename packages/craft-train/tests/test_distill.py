@@ -197,6 +197,33 @@ def test_vision_tower_runs_once_per_micro_batch(loaded: Any) -> None:
         bundle.compressor.zero_grad()
 
 
+def test_shuffled_teacher_teaches_each_row_another_rows_video(
+    loaded: Any, tiny: TinySetup, tmp_path: Path
+) -> None:
+    """`distill.shuffle_teacher` (a learning test's control that must not learn): row b is
+    taught row b-1's teacher distributions. With nothing merged the student IS the teacher,
+    so the plain loss is zero and the shuffled one is not; the student's side is unchanged."""
+    with pytest.raises(ConfigError, match=r"distill\.shuffle_teacher.*per_device_batch_size"):
+        load_config(data=_config(tiny, tmp_path, distill={"shuffle_teacher": True}))
+    cfg, bundle, distiller, _, items = loaded
+    assert cfg.distill is not None and not cfg.distill.shuffle_teacher  # off by default
+    bundle.model.eval()
+    bundle.model.set_budget(ratio=1.0)
+    batch = _batch(items, bundle)
+    with torch.no_grad():
+        plain = distiller.response_logits(bundle.model, batch)
+        distiller.shuffle_teacher = True
+        try:
+            shuffled = distiller.response_logits(bundle.model, batch)
+            assert float(distiller.loss(bundle.model, batch)) > 1e-3
+        finally:
+            distiller.shuffle_teacher = False
+        assert float(distiller.loss(bundle.model, batch)) < 1e-6
+    torch.testing.assert_close(shuffled.student, plain.student)
+    assert torch.equal(shuffled.rows, plain.rows)
+    assert not torch.allclose(shuffled.teacher, plain.teacher)
+
+
 @pytest.mark.parametrize("model_type", ["qwen3_5", "qwen2_5_vl", "qwen3_vl", "llava_onevision"])
 def test_every_backbone_teacher_is_the_plain_model_and_sees_the_video_once(
     model_type: str, tiny: TinySetup, tmp_path: Path

@@ -534,6 +534,12 @@ class DistillConfig(_Strict):
         description="Another model (same tokenizer) as the teacher; None: the backbone itself, "
         "uncompressed (the method). Its own vision tower runs then.",
     )
+    shuffle_teacher: bool = Field(
+        default=False,
+        description="A control for learning tests: each row of a micro-batch is taught the "
+        "teacher's distributions of ANOTHER row (the rows rolled by one), i.e. of another "
+        "video: nothing about its own video to learn. Needs optim.per_device_batch_size >= 2.",
+    )
 
     @model_validator(mode="after")
     def _enough_prompts(self) -> DistillConfig:
@@ -573,6 +579,12 @@ class TrainingConfig(_Strict):
     def _stage_rules(self) -> TrainingConfig:
         if self.stage != "distill" and self.distill is not None:
             raise ValueError("distill: this section belongs to stage distill only")
+        shuffled = self.distill is not None and self.distill.shuffle_teacher
+        if shuffled and self.optim.per_device_batch_size < 2:
+            raise ValueError(
+                "distill.shuffle_teacher: rows are taught another row's teacher within a "
+                "micro-batch; set optim.per_device_batch_size >= 2"
+            )
         if self.stage == 2 and self.model.init_from is None:
             raise ValueError(
                 "model.init_from: stage 2 inherits the stage-1 merge module; give the stage-1 "

@@ -18,6 +18,10 @@ The loss over the response tokens is `(1 - ce_weight) * T^2 * KL(p_T || q_T) + c
 CE(q, teacher tokens)` (Hinton et al., 2015: `p_T`, `q_T` the teacher's and student's
 softmax at temperature T; the T^2 keeps the gradient scale of T = 1). For CRAFT+ the teacher
 runs with the LoRA adapters disabled: it is the original model.
+
+`distill.shuffle_teacher` makes a control that must not learn (a learning test's): row b of
+every micro-batch is taught the teacher's distributions of row b-1 (the rows rolled by one),
+i.e. of another video; `item_kl` then measures against that wrong teacher too.
 """
 
 from __future__ import annotations
@@ -296,6 +300,7 @@ class Distiller:
         self.bundle = bundle
         self.temperature = cfg.distill.temperature
         self.ce_weight = cfg.distill.ce_weight
+        self.shuffle_teacher = cfg.distill.shuffle_teacher
         self.separate = teacher_model is not None
         self.teacher_backbone: Any = teacher_model if self.separate else bundle.backbone
         self.teacher = wrap(self.teacher_backbone, Uncompressed(), ratio=1.0)
@@ -422,6 +427,8 @@ class Distiller:
         with shared_vision(adapters, inputs):
             with torch.no_grad(), self.teacher_mode():
                 teacher = self.teacher(**inputs, logits_to_keep=keep).logits[:, :-1]
+            if self.shuffle_teacher:  # the control: row b is taught row b-1's video
+                teacher = teacher.roll(1, dims=0)
             student = model(**inputs, logits_to_keep=keep).logits[:, :-1]
         rows = torch.arange(labels.shape[0], device=labels.device)[:, None].expand_as(tail)
         return ResponseLogits(teacher[mask], student[mask], tail[mask], rows[mask])
