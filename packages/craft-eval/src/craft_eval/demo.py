@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from craft_eval.demo_jobs import DEMO_FRAMES, Family, World, run_job
+from craft_eval.demo_jobs import Family, World, make_family, run_job
 from craft_eval.demo_report import HEADLINE_RIVALS, TRAINED, binomial_se
 
 __all__ = [
@@ -219,9 +219,10 @@ def _worker_spec(world: World, fams: dict[str, Family], workers: int) -> Any:
     from craft_eval import demo_pool
 
     families = tuple(
-        (name, str(f.measure.data_root), str(f.measure.runs), f.measure.subset, f.n_items)
+        (name, str(f.measure.data_root), str(f.measure.runs), f.measure.subset, f.n_items,
+         f.first is not None)
         for name, f in fams.items()
-    )
+    )  # fmt: skip
     device = str(next(world.model.parameters()).device)
     return demo_pool.WorkerSpec(world.source, device, world.tag, world.trained, families,
                                 demo_pool.threads_per_worker(workers))  # fmt: skip
@@ -269,8 +270,6 @@ def _world(
     import torch
 
     import craft_world
-    from craft_eval.measure import Measure
-    from craft_eval.tasks import get_benchmark
 
     roots = {}
     for name in families:
@@ -280,13 +279,11 @@ def _world(
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model, processor, tag, trained, what, source = _load(model_path, backbone, out, dev)
     _line(f"[2/4] {what} ({model.config.model_type}) on {dev}")
-    fams = []
-    for name, data in roots.items():
-        tasks = FAMILY_TASKS[name]
-        measure = Measure(model, processor, data, out / "runs" / tag / name, subset=tasks,
-                          max_frames=DEMO_FRAMES, tag=tag)  # fmt: skip
-        first = get_benchmark("mvbench").load(data, subset=tasks)[0]
-        fams.append(Family(name, FAMILY_QUESTIONS[name] * n, measure, first))
+    fams = [
+        make_family(name, FAMILY_QUESTIONS[name] * n, model, processor, data,
+                    out / "runs" / tag / name, tasks=FAMILY_TASKS[name], tag=tag)
+        for name, data in roots.items()
+    ]  # fmt: skip
     return World(model, tag, trained, fams, processor, source)
 
 
@@ -294,15 +291,13 @@ def _headline(world: World, out: Path, n: int, seed: int) -> Family:
     """The headline's corners clips (`make_clips(n, seed)`: clips 0..n-1, so the table's
     are among them) and their own runs folder, on the model already loaded."""
     import craft_world
-    from craft_eval.measure import Measure
 
     data = craft_world.make_clips(out / "data" / HEADLINE, n, seed=seed, family="corners")
     _line(f"[1/4] wrote {FAMILY_QUESTIONS['corners'] * n} held-out corners questions for the "
           f"headline comparison -> {data}")  # fmt: skip
-    runs = _headline_runs(out, world.tag)
-    measure = Measure(world.model, world.processor, data, runs, subset=FAMILY_TASKS["corners"],
-                      max_frames=DEMO_FRAMES, tag=world.tag)  # fmt: skip
-    return Family(HEADLINE, FAMILY_QUESTIONS["corners"] * n, measure, None)
+    return make_family(HEADLINE, FAMILY_QUESTIONS["corners"] * n, world.model, world.processor,
+                       data, _headline_runs(out, world.tag), tasks=FAMILY_TASKS["corners"],
+                       tag=world.tag, profile=False)  # fmt: skip
 
 
 def _headline_runs(out: Path, tag: str) -> Path:

@@ -9,7 +9,7 @@ from typing import Any
 
 from craft_eval.demo_report import TRAINED
 
-__all__ = ["DEMO_FRAMES", "Family", "World", "run_job"]
+__all__ = ["DEMO_FRAMES", "Family", "World", "make_family", "run_job"]
 
 DEMO_FRAMES = 8  # the world's clips: 8 frames at 2 fps
 
@@ -34,6 +34,21 @@ class World:
     families: list[Family]
     processor: Any = None
     source: str | None = None  # the model's folder (None: craft-world's shipped backbone)
+
+
+def make_family(
+    name: str, n_items: int, model: Any, processor: Any, data: Any, runs: Any, *,
+    tasks: str, tag: str, profile: bool = True,
+) -> Family:  # fmt: skip
+    """A family over the MVBench-format questions under `data` (`tasks`): its `Measure`
+    (runs under `runs`, the uncompressed model wrapped once as the KL reference) and, with
+    `profile`, its first question (the efficiency profile's)."""
+    from craft_eval.measure import Measure
+    from craft_eval.tasks import get_benchmark
+
+    measure = Measure(model, processor, data, runs, subset=tasks, max_frames=DEMO_FRAMES, tag=tag)
+    first = get_benchmark("mvbench").load(data, subset=tasks)[0] if profile else None
+    return Family(name, n_items, measure, first)
 
 
 def run_job(

@@ -36,7 +36,7 @@ class WorkerSpec:
         device: the parent's torch device ("cpu", "cuda:0").
         tag, trained: as the parent's `demo_jobs.World`.
         families: per family (the headline too), `(name, data root, runs folder, MVBench
-            tasks, questions)`, as the parent's `Measure`s.
+            tasks, questions, profiled)`, as the parent's (`demo_jobs.make_family`).
         threads: torch threads per worker.
     """
 
@@ -44,7 +44,7 @@ class WorkerSpec:
     device: str
     tag: str
     trained: str | None
-    families: tuple[tuple[str, str, str, str, int], ...]
+    families: tuple[tuple[str, str, str, str, int, bool], ...]
     threads: int
 
 
@@ -56,9 +56,7 @@ def _start(spec: WorkerSpec) -> None:
     global _WORLD
     import torch
 
-    from craft_eval.demo_jobs import DEMO_FRAMES, Family, World
-    from craft_eval.measure import Measure
-    from craft_eval.tasks import get_benchmark
+    from craft_eval.demo_jobs import World, make_family
 
     torch.set_num_threads(spec.threads)
     if spec.model_source is None:
@@ -70,12 +68,11 @@ def _start(spec: WorkerSpec) -> None:
 
         model, processor = load_pretrained(spec.model_source, spec.device)
     model = model.to(torch.device(spec.device)).eval()
-    fams = []
-    for name, data, runs, tasks, n in spec.families:
-        measure = Measure(model, processor, data, runs, subset=tasks,
-                          max_frames=DEMO_FRAMES, tag=spec.tag)  # fmt: skip
-        first = get_benchmark("mvbench").load(data, subset=tasks)[0]
-        fams.append(Family(name, n, measure, first))
+    fams = [
+        make_family(name, n, model, processor, data, runs, tasks=tasks, tag=spec.tag,
+                    profile=profiled)
+        for name, data, runs, tasks, n, profiled in spec.families
+    ]  # fmt: skip
     _WORLD = World(model, spec.tag, spec.trained, fams, processor)
 
 
