@@ -12,7 +12,9 @@ from craft_core import TokenBudget
 from craft_eval.cli import main
 from craft_eval.fixtures import synthetic_frames, write_fixture
 from craft_eval.report import (
+    PANEL_GAP,
     collect_runs,
+    merge_map_image,
     render_merge_map,
     results_table,
     save_merge_data,
@@ -91,6 +93,33 @@ def test_merge_map_png(tmp_path: Path) -> None:
     assignment = np.arange(t * h * w) % 6
     path = render_merge_map(frames, coords, assignment, np.arange(6), tmp_path / "m.png", title="x")
     assert path.stat().st_size > 1000
+
+
+def test_merge_map_pixels() -> None:
+    """Merged patches tinted with their output token's colour (the same colour across
+    frames), a lone patch left as it was, a white dot at a representative only; one panel per
+    temporal position, gaps between them."""
+    frames = np.full((2, 32, 32, 3), 128, dtype=np.uint8)  # flat grey: any tint shows
+    coords = np.stack(np.meshgrid(np.arange(2), np.arange(2), np.arange(2), indexing="ij"),
+                      -1).reshape(-1, 3)  # fmt: skip
+    # tokens 0 (t0, top-left) and 4 (t1, top-left) merge into row 0; the rest stay alone
+    assignment = np.array([0, 1, 2, 3, 0, 4, 5, 6])
+    image, panels = merge_map_image(frames, coords, assignment, np.array([0, 1, 2, 3, 5, 6, 7]))
+    assert panels == [0, 1]
+    side = 32 * (256 // 32)  # small frames enlarged by a whole factor
+    assert image.shape == (side, 2 * side + PANEL_GAP, 3)
+    grey = 128 / 255
+    corner = (slice(2, side // 8), slice(2, side // 8))  # token 0's patch, clear of its dot
+    first, second = image[:, :side], image[:, side + PANEL_GAP :]
+    tint = first[corner].reshape(-1, 3)
+    assert np.ptp(tint, axis=0).max() < 1e-6 and np.abs(tint[0] - grey).max() > 0.05
+    np.testing.assert_array_equal(second[corner].reshape(-1, 3)[0], tint[0])  # same token
+    lone = first[side // 2 + 2 : side // 2 + 40, side // 2 + 2 : side // 2 + 40]  # token 3
+    np.testing.assert_allclose(lone, grey, atol=1e-6)
+    np.testing.assert_allclose(image[:, side : side + PANEL_GAP], 1.0)
+    centre = side // 4
+    assert (first[centre, centre] == 1.0).all()  # token 0 is a representative
+    assert not (second[centre, centre] == 1.0).all()  # token 4 is not: no dot
 
 
 def test_methods_command(capsys: pytest.CaptureFixture[str]) -> None:

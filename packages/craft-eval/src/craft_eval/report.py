@@ -215,6 +215,69 @@ def _numpy(x: Any) -> Any:
     return x.detach().cpu().numpy() if hasattr(x, "detach") else x
 
 
+PANEL_SIDE, PANEL_GAP, DOT = 256, 6, 4  # a merge map's panel (pixels), gap, dot side
+# matplotlib's "tab20" colours (RGB): written out, so the pixels need no matplotlib import
+_TAB20 = np.array([
+    (31, 119, 180), (174, 199, 232), (255, 127, 14), (255, 187, 120), (44, 160, 44),
+    (152, 223, 138), (214, 39, 40), (255, 152, 150), (148, 103, 189), (197, 176, 213),
+    (140, 86, 75), (196, 156, 148), (227, 119, 194), (247, 182, 210), (127, 127, 127),
+    (199, 199, 199), (188, 189, 34), (219, 219, 141), (23, 190, 207), (158, 218, 229),
+], dtype=np.float32) / 255.0  # fmt: skip
+
+
+def merge_map_image(
+    frames: np.ndarray,
+    coords: np.ndarray,
+    assignment: np.ndarray,
+    kept_index: np.ndarray,
+    *,
+    max_panels: int = 8,
+) -> tuple[np.ndarray, list[int]]:
+    """The merge map's pixels: `(image [H, W, 3] float in [0, 1], the temporal positions
+    shown)`, one panel per position side by side (`PANEL_GAP` white columns between).
+
+    In a panel every patch that was merged is tinted by the colour of the output token it
+    went into (same colour across panels = merged over time); a representative gets a
+    white dot (`DOT` pixels square) at its patch's centre; patches that stayed alone keep
+    their pixels. Small frames are enlarged by an integer factor (nearest pixel) to about
+    `PANEL_SIDE` pixels.
+
+    `frames [F, h, w, 3]` uint8; `coords [N, 3]` `(t, h, w)` of token i on the backbone's
+    token grid (relative values: they are shifted to start at 0); `assignment [N]` each
+    token's output row; `kept_index [K]` the representatives.
+    """
+    coords = coords - coords.min(axis=0, keepdims=True)
+    t_n, h_n, w_n = (int(v) + 1 for v in coords.max(axis=0))
+    sizes = np.bincount(assignment, minlength=int(assignment.max()) + 1)
+    colours = _TAB20[np.random.default_rng(0).integers(0, 20, size=sizes.shape[0])]
+    f_n = frames.shape[0]
+    if t_n <= max_panels:
+        panels = list(range(t_n))
+    else:
+        panels = [int(t) for t in np.linspace(0, t_n - 1, max_panels).astype(int)]
+    scale = max(1, PANEL_SIDE // max(frames.shape[1:3]))
+    kept = {int(k) for k in kept_index}
+    images = []
+    for t in panels:
+        frame = frames[min(f_n - 1, int(t * f_n / t_n))].astype(np.float32) / 255.0
+        frame = frame.repeat(scale, axis=0).repeat(scale, axis=1)
+        fh, fw = frame.shape[:2]
+        overlay = frame.copy()
+        for i in np.nonzero(coords[:, 0] == t)[0]:
+            _, hi, wi = coords[i]
+            y0, y1 = int(hi * fh / h_n), int((hi + 1) * fh / h_n)
+            x0, x1 = int(wi * fw / w_n), int((wi + 1) * fw / w_n)
+            if sizes[assignment[i]] > 1:
+                overlay[y0:y1, x0:x1] = 0.45 * frame[y0:y1, x0:x1] + 0.55 * colours[assignment[i]]
+            if int(i) in kept:
+                cy, cx = (y0 + y1) // 2 - DOT // 2, (x0 + x1) // 2 - DOT // 2
+                overlay[max(cy, 0) : cy + DOT, max(cx, 0) : cx + DOT] = 1.0
+        images.append(overlay)
+    gap = np.ones((images[0].shape[0], PANEL_GAP, 3), dtype=np.float32)
+    row = [part for image in images for part in (image, gap)][:-1]
+    return np.concatenate(row, axis=1), panels
+
+
 def render_merge_map(
     frames: np.ndarray,
     coords: np.ndarray,
@@ -225,52 +288,28 @@ def render_merge_map(
     title: str = "",
     max_panels: int = 8,
 ) -> Path:
-    """PNG: the frames with every patch that was merged tinted by the colour of the output
-    token it went into (same colour across frames = merged over time), representatives
-    marked with a white dot; patches that stayed alone are left untinted.
-
-    `coords[i] = (t, h, w)` of token i on the backbone's token grid (relative values are
-    normalised), `assignment[i]` its output row, `kept_index` the representatives.
-    """
+    """PNG of `merge_map_image` (same arguments) under a title line: `title`, the panels'
+    temporal positions and `N -> K tokens`. One image drawn at its own pixel size (no axes,
+    no layout pass): a demo renders a dozen of these."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    coords = coords - coords.min(axis=0, keepdims=True)
-    t_n, h_n, w_n = (int(v) + 1 for v in coords.max(axis=0))
-    sizes = np.bincount(assignment, minlength=int(assignment.max()) + 1)
-    palette = plt.get_cmap("tab20")(np.arange(20))[:, :3]
-    rng = np.random.default_rng(0)
-    colours = palette[rng.integers(0, 20, size=sizes.shape[0])]
-    f_n = frames.shape[0]
-    panels = (
-        list(range(t_n))
-        if t_n <= max_panels
-        else list(np.linspace(0, t_n - 1, max_panels).astype(int))
-    )
-    fig, axes = plt.subplots(
-        1, len(panels), figsize=(2.2 * len(panels), 2.6), dpi=120, squeeze=False
-    )
-    kept = set(int(k) for k in kept_index)
-    for ax, t in zip(axes[0], panels):
-        frame = frames[min(f_n - 1, int(t * f_n / t_n))].astype(np.float32) / 255.0
-        fh, fw = frame.shape[:2]
-        overlay = frame.copy()
-        for i in np.nonzero(coords[:, 0] == t)[0]:
-            _, hi, wi = coords[i]
-            y0, y1 = int(hi * fh / h_n), int((hi + 1) * fh / h_n)
-            x0, x1 = int(wi * fw / w_n), int((wi + 1) * fw / w_n)
-            if sizes[assignment[i]] > 1:
-                overlay[y0:y1, x0:x1] = 0.45 * frame[y0:y1, x0:x1] + 0.55 * colours[assignment[i]]
-            if int(i) in kept:
-                ax.plot((x0 + x1) / 2, (y0 + y1) / 2, "o", color="white", markersize=2)
-        ax.imshow(overlay)
-        ax.set_title(f"t={t}", fontsize=8)
-        ax.axis("off")
-    n_in, n_out = assignment.shape[0], len(kept)
-    fig.suptitle(f"{title}  {n_in} -> {n_out} tokens ({n_in / max(1, n_out):.1f}x)", fontsize=9)
-    return _save(fig, path)
+    image, panels = merge_map_image(frames, coords, assignment, kept_index, max_panels=max_panels)
+    n_in, n_out = assignment.shape[0], len({int(k) for k in kept_index})
+    header, dpi = 28, 100
+    fig = plt.figure(figsize=(image.shape[1] / dpi, (image.shape[0] + header) / dpi), dpi=dpi)
+    fig.figimage(image, xo=0, yo=0, origin="upper")
+    shown = ", ".join(str(t) for t in panels)
+    fig.text(0.005, 1 - 0.5 * header / (image.shape[0] + header), va="center", fontsize=9,
+             s=f"{title}  {n_in} -> {n_out} tokens ({n_in / max(1, n_out):.1f}x);  "
+               f"t = {shown}, left to right")  # fmt: skip
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path
 
 
 def _save(fig: Any, path: str | Path) -> Path:
