@@ -42,18 +42,19 @@ def stub_demo(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         fams = [demo.Family(f, demo.FAMILY_QUESTIONS[f] * args[4], None, None) for f in families]
         return demo.World(None, "world", "trained-module", fams)
 
-    def headline(w: Any, out: Any, n: int, seed: int) -> Any:
-        return demo.Family(demo.HEADLINE, n, None, None)
+    def more_clips(w: Any, out: Any, start: int, n: int, seed: int) -> Any:
+        seen["more"] = (start, n)
+        return demo.Family(demo.MORE, n, None, None)
 
     def job(w: Any, fam: Any, method: str, ratio: float | None, **kw: Any) -> dict[str, Any]:
         seen["jobs"].append((fam.name, method, ratio))
         if (fam.name, method) in seen["fail"]:
             return {"method": method, "ratio": ratio, "error": "ValueError: boom"}
-        return {"method": method, "ratio": ratio, "scores": {}}
+        return {"method": method, "ratio": ratio, "scores": {}, "records": []}
 
     monkeypatch.setattr("craft_eval.backend.adapters_status", lambda: (True, ""))
     monkeypatch.setattr(demo, "_world", world)
-    monkeypatch.setattr(demo, "_headline", headline)
+    monkeypatch.setattr(demo, "_more_clips", more_clips)
 
     def parallel(spec: Any, todo: Any, workers: int, on_done: Any) -> list[dict[str, Any]]:
         # the pool's contract without processes: every job's row, in the order given
@@ -68,8 +69,9 @@ def stub_demo(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     monkeypatch.setattr(demo, "_worker_spec", lambda *args: None)
     monkeypatch.setattr("craft_eval.demo_pool.run_parallel", parallel)
     monkeypatch.setattr(
-        demo, "_finish", lambda w, rows, out, head=None: seen.update(rows=rows, headline=head)
-    )
+        demo, "_finish", lambda w, rows, out, head=None, more=None: seen.update(
+            rows=rows, headline=head, more_rows=more)
+    )  # fmt: skip
     return seen
 
 
@@ -81,17 +83,21 @@ def test_demo_runs_both_families_with_the_default_methods_and_ratios(
                 "craft-selection"]  # fmt: skip
     expected = [("none", None)] + [(m, r) for r in (8.0, 16.0) for m in defaults]
     expected += [("craft-trained", 8.0), ("craft-trained", 16.0)]
-    # then the headline on its own 160 corners clips: only what it needs, after the tables
+    # then the headline on 160 corners clips: the table's 40 (reused) and 120 more, on which
+    # only what it needs runs, after the tables
     head = [("none", None)] + [(m, r) for r in (8.0, 16.0) for m in ("divprune", "craft-selection")]
     head += [("craft-trained", 8.0), ("craft-trained", 16.0)]
     assert stub_demo["jobs"] == [(f, m, r) for f in ("squares", "corners") for m, r in expected] + [
-        ("corners-headline", m, r) for m, r in head]  # fmt: skip
+        ("corners-more", m, r) for m, r in head]  # fmt: skip
+    assert stub_demo["more"] == (40, 120)  # clips 40..159 of the seed
     assert list(stub_demo["rows"]) == ["squares", "corners"]
     assert [(r["method"], r["ratio"]) for r in stub_demo["rows"]["corners"]] == expected
     assert [(r["method"], r["ratio"]) for r in stub_demo["headline"]] == head
+    assert [(r["method"], r["ratio"]) for r in stub_demo["more_rows"]] == head
     out = capsys.readouterr().out
     assert "squares 80, corners 40" in out  # 40 clips: 2 and 1 a clip
-    assert "; headline 7 x 160 corners" in out and demo.HEADLINE_ITEMS == 160
+    assert "; headline 160 corners: the table's + 7 x 120 more" in out
+    assert demo.HEADLINE_ITEMS == 160
 
 
 def test_demo_shares_configurations_out_between_workers_in_job_order(
@@ -112,14 +118,15 @@ def test_demo_shares_configurations_out_between_workers_in_job_order(
 
 
 @pytest.mark.parametrize(
-    ("argv", "trained", "size"),
+    ("argv", "trained", "more"),
     [
-        (["--headline-items", "12"], True, 12),
-        (["--headline-items", "0"], True, None),
-        (["--family", "squares"], True, None),  # the headline asks corners questions
-        ([], False, None),  # no trained module shipped: nothing to compare
+        (["--headline-items", "50"], True, (40, 10)),
+        (["--headline-items", "12"], True, None),  # the table's first 12: nothing more runs
+        (["--headline-items", "0"], True, False),
+        (["--family", "squares"], True, False),  # the headline asks corners questions
+        ([], False, False),  # no trained module shipped: nothing to compare
     ],
-    ids=["12-clips", "none-asked", "no-corners", "no-trained-module"],
+    ids=["50-clips", "12-clips", "none-asked", "no-corners", "no-trained-module"],
 )
 def test_demo_runs_the_headline_only_where_it_can(
     stub_demo: dict[str, Any],
@@ -127,8 +134,10 @@ def test_demo_runs_the_headline_only_where_it_can(
     monkeypatch: pytest.MonkeyPatch,
     argv: list[str],
     trained: bool,
-    size: int | None,
+    more: tuple[int, int] | bool | None,
 ) -> None:
+    """`more`: the clips beyond the table's (start, count); None: a headline on the table's
+    clips only; False: no headline."""
     if not trained:
         world = demo._world  # the stub
 
@@ -139,22 +148,27 @@ def test_demo_runs_the_headline_only_where_it_can(
 
         monkeypatch.setattr(demo, "_world", untrained)
     assert cli.main(["demo", "--ratio", "8", *argv, "-o", str(tmp_path)]) == 0
-    ran = [(m, r) for f, m, r in stub_demo["jobs"] if f == "corners-headline"]
-    if size is None:
-        assert ran == [] and stub_demo["headline"] is None
+    ran = [(m, r) for f, m, r in stub_demo["jobs"] if f == "corners-more"]
+    head = [("none", None), ("divprune", 8.0), ("craft-selection", 8.0), ("craft-trained", 8.0)]
+    assert stub_demo.get("more") == (more or None)
+    assert ran == (head if more else [])
+    if more is False:
+        assert stub_demo["headline"] is None
     else:
-        assert ran == [("none", None), ("divprune", 8.0), ("craft-selection", 8.0),
-                       ("craft-trained", 8.0)]  # fmt: skip
+        assert [(r["method"], r["ratio"]) for r in stub_demo["headline"]] == head
 
 
 def test_demo_names_a_failed_headline_configuration(
     stub_demo: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    stub_demo["fail"] = {("corners-headline", "divprune")}
-    argv = ["demo", "--methods", "uniform", "--ratio", "8", "--family", "corners"]
+    stub_demo["fail"] = {("corners-more", "divprune")}
+    argv = ["demo", "--methods", "uniform", "--ratio", "8", "--family", "corners", "--items", "2"]
     assert cli.main([*argv, "--headline-items", "5", "-o", str(tmp_path)]) == 1
-    # corners: none, uniform, craft-trained; headline: none, divprune, craft-selection, trained
-    assert "1 of 7 configurations FAILED (corners-headline:divprune@8.0)" in capsys.readouterr().out
+    # corners: none, uniform, the headline's divprune and craft-selection, craft-trained; its 3
+    # more clips: none, divprune, craft-selection, craft-trained
+    assert "1 of 9 configurations FAILED (corners-more:divprune@8.0)" in capsys.readouterr().out
+    (divprune,) = [r for r in stub_demo["headline"] if r["method"] == "divprune"]
+    assert divprune["error"] == "more: ValueError: boom"
 
 
 def _records(kl: list[float], correct: list[int], order: list[int] | None = None) -> list[Any]:
@@ -236,6 +250,55 @@ def test_demo_headline_without_the_trained_module_says_so(
     assert "no paired result: craft-trained did not run" in capsys.readouterr().out
 
 
+def _indexed(kl: list[float], correct: list[int]) -> list[dict[str, Any]]:
+    """A run folder's records: ids and indexes counted from 0, as the runner numbers them."""
+    return [{**r, "index": i, "id": f"moving_direction/{i}"}
+            for i, r in enumerate(_records(kl, correct))]  # fmt: skip
+
+
+def test_headline_rows_join_the_tables_first_questions_and_the_more_clips(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The headline pairs the corners table's first n questions (its records reused) and the
+    clips beyond them: each folder counts its questions from 0, so the ids are kept apart;
+    the paired figures are those over all of them; a configuration that failed in either
+    part is named with the part."""
+    cut, n = 5, 3  # the table ran 5 clips; the headline asks for its first 3 and 3 more
+
+    def row(method: str, ratio: float | None, kl: list[float], hits: list[int], part: str):
+        half = slice(0, cut) if part == "table" else slice(cut, cut + 3)
+        return {"method": method, "ratio": ratio, "records": _indexed(kl[half], hits[half])}
+
+    runs = {"table": [], "more": []}
+    for part in runs:
+        for method, kl, hits in (("none", [0.0] * 8, HIT_T), ("divprune", KL_D, HIT_D),
+                                 ("uniform", KL_S, HIT_D), ("craft-selection", KL_S, HIT_S),
+                                 ("craft-trained", KL_T, HIT_T)):  # fmt: skip
+            runs[part].append(row(method, None if method == "none" else 8.0, kl, hits, part))
+    rows = demo_report.headline_rows(runs["table"], runs["more"], n)
+    assert [r["method"] for r in rows] == ["none", "divprune", "craft-selection", "craft-trained"]
+    ids = [r["id"] for r in rows[1]["records"]]
+    assert ids == [f"table:moving_direction/{i}" for i in range(3)] + [
+        f"more:moving_direction/{i}" for i in range(3)]  # fmt: skip
+    (vs_divprune, _) = demo_report.headline_results(rows)
+    used = [0, 1, 2, 5, 6, 7]  # the table's first 3 questions, then the 3 more
+    drop, se = _plain_pair([KL_D[i] for i in used], [KL_T[i] for i in used])
+    assert vs_divprune["n"] == 6
+    assert vs_divprune["kl_drop"] == pytest.approx(drop) and vs_divprune["kl_se"] == pytest.approx(
+        se
+    )
+    # without more clips: the table's first n only
+    alone = demo_report.headline_rows(runs["table"], None, n)
+    assert [r["id"] for r in alone[1]["records"]] == [
+        f"table:moving_direction/{i}" for i in range(3)
+    ]
+    runs["table"][4] = {"method": "craft-trained", "ratio": 8.0, "error": "ValueError: boom"}
+    del runs["more"][3]  # craft-selection did not run on the more clips
+    failed = demo_report.headline_rows(runs["table"], runs["more"], n)
+    assert failed[2]["error"] == "more: not run"
+    assert failed[3]["error"] == "table: ValueError: boom"
+
+
 def test_demo_names_the_family_of_a_failed_configuration(
     stub_demo: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -243,9 +306,10 @@ def test_demo_names_the_family_of_a_failed_configuration(
     argv = ["demo", "--methods", "uniform", "random", "--ratio", "4", "-o", str(tmp_path)]
     assert cli.main(argv) == 1
     out = capsys.readouterr().out
-    # 2 families x (none, uniform, random, craft-trained) + the headline's none, divprune,
-    # craft-selection, craft-trained; only corners' uniform failed
-    assert "1 of 12 configurations FAILED (corners:uniform@4.0)" in out
+    # 2 families x (none, uniform, random, the headline's divprune and craft-selection,
+    # craft-trained) + on its more clips none, divprune, craft-selection, craft-trained; only
+    # corners' uniform failed
+    assert "1 of 16 configurations FAILED (corners:uniform@4.0)" in out
     assert "error" not in str(stub_demo["rows"]["squares"])
 
 

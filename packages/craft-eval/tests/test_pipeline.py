@@ -175,7 +175,8 @@ def test_demo_runs_in_the_world_and_keeps_what_it_did_not_create(
     out = capsys.readouterr().out
     assert "the world's trained backbone" in out and "FLOPs red." in out and "KL to unc." in out
     squares, corners = out.split("[4/4] corners")  # both families, each its own table
-    # the headline: its own 4 corners clips, one line at 8x vs DivPrune and the mean rule
+    # the headline: the table's 3 corners clips and 1 more, one line at 8x vs DivPrune and the
+    # mean rule
     corners, head = corners.split("\nHEADLINE (4 held-out corners questions")
     (line,) = [x for x in head.splitlines() if x.startswith("  8x: ")]
     assert line.count(" SE), accuracy ") == 2 and "not paired" not in line
@@ -210,7 +211,7 @@ def test_demo_runs_in_the_world_and_keeps_what_it_did_not_create(
     for family in ("squares", "corners"):
         assert (tmp_path / "report" / family / "accuracy_vs_compression.png").exists()
         assert (tmp_path / "runs" / "world" / family / "mvbench" / "none").is_dir()
-    headline_runs = tmp_path / "runs" / "world" / "corners-headline" / "mvbench"
+    headline_runs = tmp_path / "runs" / "world" / "corners-more" / "mvbench"
     assert sorted(p.name for p in headline_runs.iterdir()) == [
         "craft-selection-r8", "craft-trained-r8", "divprune-r8", "none"]  # fmt: skip
     # A second run resumes from the records instead of deleting them: the same lines.
@@ -240,8 +241,9 @@ def test_demo_workers_record_what_one_process_records(tmp_path: Path) -> None:
     assert run_demo(**sizes, families=("corners",), output=tmp_path / "one", workers=1) == 0
     assert run_demo(**sizes, families=("corners",), output=tmp_path / "two", workers=2) == 0
     one, two = records(tmp_path / "one"), records(tmp_path / "two")
-    # corners: none, divprune, trained x 2 clips; headline: + the mean rule, x 3 clips
-    assert sorted(one) == sorted(two) and len(one) == 3 * 2 + 4 * 3
+    # corners: none, divprune, the headline's mean rule, trained x 2 clips; the headline's 1
+    # more clip: the same 4
+    assert sorted(one) == sorted(two) and len(one) == 4 * 2 + 4 * 1
     for key, mine in one.items():
         theirs = two[key]
         for field in ("reply", "kept_digests", "first_token_correct", "tokens_after"):

@@ -15,10 +15,12 @@
    module ("craft-trained") at the same ratios; each family's runs under
    OUTPUT/runs/<model>/<family>,
 4. the headline comparison: on a larger set of held-out corners clips (`headline_items`,
-   default `HEADLINE_ITEMS`, clips 0.. of the same seed under OUTPUT/data/corners-headline,
-   runs under OUTPUT/runs/<model>/corners-headline) only what it needs: uncompressed,
-   `HEADLINE_RIVALS` (DivPrune and the mean rule) and craft-trained at each ratio; at 40
-   questions the table's paired differences are ~1 SE, here ~5,
+   default `HEADLINE_ITEMS`: clips 0.. of the same seed) only what it needs: uncompressed,
+   `HEADLINE_RIVALS` (DivPrune and the mean rule, always in the table) and craft-trained at
+   each ratio. The corners table's clips are its first ones (their records are reused); the
+   clips beyond them are written under OUTPUT/data/corners-more, their runs under
+   OUTPUT/runs/<model>/corners-more. At 40 questions the table's paired differences are ~1
+   SE, at 160 ~5,
 5. prints per family the table (`craft_eval.demo_report`), the trained module against every
    other method paired over the same questions, after the corners table the paper's
    ablation ladder as craft-world stored it (`craft_world.ladder_path()`: measurements on
@@ -67,7 +69,8 @@ DEMO_METHODS = (
 """The table's rivals of the trained module; `--methods all` runs every registered method
 (uniform, CRAFT's target rule and untrained gate, the peers without their stage in the LM):
 25 configurations instead of 15, about twice the demo's time."""
-HEADLINE = "corners-headline"  # the headline's data and runs folder name
+HEADLINE = "corners-headline"  # the headline's report folder name
+MORE = "corners-more"  # the data and runs folder of the headline's clips beyond the table's
 HEADLINE_ITEMS = 160
 """Corners clips (1 question each) of the headline comparison, 7 configurations at 8x and
 16x: at the stored ladder's effect sizes (600 questions: 8.8 SE vs DivPrune at 8x) about 4.5
@@ -147,19 +150,29 @@ def run_demo(
     _check_sizes(num_items, headline_items, families, workers)
     grid = [float(ratio)] if ratio is not None else [float(r) for r in ratios]
     world = _world(model_path, backbone, Path(output), device, num_items, seed, tuple(families))
-    jobs = _jobs(world.trained, DEMO_METHODS if methods is None else methods, grid)
-    head = None
-    if headline_items and "corners" in families and world.trained is not None:
-        head = _headline(world, Path(output), headline_items, seed)
-    head_jobs = _jobs(world.trained, HEADLINE_RIVALS, grid) if head is not None else []
+    methods = list(DEMO_METHODS if methods is None else methods)
+    heads = bool(headline_items) and "corners" in families and world.trained is not None
+    if heads:  # the headline pairs the trained module with its rivals on the table's clips too
+        methods += [m for m in HEADLINE_RIVALS if m not in methods]
+    jobs = _jobs(world.trained, methods, grid)
+    more = None
+    if heads and headline_items > num_items:
+        more = _more_clips(world, Path(output), num_items, headline_items - num_items, seed)
+    more_jobs = _jobs(world.trained, HEADLINE_RIVALS, grid) if more is not None else []
     total = sum(len(jobs) * fam.n_items for fam in world.families)
-    total += len(head_jobs) * (head.n_items if head is not None else 0)
+    total += len(more_jobs) * (more.n_items if more is not None else 0)
     sizes = ", ".join(f"{fam.name} {fam.n_items}" for fam in world.families)
     _line(f"[3/4] {len(jobs)} configurations x questions ({sizes}) at ratios {grid}"
-          + (f"; headline {len(head_jobs)} x {head.n_items} corners" if head else ""))  # fmt: skip
-    rows, headline = _run_all(world, jobs, head, head_jobs, total, workers)
-    _finish(world, rows, Path(output), headline)
-    done = {**rows, **({HEADLINE: headline} if headline is not None else {})}
+          + (f"; headline {headline_items} corners: the table's + {len(more_jobs)} x "
+             f"{more.n_items} more" if more else ""))  # fmt: skip
+    rows, more_rows = _run_all(world, jobs, more, more_jobs, total, workers)
+    headline = None
+    if heads:
+        from craft_eval.demo_report import headline_rows
+
+        headline = headline_rows(rows["corners"], more_rows, min(headline_items, num_items))
+    _finish(world, rows, Path(output), headline, more_rows)
+    done = {**rows, **({MORE: more_rows} if more_rows is not None else {})}
     _line(f"done in {time.perf_counter() - start:.0f} s")
     return _exit_code(done)
 
@@ -182,19 +195,20 @@ def _check_sizes(
 def _run_all(
     world: World,
     jobs: list[tuple[str, float | None]],
-    head: Family | None,
-    head_jobs: list[tuple[str, float | None]],
+    more: Family | None,
+    more_jobs: list[tuple[str, float | None]],
     total: int,
     workers: int = 1,
 ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]] | None]:
-    """Every family's configurations, then the headline's (None without one; no profile, no
-    merge maps), under one progress bar of `total` questions; in this process, or shared
-    out between `workers` (`demo_pool`)."""
+    """Every family's configurations, then those of the headline's clips beyond the corners
+    table's (`more`; None: none; no profile, no merge maps), under one progress bar of
+    `total` questions; in this process, or shared out between `workers` (`demo_pool`).
+    Returns the families' rows and `more`'s (None without it)."""
     from tqdm.auto import tqdm
 
-    fams = {fam.name: fam for fam in world.families} | ({HEADLINE: head} if head else {})
+    fams = {fam.name: fam for fam in world.families} | ({MORE: more} if more else {})
     todo = [(fam.name, m, r, True) for fam in world.families for m, r in jobs]
-    todo += [(HEADLINE, m, r, False) for m, r in head_jobs] if head is not None else []
+    todo += [(MORE, m, r, False) for m, r in more_jobs] if more is not None else []
     bar = tqdm(total=total, unit="q", desc="demo", dynamic_ncols=True)
     if workers == 1:
         done = []
@@ -210,8 +224,8 @@ def _run_all(
     rows: dict[str, list[dict[str, Any]]] = {name: [] for name in fams}
     for (name, *_), row in zip(todo, done, strict=True):
         rows[name].append(row)
-    headline = rows.pop(HEADLINE) if head is not None else None
-    return rows, headline
+    more_rows = rows.pop(MORE) if more is not None else None
+    return rows, more_rows
 
 
 def _worker_spec(world: World, fams: dict[str, Family], workers: int) -> Any:
@@ -287,21 +301,23 @@ def _world(
     return World(model, tag, trained, fams, processor, source)
 
 
-def _headline(world: World, out: Path, n: int, seed: int) -> Family:
-    """The headline's corners clips (`make_clips(n, seed)`: clips 0..n-1, so the table's
-    are among them) and their own runs folder, on the model already loaded."""
+def _more_clips(world: World, out: Path, start: int, n: int, seed: int) -> Family:
+    """The headline's corners clips beyond the table's: clips `start .. start + n - 1` of the
+    same seed (`make_clips(..., start=start)`; the table's are clips 0 .. start - 1), in their
+    own data and runs folders, on the model already loaded."""
     import craft_world
 
-    data = craft_world.make_clips(out / "data" / HEADLINE, n, seed=seed, family="corners")
-    _line(f"[1/4] wrote {FAMILY_QUESTIONS['corners'] * n} held-out corners questions for the "
-          f"headline comparison -> {data}")  # fmt: skip
-    return make_family(HEADLINE, FAMILY_QUESTIONS["corners"] * n, world.model, world.processor,
-                       data, _headline_runs(out, world.tag), tasks=FAMILY_TASKS["corners"],
+    data = craft_world.make_clips(out / "data" / MORE, n, seed=seed, start=start,
+                                  family="corners")  # fmt: skip
+    _line(f"[1/4] wrote {FAMILY_QUESTIONS['corners'] * n} more held-out corners questions for "
+          f"the headline comparison (clips {start}..{start + n - 1}) -> {data}")  # fmt: skip
+    return make_family(MORE, FAMILY_QUESTIONS["corners"] * n, world.model, world.processor,
+                       data, _more_runs(out, world.tag), tasks=FAMILY_TASKS["corners"],
                        tag=world.tag, profile=False)  # fmt: skip
 
 
-def _headline_runs(out: Path, tag: str) -> Path:
-    return out / "runs" / tag / HEADLINE
+def _more_runs(out: Path, tag: str) -> Path:
+    return out / "runs" / tag / MORE
 
 
 def _jobs(
@@ -320,10 +336,12 @@ def _finish(
     rows: dict[str, list[dict[str, Any]]],
     out: Path,
     headline: list[dict[str, Any]] | None = None,
+    more: list[dict[str, Any]] | None = None,
 ) -> None:
     """Per family the table, the paired comparisons and the report (after corners, the
-    stored ladder); the headline's paired lines and report; then the plot, a panel per
-    family."""
+    stored ladder); the headline's paired lines, its table appended to the report of the
+    runs on its clips beyond the table's (`more`'s rows; without them, to the corners
+    report); then the plot, a panel per family."""
     from craft_eval import demo_report
     from craft_eval.report import write_report
 
@@ -338,11 +356,15 @@ def _finish(
     if headline is not None:
         results = demo_report.headline_results(headline)
         demo_report.print_headline(results)
-        if any("scores" in r for r in headline):
-            runs = _headline_runs(out, world.tag)
-            reports[HEADLINE] = write_report(runs, out / "report" / HEADLINE)
-            with open(reports[HEADLINE]["markdown"], "a", encoding="utf-8") as md:
-                md.write("\n" + demo_report.headline_markdown(results))
+        section = demo_report.headline_markdown(results)
+        if more is not None and any("scores" in r for r in more):
+            reports[HEADLINE] = write_report(_more_runs(out, world.tag), out / "report" / HEADLINE)
+            section = ("The runs above: the headline's clips beyond the corners table's (the "
+                       "table's own are in ../corners).\n\n" + section)  # fmt: skip
+        report = reports.get(HEADLINE, reports.get("corners"))
+        if report is not None:
+            with open(report["markdown"], "a", encoding="utf-8") as md:
+                md.write("\n" + section)
     plot = demo_report.plot_families(rows, out / "report" / "accuracy_vs_ratio.png")
     if world.tag == "world":
         _line(

@@ -123,6 +123,32 @@ def print_paired(rows: list[dict[str, Any]]) -> None:
             )
 
 
+def headline_rows(
+    table: list[dict[str, Any]], more: list[dict[str, Any]] | None, n: int
+) -> list[dict[str, Any]]:
+    """The headline's runs, one `{"method", "ratio", "records"}` (or `"error"`) row per
+    configuration it pairs (uncompressed, `HEADLINE_RIVALS`, the trained module): the
+    records of the corners table's first `n` questions, then those of its clips beyond the
+    table's (`more`'s rows; None: none). Each folder numbers its questions from 0, so ids
+    are prefixed "table:" and "more:". A configuration that failed in either is an error."""
+    wanted = {"none", TRAINED, *HEADLINE_RIVALS}
+    extra = {(r["method"], r["ratio"]): r for r in more or []}
+    out: list[dict[str, Any]] = []
+    for row in (r for r in table if r["method"] in wanted):
+        key = (row["method"], row["ratio"])
+        parts = [("table", row)] + ([("more", extra.get(key))] if more is not None else [])
+        failed = [f"{name}: {r['error']}" if r else f"{name}: not run" for name, r in parts
+                  if r is None or "error" in r]  # fmt: skip
+        if failed:
+            out.append({"method": key[0], "ratio": key[1], "error": "; ".join(failed)})
+            continue
+        records = [{**r, "id": f"table:{r['id']}"} for r in row["records"] if r["index"] < n]
+        if more is not None:
+            records += [{**r, "id": f"more:{r['id']}"} for r in extra[key]["records"]]
+        out.append({"method": key[0], "ratio": key[1], "records": records})
+    return out
+
+
 def headline_results(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The headline's figures from its runs' records: per ratio the trained module ran at,
     per rival in `HEADLINE_RIVALS`, `{"ratio", "rival", "n" (paired questions), "kl_drop",
@@ -177,8 +203,9 @@ def print_headline(results: list[dict[str, Any]]) -> None:
     """The headline: one line per ratio, the trained module against each rival."""
     sizes = sorted({r["n"] for r in results if "n" in r})
     counted = " / ".join(str(n) for n in sizes) or "no"
-    _line(f"\nHEADLINE ({counted} held-out corners questions, their own clips; paired over the "
-          f"same questions): {TRAINED} vs DivPrune and the mean rule (craft-selection). "
+    _line(f"\nHEADLINE ({counted} held-out corners questions: the table's clips and more of its "
+          f"seed; paired over the same questions): {TRAINED} vs DivPrune and the mean rule "
+          f"(craft-selection). "
           f"KL drop > 0: closer to the uncompressed answer; accuracy: first-token, points. "
           f"Goal: >= {GOAL_SE:g} SE and >= {GOAL_POINTS:g} points.")  # fmt: skip
     if not results:
