@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from craft_testkit.readme import Block, python_blocks, run_block
+from craft_testkit.readme import Block, python_blocks, run_block, shape_problems
 
 README = Path(__file__).parents[1] / "README.md"
 
@@ -15,3 +15,7 @@ README = Path(__file__).parents[1] / "README.md"
 @pytest.mark.parametrize("block", python_blocks(README), ids=str)
 def test_readme_example_runs(block: Block, tmp_path: Path) -> None:
     run_block(block, tmp_path)
+
+
+def test_readme_has_the_front_doors_shape() -> None:
+    assert not shape_problems(README)  # <= 200 lines, none over 100 characters in prose
