@@ -13,6 +13,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np
+import pytest
 import torch
 
 torch.set_num_threads(1)
@@ -26,6 +27,7 @@ from craft_world.crowd import (  # noqa: E402
     TILES_PER_PAIR,
     crowd_question,
     quiz_caption,
+    quiz_feature_set,
     quiz_features,
     render_crowd,
     sample_quiz,
@@ -160,3 +162,151 @@ def test_phase_c_caption_share() -> None:
         q = crowd_question(sample_quiz(0, "train", 2 * 10**8 * 16 + j))
         assert q.question in prompt and prompt.endswith("\n") != stripped
         assert target == ("A" if q.answer == "yes" else "B")
+
+
+def test_quiz_feature_subsets() -> None:
+    """A curriculum's stage (`quiz_feature_set`, `sample_quiz(features=...)`): the asked
+    feature drawn from the subset only, all of it drawn, the layout the family's; all 24
+    features (or none given) the family's own clips, draw for draw."""
+    names = list(PALETTE)
+    assert quiz_feature_set("*:top-left") == tuple(4 * c for c in range(6))
+    assert quiz_feature_set("red:*") == (0, 1, 2, 3)
+    assert quiz_feature_set("*:top-left, red:*") == (0, 1, 2, 3, 4, 8, 12, 16, 20)
+    assert quiz_feature_set("green:bottom-right") == (4 * names.index("green") + 3,)
+    assert quiz_feature_set("") is None and quiz_feature_set("*:*") is None
+    for bad in ("red", "pink:*", "*:middle", "red:top"):
+        with pytest.raises(ValueError):
+            quiz_feature_set(bad)
+    top_left = quiz_feature_set("*:top-left")
+    scenes = [sample_quiz(0, "train", i, features=top_left) for i in range(240)]
+    assert {(s.asked, s.corner) for s in scenes} == {(c, 0) for c in PALETTE}
+    assert 0 < sum(s.present for s in scenes) < len(scenes)
+    for s in scenes[:60]:  # the asked feature in exactly the one tile of a "yes" clip
+        hits = sum(1 for _, _, dots in s.tiles if dots[s.corner] == s.asked)
+        assert hits == int(s.present) and s.family == "quiz"
+    for i in range(50):  # every feature listed = the family's own draw
+        assert sample_quiz(0, "test", i, features=range(24)) == sample_quiz(0, "test", i)
+    for i in range(30):  # a needle curriculum's clips: the asked feature in 5 tiles of a "yes"
+        s = sample_quiz(0, "train", i, features=top_left, shown_in=5)
+        hits = sum(1 for _, _, dots in s.tiles if dots[s.corner] == s.asked)
+        assert hits == 5 * int(s.present) and s.corner == 0
+        assert sample_quiz(0, "train", i, shown_in=1) == sample_quiz(0, "train", i)
+    with pytest.raises(ValueError):
+        sample_quiz(0, "train", 0, shown_in=41)
+    # the family's first test clips (asked colour, corner, answer), as before the option
+    first = [(s.asked, s.corner, s.present) for s in (sample_quiz(0, "test", i) for i in range(6))]
+    assert first == [
+        ("red", 3, True),
+        ("magenta", 3, True),
+        ("red", 3, True),
+        ("cyan", 3, True),
+        ("blue", 2, False),
+        ("yellow", 3, False),
+    ]
+
+
+def test_phase_c_quiz_features() -> None:
+    """Phase C with `quiz_features` asks only those features; the option needs the quiz."""
+    from craft_world.train_backbone import Recipe, _parser, training_example
+
+    recipe = Recipe(batch=16, family_c="quiz", crowd_share=1.0, quiz_features="red:*")
+    rng = np.random.default_rng(0)
+    prompts = [training_example(recipe, 2, 0, j, rng)[2][0] for j in range(16)]
+    assert all("Is there a red dot in a " in p for p in prompts)
+    assert len({p.strip() for p in prompts}) > 1  # the corner varies
+    with pytest.raises(ValueError, match="family_c"):
+        Recipe(quiz_features="red:*")
+    with pytest.raises(ValueError):
+        Recipe(family_c="quiz", quiz_features="red")
+    args = _parser().parse_args(["--work", "w", "--out", "o", "--quiz-features", "*:top-left"])
+    assert args.quiz_features == "*:top-left"
+
+
+def test_phase_c_quiz_shown_in() -> None:
+    """The needle curriculum: a "yes" clip shows the asked feature in `quiz_shown_in` tiles
+    at step 0, linearly fewer down to one at half of phase C; 1 is the family's clips."""
+    from craft_world.train_backbone import Recipe, quiz_shown_in_at, training_example
+
+    recipe = Recipe(batch=16, steps_c=100, family_c="quiz", crowd_share=1.0, quiz_shown_in=9)
+    assert [quiz_shown_in_at(recipe, s) for s in (0, 25, 50, 99)] == [9, 5, 1, 1]
+    for step, shown in ((0, 9), (25, 5), (60, 1)):
+        rng = np.random.default_rng(0)
+        for j in range(16):
+            frames = training_example(recipe, 2, step, j, rng)[0]
+            scene = sample_quiz(0, "train", (2 * 10**8 + step) * 16 + j, shown_in=shown)
+            assert np.array_equal(frames, render_crowd(scene))
+            if scene.present:
+                asked = (scene.asked, scene.corner)
+                assert _pixel_features(frames)[asked] == shown
+    for bad in (
+        {"quiz_shown_in": 0},
+        {"quiz_shown_in": 41},
+        {"family_c": "corners", "quiz_shown_in": 2},
+    ):
+        with pytest.raises(ValueError):
+            Recipe(**{"family_c": "quiz", **bad})  # type: ignore[arg-type]
+
+
+def test_attention_aux_teaches_where_the_asked_feature_is() -> None:
+    """`attn_aux_c`'s loss: near 0 when head 0 at the answer position attends to exactly
+    the asked feature's tokens of a "yes" clip (or off the video in a "no" clip), large
+    when it attends elsewhere; `training_example` hands over each tile question's scene."""
+    from craft_world.backbone import world_processor
+    from craft_world.tower_probe import corner_labels
+    from craft_world.train_backbone import (
+        PromptCache,
+        Recipe,
+        _attention_aux,
+        make_batch,
+        training_example,
+    )
+
+    recipe = Recipe(batch=4, family_c="quiz", crowd_share=1.0, attn_aux_c=1.0)
+    rng = np.random.default_rng(0)
+    scenes: list = []
+    drawn = [training_example(recipe, 2, 0, j, rng, scenes) for j in range(4)]
+    for j, scene in enumerate(scenes):
+        assert scene == sample_quiz(0, "train", 2 * 10**8 * 4 + j)
+        assert np.array_equal(drawn[j][0], render_crowd(scene))
+    assert {s.present for s in scenes} == {True, False}
+    cache = PromptCache(world_processor())
+    pixels = torch.zeros(4, 144, 1176)
+    prompts = [ex[0] for _, _, ex in drawn]
+    batch = make_batch(cache, pixels, [ex for _, _, ex in drawn], 0)
+    length = batch["input_ids"].shape[1]
+    video = batch["input_ids"] == cache.tok.convert_tokens_to_ids("<|video_pad|>")
+
+    def attention(on_answer: bool, by_corner: bool = False) -> torch.Tensor:
+        att = torch.zeros(4, 4, length, length)
+        for row, scene in enumerate(scenes):
+            at = len(cache.prompt(prompts[row])) - 1
+            head = scene.corner if by_corner else 0
+            where = torch.nonzero(video[row])[:, 0]
+            feature = list(PALETTE).index(scene.asked) * 4 + scene.corner
+            shows = corner_labels(scene)[:, feature] > 0
+            if on_answer:  # the right tokens: the feature's, or off the video
+                if scene.present:
+                    att[row, head, at, where[shows]] = 1.0 / int(shows.sum())
+                else:
+                    att[row, head, at, 0] = 1.0
+            else:  # wrong: a video token without the feature, spread over the rest
+                att[row, head, at, where[~shows]] = 1.0 / int((~shows).sum())
+        return att
+
+    yes = [sc if sc is not None and sc.present else None for sc in scenes]
+    no = [sc if sc is not None and not sc.present else None for sc in scenes]
+    for only in (scenes, yes, no):  # "yes" and "no" rows each count
+        right = _attention_aux(attention(True), batch, cache, prompts, only)
+        wrong = _attention_aux(attention(False), batch, cache, prompts, only)
+        assert right is not None and wrong is not None
+        assert float(right) < 1e-3 and float(wrong) > 5.0
+    assert _attention_aux(attention(True), batch, cache, prompts, [None] * 4) is None
+    # corner heads: head k taught for corner k (the scenes' corners are not all 0)
+    assert {sc.corner for sc in scenes} != {0}
+    by_corner = _attention_aux(attention(True, True), batch, cache, prompts, scenes, True)
+    assert by_corner is not None and float(by_corner) < 1e-3
+    head_0 = _attention_aux(attention(True), batch, cache, prompts, scenes, True)
+    assert head_0 is not None and float(head_0) > 1.0
+    for bad in ({"attn_aux_c": -1.0}, {"attn_aux_layer": 4}):
+        with pytest.raises(ValueError):
+            Recipe(**{"family_c": "quiz", **bad})  # type: ignore[arg-type]

@@ -38,7 +38,7 @@ Everything is a pure function of `(seed, split, index)`, as in `craft_world.clip
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,6 +59,7 @@ __all__ = [
     "crowd_question",
     "crowd_token_colours",
     "quiz_caption",
+    "quiz_feature_set",
     "quiz_features",
     "render_crowd",
     "sample_corners",
@@ -120,12 +121,14 @@ class CrowdScene:
     family: str = ""
 
 
-def _lay_out(rng: np.random.Generator, draw_dots: Callable[[], list[str]]) -> list[Tile]:
-    """`TILES_PER_PAIR` tiles in distinct cells of each temporal pair, their four dots drawn
-    by `draw_dots`, each left out with probability `P_EMPTY`."""
+def _lay_out(
+    rng: np.random.Generator, draw_dots: Callable[[], list[str]], per_pair: int = TILES_PER_PAIR
+) -> list[Tile]:
+    """`per_pair` tiles (`TILES_PER_PAIR`) in distinct cells of each temporal pair, their four
+    dots drawn by `draw_dots`, each left out with probability `P_EMPTY`."""
     tiles: list[Tile] = []
     for pair in range(FRAMES // 2):
-        for cell in sorted(int(c) for c in rng.choice(CELLS, TILES_PER_PAIR, replace=False)):
+        for cell in sorted(int(c) for c in rng.choice(CELLS, per_pair, replace=False)):
             dots = draw_dots()
             empty = rng.random(4) < P_EMPTY
             tiles.append((pair, cell, tuple(None if e else d for d, e in zip(dots, empty))))
@@ -152,9 +155,16 @@ def sample_crowd(seed: int, split: str, index: int) -> CrowdScene:
     return CrowdScene(asked, present, tuple(tiles), int(rng.integers(2**31)), family="crowd")
 
 
-def _corner_tiles(rng: np.random.Generator, asked: str, corner: int, present: bool) -> list[Tile]:
-    """The corners' layout: every dot any colour but `asked` at `corner`, which one tile
-    shows when `present`."""
+def _corner_tiles(
+    rng: np.random.Generator,
+    asked: str,
+    corner: int,
+    present: bool,
+    shown_in: int = 1,
+    per_pair: int = TILES_PER_PAIR,
+) -> list[Tile]:
+    """The corners' layout (`per_pair` tiles a temporal pair): every dot any colour but
+    `asked` at `corner`, which one tile (`shown_in` distinct tiles) shows when `present`."""
     names = list(PALETTE)
     others = [c for c in names if c != asked]
 
@@ -163,9 +173,12 @@ def _corner_tiles(rng: np.random.Generator, asked: str, corner: int, present: bo
         dots[corner] = others[int(rng.integers(len(others)))]
         return dots
 
-    tiles = _lay_out(rng, draw_dots)
-    if present:
+    tiles = _lay_out(rng, draw_dots, per_pair)
+    if present and shown_in == 1:
         _paint(tiles, int(rng.integers(len(tiles))), corner, asked)
+    elif present:
+        for k in sorted(int(t) for t in rng.choice(len(tiles), shown_in, replace=False)):
+            _paint(tiles, k, corner, asked)
     return tiles
 
 
@@ -181,18 +194,67 @@ def sample_corners(seed: int, split: str, index: int) -> CrowdScene:
     return CrowdScene(asked, present, tuple(tiles), seed_, corner, family="corners")
 
 
-def sample_quiz(seed: int, split: str, index: int) -> CrowdScene:
+def sample_quiz(
+    seed: int,
+    split: str,
+    index: int,
+    features: Sequence[int] | None = None,
+    shown_in: int = 1,
+    per_pair: int = TILES_PER_PAIR,
+) -> CrowdScene:
     """The quiz scene of clip `index` of `split` (a pure function of its arguments): the
     asked feature (colour x corner) drawn uniformly from the 24, then the corners' layout
-    with that feature absent but in one tile of a "yes" clip (probability 1/2)."""
+    with that feature absent but in one tile of a "yes" clip (probability 1/2).
+
+    `features` (a training curriculum's option, `quiz_feature_set`): draw the asked feature
+    uniformly from these feature numbers (colour-major, `colour * 4 + corner`) instead;
+    None (the family's clips): from all 24, the same draws as without the option.
+    `shown_in` (a curriculum's option too): a "yes" clip shows the asked feature in that
+    many distinct tiles instead of one; 1 (the family's clips): the same draws. `per_pair`
+    (a curriculum's option too): tiles per temporal pair, 1 to `TILES_PER_PAIR` (the
+    family's clips: `TILES_PER_PAIR`, the same draws)."""
+    if not 1 <= per_pair <= TILES_PER_PAIR:
+        raise ValueError(f"per_pair must be in [1, {TILES_PER_PAIR}], got {per_pair}")
+    if not 1 <= shown_in <= per_pair * FRAMES // 2:
+        raise ValueError(f"shown_in must be in [1, {per_pair * FRAMES // 2}], got {shown_in}")
     rng = _rng(seed, split, index, stream=_QUIZ_STREAM)
     names = list(PALETTE)
-    feature = int(rng.integers(len(names) * len(CORNERS)))
+    if features is None:
+        feature = int(rng.integers(len(names) * len(CORNERS)))
+    else:
+        feature = int(features[int(rng.integers(len(features)))])
     asked, corner = names[feature // len(CORNERS)], feature % len(CORNERS)
     present = bool(rng.random() < 0.5)
-    tiles = _corner_tiles(rng, asked, corner, present)
+    tiles = _corner_tiles(rng, asked, corner, present, shown_in, per_pair)
     seed_ = int(rng.integers(2**31))
     return CrowdScene(asked, present, tuple(tiles), seed_, corner, family="quiz")
+
+
+def quiz_feature_set(spec: str) -> tuple[int, ...] | None:
+    """The asked features a curriculum draws from (`sample_quiz`'s `features`): `spec` is a
+    comma-separated list of `colour:corner` patterns, `*` for any ("*:top-left" the six
+    colours at the top left, "red:*" red at the four corners, "*:top-left,red:*" both: 9).
+    "" or "*:*" (all 24): None, the family's own draws. Sorted feature numbers, colour-major
+    (`colour * 4 + corner`, as `craft_world.tower_probe`'s probe)."""
+    names = list(PALETTE)
+    chosen: set[int] = set()
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        colour, sep, corner = part.partition(":")
+        if (
+            not sep
+            or (colour != "*" and colour not in names)
+            or (corner != "*" and corner not in CORNERS)
+        ):
+            raise ValueError(
+                f"quiz features: {part!r} is not colour:corner with a colour of {names} "
+                f"and a corner of {list(CORNERS)} (or *)"
+            )
+        colours = range(len(names)) if colour == "*" else [names.index(colour)]
+        corners = range(len(CORNERS)) if corner == "*" else [CORNERS.index(corner)]
+        chosen |= {c * len(CORNERS) + k for c in colours for k in corners}
+    if not chosen or len(chosen) == len(names) * len(CORNERS):
+        return None
+    return tuple(sorted(chosen))
 
 
 TILE_FAMILIES = {"crowd": sample_crowd, "corners": sample_corners, "quiz": sample_quiz}

@@ -70,14 +70,18 @@ from craft_world.clips import (
 )
 from craft_world.crowd import (
     TILE_FAMILIES,
+    TILES_PER_PAIR,
+    CrowdScene,
     crowd_question,
     crowd_token_colours,
+    quiz_feature_set,
     render_crowd,
+    sample_quiz,
     sample_tiles,
     tile_caption,
 )
 from craft_world.files import make_clips
-from craft_world.tower_probe import new_corner_probe, probe_lr, probe_step
+from craft_world.tower_probe import corner_labels, new_corner_probe, probe_lr, probe_step
 
 __all__ = ["Recipe", "TestBank", "main", "token_colours", "train_backbone"]
 
@@ -100,6 +104,12 @@ class Recipe:
     freeze_vision_c: bool = True
     steps_p: int = 600
     caption_share_c: float = 0.0
+    quiz_features: str = ""
+    quiz_shown_in: int = 1
+    quiz_tiles: int = 10
+    attn_aux_c: float = 0.0
+    attn_aux_layer: int = 2
+    attn_aux_corner_heads: bool = False
 
     def __post_init__(self) -> None:
         for name in ("steps_a", "batch"):
@@ -116,6 +126,23 @@ class Recipe:
             raise ValueError(
                 f"family_c must be one of {tuple(TILE_FAMILIES)}, got {self.family_c!r}"
             )
+        if quiz_feature_set(self.quiz_features) is not None and self.family_c != "quiz":
+            raise ValueError(f"quiz_features needs family_c 'quiz', got {self.family_c!r}")
+        if not 1 <= self.quiz_shown_in <= 40:
+            raise ValueError(f"quiz_shown_in must be in [1, 40], got {self.quiz_shown_in}")
+        if not 1 <= self.quiz_tiles <= TILES_PER_PAIR:
+            raise ValueError(f"quiz_tiles must be in [1, {TILES_PER_PAIR}], got {self.quiz_tiles}")
+        if self.quiz_shown_in > 4 * self.quiz_tiles:
+            raise ValueError(f"quiz_shown_in > 4 x quiz_tiles: {self.quiz_shown_in}")
+        if self.attn_aux_c < 0 or not 0 <= self.attn_aux_layer < 4:
+            raise ValueError(f"need attn_aux_c >= 0 and attn_aux_layer in 0-3: {self}")
+        if self.attn_aux_c and self.family_c == "crowd":
+            raise ValueError("attn_aux_c needs a family_c that asks a corner (corners, quiz)")
+        curriculum = self.quiz_shown_in > 1 or self.quiz_tiles < TILES_PER_PAIR
+        if curriculum and self.family_c != "quiz":
+            raise ValueError(
+                f"quiz_shown_in, quiz_tiles need family_c 'quiz', not {self.family_c!r}"
+            )
 
     def steps(self, phase: int) -> int:
         """Steps of `phase` (`PHASES`): A and B the squares, P the tower alone (phase P,
@@ -128,7 +155,20 @@ PHASES = "ABCP"
 same with or without a phase P. The phases RUN in the order `ORDER`."""
 ORDER = (0, 1, 3, 2)
 """A, B, then P (the tower alone), then C (on the tower P left)."""
-_AFTER_AB = ("steps_c", "crowd_share", "family_c", "freeze_vision_c", "steps_p", "caption_share_c")
+_AFTER_AB = (
+    "steps_c",
+    "crowd_share",
+    "family_c",
+    "freeze_vision_c",
+    "steps_p",
+    "caption_share_c",
+    "quiz_features",
+    "quiz_shown_in",
+    "quiz_tiles",
+    "attn_aux_c",
+    "attn_aux_layer",
+    "attn_aux_corner_heads",
+)
 """Recipe fields of the phases after A and B (a run may start from an A+B backbone)."""
 
 
@@ -245,19 +285,42 @@ def sample_example(scene: Scene, rng: np.random.Generator) -> tuple[str, str]:
 
 
 def training_example(
-    recipe: Recipe, phase: int, step: int, j: int, rng: np.random.Generator
+    recipe: Recipe,
+    phase: int,
+    step: int,
+    j: int,
+    rng: np.random.Generator,
+    scenes: list[CrowdScene | None] | None = None,
 ) -> tuple[np.ndarray, torch.Tensor, tuple[str, str]]:
     """Example `j` of `step` in `phase`: frames `[8, 84, 84, 3]`, the colour labels of its
     tokens `[144, 6]` and `(prompt, target)`. In phase C (2) a share `crowd_share` of the
     examples are questions of the tile family `family_c`, the rest the first family's (as in
     phase B); of those, a share `caption_share_c` are the clip's caption (`tile_caption`)
-    asked with the describe prompt (no draw when 0: the shipped recipe's batches)."""
+    asked with the describe prompt (no draw when 0: the shipped recipe's batches). With
+    `quiz_features` (a curriculum's stage) the quiz asks only those features, and with
+    `quiz_shown_in` > 1 a "yes" clip shows the asked feature in `quiz_shown_in_at(step)`
+    tiles (a needle curriculum: many at first, down to one), and with `quiz_tiles` < 10 a
+    clip holds `quiz_tiles_at(step)` tiles a temporal pair (a clutter curriculum: few at
+    first, up to the family's 10). `scenes`, when given, gets the example's tile scene
+    appended when it is a tile question (None otherwise: `attn_aux_c` needs them)."""
+    if scenes is not None:
+        scenes.append(None)
     if phase == 2 and rng.random() < recipe.crowd_share:
         index = (phase * 10**8 + step) * recipe.batch + j
-        crowd = sample_tiles(recipe.family_c, recipe.seed, "train", index)
+        subset = quiz_feature_set(recipe.quiz_features)
+        if subset is not None or recipe.quiz_shown_in > 1 or recipe.quiz_tiles < TILES_PER_PAIR:
+            per_pair = quiz_tiles_at(recipe, step)
+            shown = min(quiz_shown_in_at(recipe, step), 4 * per_pair)
+            crowd = sample_quiz(
+                recipe.seed, "train", index, features=subset, shown_in=shown, per_pair=per_pair
+            )
+        else:
+            crowd = sample_tiles(recipe.family_c, recipe.seed, "train", index)
         if recipe.caption_share_c and rng.random() < recipe.caption_share_c:
             caption = (CAPTION_PROMPT, tile_caption(crowd))
             return render_crowd(crowd), crowd_token_colours(crowd), caption
+        if scenes is not None:
+            scenes[-1] = crowd
         q = crowd_question(crowd)
         prompt = mvbench_prompt(q.question, q.candidates)
         if rng.random() < 0.5:
@@ -266,6 +329,21 @@ def training_example(
         return render_crowd(crowd), crowd_token_colours(crowd), (prompt, target)
     scene = training_scene(recipe, phase, step, j)
     return render(scene), token_colours(scene), sample_example(scene, rng)
+
+
+def quiz_shown_in_at(recipe: Recipe, step: int) -> int:
+    """Tiles a "yes" quiz clip of phase C's step `step` shows the asked feature in:
+    `quiz_shown_in` at step 0, linearly down to 1 at half the phase, then 1."""
+    half = max(1, recipe.steps_c // 2)
+    return max(1, round(recipe.quiz_shown_in - (recipe.quiz_shown_in - 1) * step / half))
+
+
+def quiz_tiles_at(recipe: Recipe, step: int) -> int:
+    """Tiles a temporal pair of a quiz clip of phase C's step `step`: `quiz_tiles` at step
+    0, linearly up to the family's 10 at half the phase, then 10."""
+    half = max(1, recipe.steps_c // 2)
+    grown = recipe.quiz_tiles + (TILES_PER_PAIR - recipe.quiz_tiles) * step / half
+    return min(TILES_PER_PAIR, round(grown))
 
 
 def make_batch(
@@ -466,6 +544,8 @@ def _step(
         (model, probes["colour"], captured, opt), cache, pad, recipe, phase, step
     )
     row = {"phase": PHASES[phase], "step": step + 1, "loss": round(loss, 5)}
+    if phase == 2 and recipe.attn_aux_c > 0:
+        row["attn"] = round(_LAST_ATTN[0], 5)
     return {**row, "aux": round(aux, 5)}
 
 
@@ -495,6 +575,8 @@ def _enter_phase(
         return _optimizer([*visual.parameters(), *probes["corner"].parameters()], recipe.lr)
     model.requires_grad_(True)
     visual.requires_grad_(not (phase == 2 and recipe.freeze_vision_c))
+    if phase == 2 and recipe.attn_aux_c > 0:  # the attention loss reads the weights
+        model.set_attn_implementation({"text_config": "eager"})
     return _optimizer([*model.parameters(), *probes["colour"].parameters()], recipe.lr)
 
 
@@ -548,17 +630,73 @@ def _train_step(
     model, probe, captured, opt = parts
     params = [p for group in opt.param_groups for p in group["params"]]
     rng = np.random.default_rng([recipe.seed, 7, phase, step])
-    drawn = [training_example(recipe, phase, step, j, rng) for j in range(recipe.batch)]
+    attend = phase == 2 and recipe.attn_aux_c > 0
+    scenes: list[CrowdScene | None] | None = [] if attend else None
+    drawn = [training_example(recipe, phase, step, j, rng, scenes) for j in range(recipe.batch)]
     pixels = torch.stack([cache.pixels(frames) for frames, _, _ in drawn])
     captured.clear()
-    loss = model(**make_batch(cache, pixels, [ex for _, _, ex in drawn], pad)).loss
+    batch = make_batch(cache, pixels, [ex for _, _, ex in drawn], pad)
+    out = model(**batch, output_attentions=True) if attend else model(**batch)
+    loss = out.loss
     labels = torch.cat([colours for _, colours, _ in drawn])  # [B * 144, 6]
     aux = torch.nn.functional.binary_cross_entropy_with_logits(probe(captured[0]), labels)
-    (loss + recipe.aux_weight * aux).backward()
+    total = loss + recipe.aux_weight * aux
+    if attend and scenes is not None:
+        prompts = [ex[0] for _, _, ex in drawn]
+        attn = _attention_aux(
+            out.attentions[recipe.attn_aux_layer],
+            batch,
+            cache,
+            prompts,
+            scenes,
+            recipe.attn_aux_corner_heads,
+        )
+        if attn is not None:
+            total = total + recipe.attn_aux_c * attn
+            _LAST_ATTN[0] = attn.item()
+    total.backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
     return loss.item(), aux.item()
+
+
+_LAST_ATTN = [float("nan")]
+"""The last step's attention loss (`_attention_aux`), for the log."""
+
+
+def _attention_aux(
+    attentions: torch.Tensor,
+    batch: dict[str, torch.Tensor],
+    cache: PromptCache,
+    prompts: list[str],
+    scenes: list[CrowdScene | None],
+    corner_heads: bool = False,
+) -> torch.Tensor | None:
+    """The attention loss of `Recipe.attn_aux_c` (None without a tile question in the
+    batch): at the last prompt position (the one that predicts the answer's letter), head 0
+    of the layer `attentions` `[B, heads, L, L]` puts its mass on the video tokens that show
+    the asked feature in a "yes" clip (-log of that mass), and off the video in a "no" clip
+    (-log of the mass left elsewhere). A teacher for the question's query: which tokens it
+    must find (issue 54; the answer alone left the language model at chance). With
+    `corner_heads`, head k (k = the asked corner, 0-3) is taught instead of head 0: its query
+    then needs only the asked colour (as the squares' "Is there a red square?"), and the
+    corner picks the head the answer reads."""
+    video = cache.tok.convert_tokens_to_ids("<|video_pad|>")
+    terms = []
+    for row, scene in enumerate(scenes):
+        if scene is None or scene.corner is None:
+            continue
+        at = len(cache.prompt(prompts[row])) - 1
+        head = scene.corner if corner_heads else 0
+        on_video = attentions[row, head, at][batch["input_ids"][row] == video]  # [144]
+        if scene.present:
+            feature = list(PALETTE).index(scene.asked) * 4 + scene.corner
+            shows = corner_labels(scene)[:, feature] > 0
+            terms.append(-torch.log(on_video[shows].sum() + 1e-6))
+        else:
+            terms.append(-torch.log((1 - on_video.sum()).clamp_min(0) + 1e-6))
+    return torch.stack(terms).mean() if terms else None
 
 
 def _resume(
@@ -662,6 +800,40 @@ def _parser() -> argparse.ArgumentParser:
         help="share of phase C's tile-family examples that are the clip's caption",
     )
     parser.add_argument(
+        "--quiz-features",
+        default=defaults.quiz_features,
+        help="phase C on the quiz asks only these features: comma-separated colour:corner, "
+        "* for any ('*:top-left', 'red:*'); '' all 24 (craft_world.crowd.quiz_feature_set)",
+    )
+    parser.add_argument(
+        "--quiz-shown-in",
+        type=int,
+        default=defaults.quiz_shown_in,
+        help="phase C on the quiz: a 'yes' clip shows the asked feature in this many tiles "
+        "at first, linearly down to 1 at half the phase (1: the family's clips)",
+    )
+    parser.add_argument(
+        "--quiz-tiles",
+        type=int,
+        default=defaults.quiz_tiles,
+        help="phase C on the quiz: tiles a temporal pair at first, linearly up to 10 at half "
+        "the phase (10: the family's clips)",
+    )
+    parser.add_argument(
+        "--attn-aux-c",
+        type=float,
+        default=defaults.attn_aux_c,
+        help="phase C: weight of the attention loss (head 0 of --attn-aux-layer at the answer "
+        "position on the asked feature's tokens; 0: none)",
+    )
+    parser.add_argument("--attn-aux-layer", type=int, default=defaults.attn_aux_layer)
+    parser.add_argument(
+        "--attn-aux-corner-heads",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.attn_aux_corner_heads,
+        help="the attention loss teaches head k (k: the asked corner) instead of head 0",
+    )
+    parser.add_argument(
         "--family-c",
         choices=tuple(TILE_FAMILIES),
         default=defaults.family_c,
@@ -697,6 +869,12 @@ def main(argv: list[str] | None = None) -> int:
             crowd_share=args.crowd_share,
             family_c=args.family_c,
             caption_share_c=args.caption_share_c,
+            quiz_features=args.quiz_features,
+            quiz_shown_in=args.quiz_shown_in,
+            quiz_tiles=args.quiz_tiles,
+            attn_aux_c=args.attn_aux_c,
+            attn_aux_layer=args.attn_aux_layer,
+            attn_aux_corner_heads=args.attn_aux_corner_heads,
             freeze_vision_c=args.freeze_vision_c,
             batch=args.batch,
             lr=args.lr,
