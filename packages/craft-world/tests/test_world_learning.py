@@ -1,28 +1,40 @@
-"""The world's merge module learns, checked in CI (issue 54, part 3): craft-train's stage 2
-as the world recipe runs it (`craft_world.recipe.STAGE2`: labels of the corners family, a
-fixed 16x, lr 3e-4 constant after a 2% warm-up), shortened, from the untrained module on the
-shipped frozen backbone, lowers the held-out first-token KL to the uncompressed model at 8x
-and 16x by >= 3 paired SE; the same run on frozen random targets (each clip's answer redrawn
-once, independent of the clip: nothing to learn) must not, and the trained run must beat it
-by >= 3 paired SE. Both runs are the `craft-train stage2` command a user types, in two
-processes side by side (one CPU core each); each step's 16 questions are one micro-batch, so
-their videos go through the compressor in ONE `compress_many` call (craft-core 1.1); the
-held-out KLs are computed in batches of clips, in two processes.
+"""The world's merge module learns, checked in CI (issue 54, part 3): `craft-train distill`
+(the uncompressed backbone as the teacher of its first answer token) trains the merge
+module's gate read-out on the corners family's clips at a fixed 16x; on 300 held-out clips
+at 16x, paired clip by clip:
 
-Measured (one run each, 2 cores shared with other jobs, load ~9; craft-world's
-docs/learning.md): the batched held-out KLs equal the per-clip ones bit for bit and take
-1/6.2 of their time; a step of 16 questions as one micro-batch took 2.4 s against 11.3 s as
-16 micro-batches (4.7x; the two runs' KL drops agree to 1e-7). Where a batched step goes:
-decoding the 16 mp4 files 21%, the rest of the inputs 13%, compress_many 22%, the vision
-tower and LM forward 19%, backward 24%.
+- the trained run lowers the first-token KL to the uncompressed model by >= 3 SE;
+- the same run taught by a WRONG teacher (`distill.shuffle_teacher`: each clip is taught
+  another clip's answer distribution) must not learn the answers: the share of clips whose
+  compressed answer (the first token's argmax) agrees with the uncompressed model's must
+  not rise by 2 SE;
+- the trained run beats the wrong teacher's by >= 3 SE, in KL and in agreement.
 
-NOT YET SIZED, so still opt-in (`CRAFT_WORLD_LEARNING=1`): the size below (the recipe's
-300 steps on 1,000 clips, 300 held-out) was not yet run to the end on several seeds (runs
-of 300 steps took 20-25 s a step with three side by side on the loaded machine), nor seen
-to fail with a planted fault (seed 0 alone, this size: 5.0 / 4.3 SE at 8x / 16x, control
-0.1 / 0.0 SE; 100 steps at lr 1e-3: 1.2 / 1.3 SE, no learning). The recipe's full stage 2
-(300 steps, 3,000 clips, 600 held-out clips: the shipped module, bit for bit) is
-craft-train's `tests/test_world_learning.py` (opt-in, the same variable).
+Why agreement for the control and not KL alone: the start answers wrongly with confidence
+(it says "B" on 78% of the clips at 16x, the teacher on 52%), so a run that only learns the
+answers' marginal, which the wrong teacher can teach, lowers the KL by hedging (at 8x, where
+nothing trains, the wrong teacher's run lowered it by 1.9-2.9 SE on seeds 0-3); hedging does
+not turn a wrong answer into a right one. docs/learning.md has the measurements.
+
+The start: the shipped module with its gate read-out reset (`GatedMerge.reset_gate`: W_up,
+W_mod at zero, so G = 0.5, the untrained gate's rule) over the shipped W_q, W_k, W_down: the
+read-out is what learning has to find in this world (the shipped module with its read-out
+reset keeps none of the shipped gain), and from this start it is found in 90 steps of 16;
+from the untrained module (W_down random, its gradient zero until W_up moves) no run that
+short learns.
+
+Time: its critical path is about 161 s of one core's work, so about 2 min 45 s on 2 quiet
+cores (estimated; measured here only on cores shared with others' jobs: docs/learning.md),
+259-385 CPU-seconds in all. How: craft-train's trainer runs in process, twice, forked (one
+core each); every training example is encoded once, in the parent, before the fork (the
+teacher's cached one-token responses, the decoded clips, the prompts) and handed to both
+runs through `train(encoder_factory=...)`; the held-out measures are computed 32 clips a
+forward, in two forked processes. `CRAFT_WORLD_LEARNING_SEED` picks the runs' seed (data
+order; the start is fixed): seeds 0-3 pass. `CRAFT_WORLD_LEARNING=1` adds the planted faults
+(the test must fail on them: the trained run at lr 1e-12; both runs on the wrong teacher),
+about 5 CPU minutes each. On labels, opt-in too: `test_world_learning_labels.py` (the
+recipe's stage 2, 300 steps) and craft-train's `tests/test_world_learning.py` (the recipe's
+full stage 2: the shipped module, bit for bit; 10 minutes).
 """
 
 from __future__ import annotations
@@ -31,69 +43,145 @@ import json
 import math
 import multiprocessing
 import os
-import random
-import subprocess
-import sys
+import resource
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import pytest
 import torch
-import yaml
 
 torch.set_num_threads(1)
 
-pytestmark = pytest.mark.skipif(
-    os.environ.get("CRAFT_WORLD_LEARNING") != "1",
-    reason="not yet sized to 3 minutes on 2 cores (issue 54, part 3); CRAFT_WORLD_LEARNING=1 runs it",
-)
-
-TRAIN_CLIPS, HELDOUT = 1000, 300
-STEPS, BATCH = 300, 16  # optimizer steps; questions a step (one micro-batch)
-RATIOS = (8.0, 16.0)  # measured at; trained at STAGE2's fixed 16x
+TRAIN_CLIPS, HELDOUT = 320, 300  # one question each; training takes 4.5 passes
+STEPS, BATCH, LR = 90, 16, 3e-4  # optimizer steps; questions a step (one micro-batch)
+RATIO = 16.0  # trained and measured at (recipe.STAGE2's budget)
 EVAL_BATCH = 32  # held-out clips a forward
+SEED = int(os.environ.get("CRAFT_WORLD_LEARNING_SEED", "0"))  # optim.seed: order
+MEASURES = ("kl", "agree")  # per held-out clip: first-token KL; 1.0 if the answers agree
+
+_ITEMS: dict[tuple[str, str], dict[str, Any]] = {}  # encoded examples, inherited by forks
 
 
-def _config(root: Path, manifest: Path, out: Path, fresh: Path, seed: int = 0) -> Path:
-    from craft_world.recipe import STAGE2, craft_train_config
-
-    optim = {**STAGE2["optim"], "max_steps": STEPS, "per_device_batch_size": BATCH,
-             "grad_accum": 1}  # fmt: skip
-    cfg = craft_train_config(manifest, out, stage=2, init_from=fresh, seed=seed,
-                             optim=optim, budget=STAGE2["budget"])  # fmt: skip
-    cfg["train"]["save_steps"] = STEPS
-    path = root / f"{out.name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+def _pool() -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork"))
 
 
-def _random_targets(manifest: Path, out: Path, seed: int = 1) -> Path:
-    """The manifest with every answer redrawn at random, once: targets that carry nothing
-    about the clip."""
-    rng = random.Random(seed)
-    rows = [json.loads(line) for line in manifest.read_text().splitlines()]
-    for row in rows:
-        row["answer"] = rng.choice(["A", "B"])
-    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return out
+def _cpu(what: str) -> None:
+    """Print this process's CPU seconds so far (a forked worker's count starts at 0): the
+    record's critical path (docs/learning.md). Nothing is asserted on time."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(f"[cpu] {what}: {usage.ru_utime + usage.ru_stime:.1f} s", flush=True)
 
 
 def _make_clips(args: tuple[Path, int, str]) -> Path:
     from craft_world import make_clips
 
     folder, n, split = args
-    return make_clips(folder, n, seed=0, split=split, family="corners")
+    made = make_clips(folder, n, seed=0, split=split, family="corners")
+    _cpu(f"clips {split}")
+    return made
 
 
-def _first_token_kl(
+def _start_module(folder: Path) -> Path:
+    """The shipped merge module with its gate read-out reset (G = 0.5), in `folder/craft`."""
+    from craft_core import CraftCompressor
+    from craft_world import craft_path
+
+    module = CraftCompressor.from_pretrained(craft_path())
+    module.merge.reset_gate()
+    module.save_pretrained(folder / "craft")
+    return folder
+
+
+def _questions(qa: Path, out: Path) -> Path:
+    """A distillation manifest of the clips' questions (`{video, prompt}`, no answers)."""
+    rows = [json.loads(line) for line in qa.read_text().splitlines()]
+    out.write_text("".join(json.dumps({"video": r["video"], "prompt": r["question"]}) + "\n"
+                           for r in rows))  # fmt: skip
+    return out
+
+
+def _config(manifest: Path, out: Path, start: Path, *, shuffle: bool, lr: float = LR) -> Any:
+    """`craft-train distill` on the questions: the first answer token (max_new_tokens 1) at
+    a fixed 16x, lr constant after a 2% warm-up, the teacher's responses cached beside the
+    manifest (both runs share them)."""
+    from craft_train.config import load_config
+    from craft_world.recipe import STAGE2, craft_train_config
+
+    optim = {**STAGE2["optim"], "lr": lr, "max_steps": STEPS, "per_device_batch_size": BATCH,
+             "grad_accum": 1}  # fmt: skip
+    cache = str(manifest.parent / "teacher")
+    distill = {"max_new_tokens": 1, "cache_dir": cache, "shuffle_teacher": shuffle}
+    cfg = craft_train_config(manifest, out, stage="distill", init_from=start, seed=SEED,
+                             optim=optim, budget=STAGE2["budget"], distill=distill)  # fmt: skip
+    cfg["train"].update(save_steps=STEPS, resume="never")
+    return load_config(data=cfg)
+
+
+def _encode_all(cfg: Any) -> list[Any]:
+    """Cache the teacher's responses and encode every example once (into `_ITEMS`).
+    -> the examples, in the manifest's order."""
+    from craft_train.distill import DistillEncoder, Distiller
+    from craft_train.model import build_model
+    from craft_train.trainer import load_examples
+
+    bundle = build_model(cfg)
+    examples = load_examples(cfg)
+    distiller = Distiller(cfg, bundle)
+    distiller.fill_cache(examples)
+    encode = DistillEncoder(cfg, bundle.processor, distiller.responses)
+    _ITEMS.update({(e.video, e.prompt): encode(e) for e in examples})
+    return examples
+
+
+def _encoded(cfg: Any, processor: Any) -> Any:
+    """`train`'s encoder_factory: the examples `_encode_all` encoded, copied (the dataset
+    adds a key to each item)."""
+    return lambda example: dict(_ITEMS[example.video, example.prompt])
+
+
+def _train(args: tuple[Any, list[Any]]) -> Path:
+    from craft_train.trainer import train
+
+    cfg, examples = args
+    train(cfg, encoder_factory=_encoded, examples=examples)
+    _cpu(f"run {Path(cfg.train.output_dir).name}")
+    return Path(cfg.train.output_dir)
+
+
+def learning_runs(root: Path, *, real_shuffled: bool = False, lr: float = LR) -> dict[str, Path]:
+    """The clips, the start, and the two runs side by side: `{"start", "trained",
+    "control"}` -> run folders (each holding `craft/`), plus "heldout" -> its qa.jsonl.
+    `real_shuffled` / `lr` plant faults in the real run (the test must then fail)."""
+    with _pool() as pool:  # the training and the held-out clips, one process each
+        train_dir, test_dir = pool.map(_make_clips, [(root / "train", TRAIN_CLIPS, "craft"),
+                                                     (root / "test", HELDOUT, "test")])  # fmt: skip
+    start = _start_module(root / "start")
+    manifest = _questions(train_dir / "qa.jsonl", train_dir / "questions.jsonl")
+    configs = [_config(manifest, root / "trained", start, shuffle=real_shuffled, lr=lr),
+               _config(manifest, root / "control", start, shuffle=True)]  # fmt: skip
+    examples = _encode_all(configs[0])
+    _cpu("parent, examples encoded")
+    with _pool() as pool:
+        trained, control = pool.map(_train, [(c, examples) for c in configs])
+    _ITEMS.clear()
+    return {"start": start, "trained": trained, "control": control,
+            "heldout": test_dir / "qa.jsonl"}  # fmt: skip
+
+
+def _first_token(
     modules: dict[str, Path], heldout: Path, part: int = 0, parts: int = 1
-) -> dict[tuple[str, float], list[float]]:
-    """KL(uncompressed || compressed) of the first answer token per held-out clip (clips `i`
-    with `i % parts == part`), for each module (name -> a run folder holding `craft/`) at 8x
-    and 16x. Clips go EVAL_BATCH at a time through the model (prompts of one length share a
-    batch: no padding, and the answer's first token sits `tail` positions from the end in
-    every row); the uncompressed model runs once per batch. Every list is in one order."""
+) -> dict[tuple[str, str], list[float]]:
+    """Per held-out clip (clips `i` with `i % parts == part`) and module (name -> a run
+    folder holding `craft/`) at RATIO: ("kl", name) the first answer token's KL(uncompressed
+    || compressed); ("agree", name) 1.0 where the compressed model's first token (argmax) is
+    the uncompressed model's, else 0.0. Clips go EVAL_BATCH at a time through the model
+    (prompts of one length share a batch: no padding, and the answer's first token sits
+    `tail` positions from the end in every row); the uncompressed model runs once per batch.
+    Every list is in one order."""
     from craft_core import CraftCompressor, TokenBudget
     from craft_train.config import load_config
     from craft_train.data import VideoTextDataset, collate
@@ -114,7 +202,7 @@ def _first_token_kl(
     for i in range(part, len(data), parts):
         item = data[i]
         by_length.setdefault(int(item["input_ids"].shape[-1]), []).append(item)
-    kls: dict[tuple[str, float], list[float]] = {(n, r): [] for n in modules for r in RATIOS}
+    out: dict[tuple[str, str], list[float]] = {(m, n): [] for m in MEASURES for n in modules}
     with torch.no_grad():
         for _, items in sorted(by_length.items()):
             for start in range(0, len(items), EVAL_BATCH):
@@ -129,83 +217,94 @@ def _first_token_kl(
                 full = bundle.backbone(**batch).logits[:, -tail].double().log_softmax(-1)
                 for name, state in states.items():
                     bundle.compressor.load_state_dict(state)
-                    for ratio in RATIOS:
-                        bundle.set_budget(TokenBudget(ratio=ratio))
-                        short = bundle.model(**batch).logits[:, -tail].double().log_softmax(-1)
-                        kl = (full.exp() * (full - short)).sum(-1)
-                        kls[name, ratio].extend(kl.tolist())
-    return kls
+                    bundle.set_budget(TokenBudget(ratio=RATIO))
+                    short = bundle.model(**batch).logits[:, -tail].double().log_softmax(-1)
+                    out["kl", name].extend((full.exp() * (full - short)).sum(-1).tolist())
+                    agree = short.argmax(-1) == full.argmax(-1)
+                    out["agree", name].extend(agree.double().tolist())
+    _cpu(f"held-out part {part}")
+    return out
 
 
-def _paired(before: list[float], after: list[float]) -> tuple[float, float]:
-    """Mean KL drop (before - after) and its standard error over the same clips."""
+def heldout_measures(runs: dict[str, Path]) -> dict[tuple[str, str], list[float]]:
+    """`_first_token` of start, trained and control on the even and the odd held-out clips
+    in two forked processes (one core each), joined back into one list per key (the pairing
+    over clips only needs the same order in every list)."""
+    modules = {n: runs[n] for n in ("start", "trained", "control")}
+    with _pool() as pool:
+        halves = list(pool.map(_first_token, [modules] * 2, [runs["heldout"]] * 2, [0, 1],
+                               [2, 2]))  # fmt: skip
+    return {key: halves[0][key] + halves[1][key] for key in halves[0]}
+
+
+def paired(before: list[float], after: list[float]) -> tuple[float, float]:
+    """Mean of (before - after) and its standard error over the same clips."""
     d = [b - a for b, a in zip(before, after, strict=True)]
     mean = sum(d) / len(d)
     var = sum((x - mean) ** 2 for x in d) / (len(d) - 1)
     return mean, math.sqrt(var / len(d))
 
 
-def _pool() -> ProcessPoolExecutor:
-    return ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork"))
+def _in_se(mean: float, se: float) -> float:
+    """`mean / se`; 0 for two identical runs (no difference at all)."""
+    return mean / se if se > 0 else math.copysign(math.inf, mean) if mean else 0.0
 
 
-def _in_two_processes(
-    modules: dict[str, Path], heldout: Path
-) -> dict[tuple[str, float], list[float]]:
-    """`_first_token_kl` of the even and the odd clips in two forked processes (one core
-    each), joined back into one list per key (the pairing over clips only needs the same
-    order in every list)."""
-    with _pool() as pool:
-        halves = list(pool.map(_first_token_kl, [modules] * 2, [heldout] * 2, [0, 1], [2, 2]))
-    return {key: halves[0][key] + halves[1][key] for key in halves[0]}
+def verdict(m: dict[tuple[str, str], list[float]]) -> list[str]:
+    """Two lines (KL, agreement: each arm's mean and its gain over the start in paired SE,
+    and the trained run's over the control), then the assertions' failures, if any."""
+
+    def gain(measure: str, before: str, after: str) -> float:
+        sign = 1 if measure == "kl" else -1  # a lower KL, a higher agreement
+        return sign * _in_se(*paired(m[measure, before], m[measure, after]))
+
+    n = len(m["kl", "start"])
+    lines, failures = [], []
+    names = {"kl": "first-token KL", "agree": "agreement with the uncompressed answer"}
+    for measure, what in names.items():
+        mean = {a: sum(m[measure, a]) / n for a in ("start", "trained", "control")}
+        lines.append(f"{RATIO:g}x, {n} held-out clips, {what}: start {mean['start']:.3f}, trained "
+                     f"{mean['trained']:.3f} ({gain(measure, 'start', 'trained'):.1f} SE better), "
+                     f"control {mean['control']:.3f} ({gain(measure, 'start', 'control'):.1f} SE "
+                     f"better), trained better than control by "
+                     f"{gain(measure, 'control', 'trained'):.1f} SE")  # fmt: skip
+    if (drop := gain("kl", "start", "trained")) < 3:
+        failures.append(f"the trained run does not lower the KL by 3 SE ({drop:.1f} SE)")
+    if (learnt := gain("agree", "start", "control")) >= 2:
+        failures.append(f"the wrong teacher's run learns the answers ({learnt:.1f} SE)")
+    for measure in MEASURES:
+        if (beats := gain(measure, "control", "trained")) < 3:
+            failures.append(f"{measure}: trained within 3 SE of the control ({beats:.1f} SE)")
+    return lines + failures
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from craft_world.recipe import save_untrained_module
-
-    root = tmp_path_factory.mktemp("world-learning")
-    with _pool() as pool:  # the training and the held-out clips, one process each
-        train, test = pool.map(
-            _make_clips, [(root / "train", TRAIN_CLIPS, "craft"), (root / "test", HELDOUT, "test")]
-        )
-    fresh = save_untrained_module(root / "fresh")
-    manifests = {"trained": train / "qa.jsonl",
-                 "control": _random_targets(train / "qa.jsonl", train / "qa-random.jsonl")}  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": ""}
-    # output to files, not pipes: a full pipe would stall a run that the other one waits on
-    logs = {name: (root / f"{name}.log").open("w") for name in manifests}
-    procs = {
-        name: subprocess.Popen(
-            [sys.executable, "-m", "craft_train.cli", "stage2", "--config",
-             str(_config(root, manifest, root / name, fresh))],
-            env=env, stdout=logs[name], stderr=subprocess.STDOUT,
-        )
-        for name, manifest in manifests.items()
-    }  # fmt: skip
-    for name, proc in procs.items():
-        proc.wait(timeout=1800)
-        logs[name].close()
-        output = (root / f"{name}.log").read_text()
-        assert proc.returncode == 0, f"{name}: {output[-3000:]}"
-    return {"root": root, "heldout": test / "qa.jsonl", "fresh": fresh}
+def test_distillation_learns_the_answers_and_a_wrong_teacher_does_not(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    runs = learning_runs(tmp_path_factory.mktemp("world-learning"))
+    lines = verdict(heldout_measures(runs))
+    _cpu("parent, at the end")
+    print("\n".join(lines), flush=True)
+    assert len(lines) == len(MEASURES), lines[len(MEASURES) :]
 
 
-def test_stage2_lowers_heldout_kl_and_random_targets_do_not(runs: dict[str, Any]) -> None:
-    root = runs["root"]
-    modules = {"untrained": runs["fresh"], "trained": root / "trained", "control": root / "control"}
-    kls = _in_two_processes(modules, runs["heldout"])
-    for ratio in RATIOS:
-        before = kls["untrained", ratio]
-        assert len(before) == HELDOUT
-        drop, se = _paired(before, kls["trained", ratio])
-        control_drop, control_se = _paired(before, kls["control", ratio])
-        beats, beats_se = _paired(kls["control", ratio], kls["trained", ratio])
-        print(f"KL at {ratio:g}x on {len(before)} held-out clips: untrained "
-              f"{sum(before) / len(before):.3f}, trained drop {drop:+.3f} +- {se:.3f} "
-              f"({drop / se:.1f} SE), control drop {control_drop:+.3f} +- {control_se:.3f} "
-              f"({control_drop / control_se:.1f} SE), trained vs control {beats:+.3f} +- "
-              f"{beats_se:.3f} ({beats / beats_se:.1f} SE)", flush=True)  # fmt: skip
-        assert drop >= 3 * se, (ratio, drop, se)
-        assert control_drop < 3 * control_se, (ratio, control_drop, control_se)
-        assert beats >= 3 * beats_se, (ratio, beats, beats_se)
+@pytest.mark.skipif(
+    os.environ.get("CRAFT_WORLD_LEARNING") != "1",
+    reason="planted faults: about 5 CPU minutes each; CRAFT_WORLD_LEARNING=1 runs them",
+)
+@pytest.mark.parametrize(
+    ("fault", "kwargs", "expected"),
+    [
+        ("lr 1e-12", {"lr": 1e-12}, "the trained run does not lower the KL"),
+        ("both on the wrong teacher", {"real_shuffled": True}, "trained within 3 SE"),
+    ],
+)
+def test_planted_fault_fails(
+    tmp_path_factory: pytest.TempPathFactory, fault: str, kwargs: dict[str, Any], expected: str
+) -> None:
+    """The test must be able to fail: with a fault planted in the trained run, `verdict`
+    reports a failure."""
+    runs = learning_runs(tmp_path_factory.mktemp("world-learning-fault"), **kwargs)
+    lines = verdict(heldout_measures(runs))
+    print(fault, "\n".join(lines), sep="\n", flush=True)
+    assert any(expected in line for line in lines[len(MEASURES) :]), lines
