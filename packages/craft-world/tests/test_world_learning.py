@@ -32,19 +32,17 @@ runs through `train(encoder_factory=...)`; the held-out measures are computed 32
 forward, in two forked processes. `CRAFT_WORLD_LEARNING_SEED` picks the runs' seed (data
 order; the start is fixed): seeds 0-3 pass. `CRAFT_WORLD_LEARNING=1` adds the planted faults
 (the test must fail on them: the trained run at lr 1e-12; both runs on the wrong teacher),
-about 5 CPU minutes each. On labels, opt-in too: `test_world_learning_labels.py` (the
-recipe's stage 2, 300 steps) and craft-train's `tests/test_world_learning.py` (the recipe's
-full stage 2: the shipped module, bit for bit; 10 minutes).
+about 5 CPU minutes each. On labels, opt-in too: craft-train's `tests/test_world_learning.py`
+(the recipe's full stage 2 against frozen random answers: the shipped module, bit for bit;
+10 minutes).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import multiprocessing
 import os
 import resource
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -52,21 +50,17 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest
 import torch
+from worldheldout import agree, in_two_processes, kl, paired, pool
 
 torch.set_num_threads(1)
 
 TRAIN_CLIPS, HELDOUT = 320, 300  # one question each; training takes 4.5 passes
 STEPS, BATCH, LR = 90, 16, 3e-4  # optimizer steps; questions a step (one micro-batch)
 RATIO = 16.0  # trained and measured at (recipe.STAGE2's budget)
-EVAL_BATCH = 32  # held-out clips a forward
 SEED = int(os.environ.get("CRAFT_WORLD_LEARNING_SEED", "0"))  # optim.seed: order
 MEASURES = ("kl", "agree")  # per held-out clip: first-token KL; 1.0 if the answers agree
 
 _ITEMS: dict[tuple[str, str], dict[str, Any]] = {}  # encoded examples, inherited by forks
-
-
-def _pool() -> ProcessPoolExecutor:
-    return ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork"))
 
 
 def _cpu(what: str) -> None:
@@ -156,8 +150,8 @@ def learning_runs(root: Path, *, real_shuffled: bool = False, lr: float = LR) ->
     """The clips, the start, and the two runs side by side: `{"start", "trained",
     "control"}` -> run folders (each holding `craft/`), plus "heldout" -> its qa.jsonl.
     `real_shuffled` / `lr` plant faults in the real run (the test must then fail)."""
-    with _pool() as pool:  # the training and the held-out clips, one process each
-        train_dir, test_dir = pool.map(_make_clips, [(root / "train", TRAIN_CLIPS, "craft"),
+    with pool() as workers:  # the training and the held-out clips, one process each
+        train_dir, test_dir = workers.map(_make_clips, [(root / "train", TRAIN_CLIPS, "craft"),
                                                      (root / "test", HELDOUT, "test")])  # fmt: skip
     start = _start_module(root / "start")
     manifest = _questions(train_dir / "qa.jsonl", train_dir / "questions.jsonl")
@@ -165,84 +159,26 @@ def learning_runs(root: Path, *, real_shuffled: bool = False, lr: float = LR) ->
                _config(manifest, root / "control", start, shuffle=True)]  # fmt: skip
     examples = _encode_all(configs[0])
     _cpu("parent, examples encoded")
-    with _pool() as pool:
-        trained, control = pool.map(_train, [(c, examples) for c in configs])
+    with pool() as workers:
+        trained, control = workers.map(_train, [(c, examples) for c in configs])
     _ITEMS.clear()
     return {"start": start, "trained": trained, "control": control,
             "heldout": test_dir / "qa.jsonl"}  # fmt: skip
 
 
-def _first_token(
-    modules: dict[str, Path], heldout: Path, part: int = 0, parts: int = 1
-) -> dict[tuple[str, str], list[float]]:
-    """Per held-out clip (clips `i` with `i % parts == part`) and module (name -> a run
-    folder holding `craft/`) at RATIO: ("kl", name) the first answer token's KL(uncompressed
-    || compressed); ("agree", name) 1.0 where the compressed model's first token (argmax) is
-    the uncompressed model's, else 0.0. Clips go EVAL_BATCH at a time through the model
-    (prompts of one length share a batch: no padding, and the answer's first token sits
-    `tail` positions from the end in every row); the uncompressed model runs once per batch.
-    Every list is in one order."""
-    from craft_core import CraftCompressor, TokenBudget
-    from craft_train.config import load_config
-    from craft_train.data import VideoTextDataset, collate
-    from craft_train.inputs import make_encoder
-    from craft_train.model import build_model
-    from craft_train.trainer import load_examples
-    from craft_world.recipe import STAGE2, craft_train_config
-
-    first = next(iter(modules.values()))
-    cfg = load_config(data=craft_train_config(heldout, heldout.parent / "unused", stage=2,
-                                              init_from=first, **STAGE2))  # fmt: skip
-    bundle = build_model(cfg)
-    states = {
-        n: CraftCompressor.from_pretrained(d / "craft").state_dict() for n, d in modules.items()
-    }
-    data = VideoTextDataset(load_examples(cfg), make_encoder(cfg, bundle.processor))
-    by_length: dict[int, list[dict[str, Any]]] = {}
-    for i in range(part, len(data), parts):
-        item = data[i]
-        by_length.setdefault(int(item["input_ids"].shape[-1]), []).append(item)
-    out: dict[tuple[str, str], list[float]] = {(m, n): [] for m in MEASURES for n in modules}
-    with torch.no_grad():
-        for _, items in sorted(by_length.items()):
-            for start in range(0, len(items), EVAL_BATCH):
-                batch = collate(items[start : start + EVAL_BATCH], bundle.pad_token_id)
-                batch.pop("skipped_videos")
-                labels = batch.pop("labels")
-                # the answer's first token is predicted `tail` positions from the end, in the
-                # compressed sequence as in the full one (only video tokens are removed)
-                tails = {labels.shape[1] - int((row != -100).nonzero()[0]) + 1 for row in labels}
-                assert len(tails) == 1, tails
-                tail = tails.pop()
-                full = bundle.backbone(**batch).logits[:, -tail].double().log_softmax(-1)
-                for name, state in states.items():
-                    bundle.compressor.load_state_dict(state)
-                    bundle.set_budget(TokenBudget(ratio=RATIO))
-                    short = bundle.model(**batch).logits[:, -tail].double().log_softmax(-1)
-                    out["kl", name].extend((full.exp() * (full - short)).sum(-1).tolist())
-                    agree = short.argmax(-1) == full.argmax(-1)
-                    out["agree", name].extend(agree.double().tolist())
+def _held_out_done(part: int) -> None:
     _cpu(f"held-out part {part}")
-    return out
 
 
 def heldout_measures(runs: dict[str, Path]) -> dict[tuple[str, str], list[float]]:
-    """`_first_token` of start, trained and control on the even and the odd held-out clips
-    in two forked processes (one core each), joined back into one list per key (the pairing
-    over clips only needs the same order in every list)."""
+    """Per held-out clip at RATIO, for start, trained and control: ("kl", name) the first
+    answer token's KL(uncompressed || compressed); ("agree", name) 1.0 where the compressed
+    model's first token (argmax) is the uncompressed model's (`worldheldout`, the even and
+    the odd clips in two forked processes)."""
     modules = {n: runs[n] for n in ("start", "trained", "control")}
-    with _pool() as pool:
-        halves = list(pool.map(_first_token, [modules] * 2, [runs["heldout"]] * 2, [0, 1],
-                               [2, 2]))  # fmt: skip
-    return {key: halves[0][key] + halves[1][key] for key in halves[0]}
-
-
-def paired(before: list[float], after: list[float]) -> tuple[float, float]:
-    """Mean of (before - after) and its standard error over the same clips."""
-    d = [b - a for b, a in zip(before, after, strict=True)]
-    mean = sum(d) / len(d)
-    var = sum((x - mean) ** 2 for x in d) / (len(d) - 1)
-    return mean, math.sqrt(var / len(d))
+    got = in_two_processes(modules, runs["heldout"], [RATIO], {"kl": kl, "agree": agree},
+                           done=_held_out_done)  # fmt: skip
+    return {(m, n): values for (m, n, _), values in got.items()}
 
 
 def _in_se(mean: float, se: float) -> float:
