@@ -26,9 +26,9 @@ short learns.
 Time: its critical path is about 161 s of one core's work, so about 2 min 45 s on 2 quiet
 cores (estimated; measured here only on cores shared with others' jobs: docs/learning.md),
 259-385 CPU-seconds in all. How: craft-train's trainer runs in process, twice, forked (one
-core each); every training example is encoded once, in the parent, before the fork (the
-teacher's cached one-token responses, the decoded clips, the prompts) and handed to both
-runs through `train(encoder_factory=...)`; the held-out measures are computed 32 clips a
+core each); every training example is encoded once before that fork, half in each of two
+forked processes (the teacher's cached one-token responses, the decoded clips, the prompts),
+and handed to both runs through `train(encoder_factory=...)`; the held-out measures are computed 32 clips a
 forward, in two forked processes. `CRAFT_WORLD_LEARNING_SEED` picks the runs' seed (data
 order; the start is fixed): seeds 0-3 pass. `CRAFT_WORLD_LEARNING=1` adds the planted faults
 (the test must fail on them: the trained run at lr 1e-12; both runs on the wrong teacher),
@@ -61,6 +61,7 @@ SEED = int(os.environ.get("CRAFT_WORLD_LEARNING_SEED", "0"))  # optim.seed: orde
 MEASURES = ("kl", "agree")  # per held-out clip: first-token KL; 1.0 if the answers agree
 
 _ITEMS: dict[tuple[str, str], dict[str, Any]] = {}  # encoded examples, inherited by forks
+_DISTILL: Any = None  # (cfg, model bundle, Distiller, examples) while the examples are encoded
 
 
 def _cpu(what: str) -> None:
@@ -115,19 +116,53 @@ def _config(manifest: Path, out: Path, start: Path, *, shuffle: bool, lr: float 
     return load_config(data=cfg)
 
 
+class _Share:
+    """`Distiller.fill_cache`'s view of one of 2 forked processes: rank `rank` generates every
+    other missing response. No barrier: each process encodes only the examples whose
+    responses it has read back, its own among them."""
+
+    def __init__(self, rank: int) -> None:
+        self.process_index, self.num_processes = rank, 2
+
+    def wait_for_everyone(self) -> None:
+        pass
+
+
+def _encode_share(rank: int) -> dict[tuple[str, str], dict[str, Any]]:
+    """In a forked worker (the parent's model, distiller and examples inherited): the teacher's
+    responses of this rank's share, cached, and those examples encoded."""
+    from craft_train.distill import DistillEncoder
+    from craft_train.teacher_cache import example_key
+
+    cfg, bundle, distiller, examples = _DISTILL
+    distiller.fill_cache(examples, accelerator=_Share(rank))
+    encode = DistillEncoder(cfg, bundle.processor, distiller.responses)
+    done = {(e.video, e.prompt): encode(e) for e in examples
+            if example_key(e) in distiller.responses}  # fmt: skip
+    _cpu(f"teacher and encoding, part {rank}")
+    return done
+
+
 def _encode_all(cfg: Any) -> list[Any]:
-    """Cache the teacher's responses and encode every example once (into `_ITEMS`).
-    -> the examples, in the manifest's order."""
-    from craft_train.distill import DistillEncoder, Distiller
+    """Cache the teacher's responses and encode every example once (into `_ITEMS`), the
+    examples shared out between 2 forked processes. -> the examples, in the manifest's order."""
+    from craft_train.distill import Distiller
     from craft_train.model import build_model
+    from craft_train.teacher_cache import TeacherCache
     from craft_train.trainer import load_examples
 
+    global _DISTILL
     bundle = build_model(cfg)
     examples = load_examples(cfg)
     distiller = Distiller(cfg, bundle)
-    distiller.fill_cache(examples)
-    encode = DistillEncoder(cfg, bundle.processor, distiller.responses)
-    _ITEMS.update({(e.video, e.prompt): encode(e) for e in examples})
+    TeacherCache(distiller.cache_folder(), distiller.cache_meta())  # created before the fork
+    _DISTILL = (cfg, bundle, distiller, examples)
+    with pool() as workers:
+        for part in workers.map(_encode_share, [0, 1]):
+            _ITEMS.update(part)
+    _DISTILL = None
+    missing = [e.video for e in examples if (e.video, e.prompt) not in _ITEMS]
+    assert not missing, f"not encoded: {missing[:3]}"
     return examples
 
 
