@@ -310,3 +310,24 @@ def test_attention_aux_teaches_where_the_asked_feature_is() -> None:
     for bad in ({"attn_aux_c": -1.0}, {"attn_aux_layer": 4}):
         with pytest.raises(ValueError):
             Recipe(**{"family_c": "quiz", **bad})  # type: ignore[arg-type]
+
+
+def test_phase_c_quiz_tiles() -> None:
+    """The clutter curriculum: `quiz_tiles` tiles a temporal pair at step 0, linearly up to
+    the family's 10 at half of phase C; 10 tiles is the family's clip."""
+    from craft_world.train_backbone import Recipe, quiz_tiles_at, training_example
+
+    recipe = Recipe(batch=8, steps_c=100, family_c="quiz", crowd_share=1.0, quiz_tiles=2)
+    assert [quiz_tiles_at(recipe, s) for s in (0, 25, 50, 99)] == [2, 6, 10, 10]
+    for step, per_pair in ((0, 2), (25, 6)):
+        rng = np.random.default_rng(0)
+        for j in range(8):
+            frames = training_example(recipe, 2, step, j, rng)[0]
+            scene = sample_quiz(0, "train", (2 * 10**8 + step) * 8 + j, per_pair=per_pair)
+            assert len(scene.tiles) == 4 * per_pair
+            assert np.array_equal(frames, render_crowd(scene))
+            hits = sum(1 for _, _, dots in scene.tiles if dots[scene.corner] == scene.asked)
+            assert hits == int(scene.present)
+    assert sample_quiz(0, "train", 7, per_pair=10) == sample_quiz(0, "train", 7)
+    with pytest.raises(ValueError):
+        Recipe(family_c="quiz", quiz_tiles=11)
