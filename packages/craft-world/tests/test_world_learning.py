@@ -23,9 +23,7 @@ reset keeps none of the shipped gain), and from this start it is found in 90 ste
 from the untrained module (W_down random, its gradient zero until W_up moves) no run that
 short learns.
 
-Time: its critical path is about 161 s of one core's work, so about 2 min 45 s on 2 quiet
-cores (estimated; measured here only on cores shared with others' jobs: docs/learning.md),
-259-385 CPU-seconds in all. How: craft-train's trainer runs in process, twice, forked (one
+Time: 3 min 5 s on 2 quiet cores, 351 CPU-seconds in all (docs/learning.md). How: craft-train's trainer runs in process, twice, forked (one
 core each); every training example is encoded once before that fork, half in each of two
 forked processes (the teacher's cached one-token responses, the decoded clips, the prompts),
 and handed to both runs through `train(encoder_factory=...)`; the held-out measures are computed 32 clips a
