@@ -138,11 +138,20 @@ class Recipe:
             raise ValueError(f"need attn_aux_c >= 0 and attn_aux_layer in 0-3: {self}")
         if self.attn_aux_c and self.family_c == "crowd":
             raise ValueError("attn_aux_c needs a family_c that asks a corner (corners, quiz)")
-        curriculum = self.quiz_shown_in > 1 or self.quiz_tiles < TILES_PER_PAIR
-        if curriculum and self.family_c != "quiz":
+        if (self.quiz_shown_in > 1 or self.quiz_tiles < TILES_PER_PAIR) and self.family_c != "quiz":
             raise ValueError(
                 f"quiz_shown_in, quiz_tiles need family_c 'quiz', not {self.family_c!r}"
             )
+
+    @property
+    def quiz_curriculum(self) -> bool:
+        """Phase C's quiz clips are a curriculum's (a feature subset, more needles or fewer
+        tiles), not the family's own draws."""
+        return (
+            quiz_feature_set(self.quiz_features) is not None
+            or self.quiz_shown_in > 1
+            or self.quiz_tiles < TILES_PER_PAIR
+        )
 
     def steps(self, phase: int) -> int:
         """Steps of `phase` (`PHASES`): A and B the squares, P the tower alone (phase P,
@@ -307,10 +316,10 @@ def training_example(
         scenes.append(None)
     if phase == 2 and rng.random() < recipe.crowd_share:
         index = (phase * 10**8 + step) * recipe.batch + j
-        subset = quiz_feature_set(recipe.quiz_features)
-        if subset is not None or recipe.quiz_shown_in > 1 or recipe.quiz_tiles < TILES_PER_PAIR:
+        if recipe.quiz_curriculum:
             per_pair = quiz_tiles_at(recipe, step)
             shown = min(quiz_shown_in_at(recipe, step), 4 * per_pair)
+            subset = quiz_feature_set(recipe.quiz_features)
             crowd = sample_quiz(
                 recipe.seed, "train", index, features=subset, shown_in=shown, per_pair=per_pair
             )
@@ -540,12 +549,12 @@ def _step(
         return {"phase": "P", "step": step + 1, "loss": round(loss, 5), "exact": round(exact, 4)}
     for group in opt.param_groups:
         group["lr"] = _lr(step, steps, recipe.lr)
-    loss, aux = _train_step(
+    loss, aux, attn = _train_step(
         (model, probes["colour"], captured, opt), cache, pad, recipe, phase, step
     )
     row = {"phase": PHASES[phase], "step": step + 1, "loss": round(loss, 5)}
     if phase == 2 and recipe.attn_aux_c > 0:
-        row["attn"] = round(_LAST_ATTN[0], 5)
+        row["attn"] = round(attn, 5)
     return {**row, "aux": round(aux, 5)}
 
 
@@ -622,15 +631,17 @@ def _train_step(
     recipe: Recipe,
     phase: int,
     step: int,
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     """One optimiser step on batch `step` of `phase` (a pure function of them and the seed):
-    answer cross-entropy plus the colour probe's loss. `parts`: model, probe, the captured
-    vision outputs and the optimiser (its parameters are the trained ones). Returns (loss,
-    aux loss)."""
+    answer cross-entropy plus the colour probe's loss (plus, with `attn_aux_c` in phase C,
+    the attention loss). `parts`: model, probe, the captured vision outputs and the
+    optimiser (its parameters are the trained ones). Returns (loss, aux loss, attention loss:
+    NaN when none)."""
     model, probe, captured, opt = parts
     params = [p for group in opt.param_groups for p in group["params"]]
     rng = np.random.default_rng([recipe.seed, 7, phase, step])
     attend = phase == 2 and recipe.attn_aux_c > 0
+    attn_loss = float("nan")  # the attention loss (`_attention_aux`), for the log
     scenes: list[CrowdScene | None] | None = [] if attend else None
     drawn = [training_example(recipe, phase, step, j, rng, scenes) for j in range(recipe.batch)]
     pixels = torch.stack([cache.pixels(frames) for frames, _, _ in drawn])
@@ -653,16 +664,12 @@ def _train_step(
         )
         if attn is not None:
             total = total + recipe.attn_aux_c * attn
-            _LAST_ATTN[0] = attn.item()
+            attn_loss = attn.item()
     total.backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return loss.item(), aux.item()
-
-
-_LAST_ATTN = [float("nan")]
-"""The last step's attention loss (`_attention_aux`), for the log."""
+    return loss.item(), aux.item(), attn_loss
 
 
 def _attention_aux(
@@ -799,6 +806,32 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.caption_share_c,
         help="share of phase C's tile-family examples that are the clip's caption",
     )
+    _add_quiz_options(parser, defaults)
+    parser.add_argument(
+        "--family-c",
+        choices=tuple(TILE_FAMILIES),
+        default=defaults.family_c,
+        help="phase C's tile family (craft_world.crowd)",
+    )
+    parser.add_argument(
+        "--freeze-vision-c",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.freeze_vision_c,
+        help="phase C trains the language model only (the vision tower frozen)",
+    )
+    parser.add_argument(
+        "--start-from",
+        default=None,
+        help="a backbone of phases A+B of this recipe: start at P (or C)",
+    )
+    parser.add_argument("--batch", type=int, default=defaults.batch)
+    parser.add_argument("--lr", type=float, default=defaults.lr)
+    parser.add_argument("--final-clips", type=int, default=300, help="held-out clips at the end")
+    return parser
+
+
+def _add_quiz_options(parser: argparse.ArgumentParser, defaults: Recipe) -> None:
+    """Phase C's options for the quiz family: its curricula and the attention teacher."""
     parser.add_argument(
         "--quiz-features",
         default=defaults.quiz_features,
@@ -833,27 +866,6 @@ def _parser() -> argparse.ArgumentParser:
         default=defaults.attn_aux_corner_heads,
         help="the attention loss teaches head k (k: the asked corner) instead of head 0",
     )
-    parser.add_argument(
-        "--family-c",
-        choices=tuple(TILE_FAMILIES),
-        default=defaults.family_c,
-        help="phase C's tile family (craft_world.crowd)",
-    )
-    parser.add_argument(
-        "--freeze-vision-c",
-        action=argparse.BooleanOptionalAction,
-        default=defaults.freeze_vision_c,
-        help="phase C trains the language model only (the vision tower frozen)",
-    )
-    parser.add_argument(
-        "--start-from",
-        default=None,
-        help="a backbone of phases A+B of this recipe: start at P (or C)",
-    )
-    parser.add_argument("--batch", type=int, default=defaults.batch)
-    parser.add_argument("--lr", type=float, default=defaults.lr)
-    parser.add_argument("--final-clips", type=int, default=300, help="held-out clips at the end")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
