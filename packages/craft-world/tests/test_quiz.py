@@ -331,3 +331,61 @@ def test_phase_c_quiz_tiles() -> None:
     assert sample_quiz(0, "train", 7, per_pair=10) == sample_quiz(0, "train", 7)
     with pytest.raises(ValueError):
         Recipe(family_c="quiz", quiz_tiles=11)
+
+
+class _Stop(Exception):
+    """Raised by `_FramesSeen` once `_train_step` has handed over its batch's frames."""
+
+
+class _FramesSeen:
+    """A stand-in for `PromptCache`: records the frames `_train_step` turns into pixels
+    (uint8 `[8, 84, 84, 3]` each), then stops the step when it asks for a prompt."""
+
+    def __init__(self) -> None:
+        self.frames: list[np.ndarray] = []
+
+    def pixels(self, frames: np.ndarray) -> torch.Tensor:
+        self.frames.append(frames)
+        return torch.zeros(144, 1176)
+
+    def prompt(self, text: str) -> torch.Tensor:
+        raise _Stop
+
+
+def _step_frames(recipe: object, phase: int) -> list[np.ndarray]:
+    """The frames step 0 of `phase` feeds the model under `recipe` (`_train_step` stopped
+    before the model runs)."""
+    from craft_world.train_backbone import _train_step
+
+    weight = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([weight], lr=0.1)
+    seen = _FramesSeen()
+    with pytest.raises(_Stop):
+        _train_step((None, None, [], opt), seen, 0, recipe, phase, 0)  # type: ignore[arg-type]
+    return seen.frames
+
+
+def test_phase_c_mp4_trains_on_the_frames_the_evaluation_decodes(tmp_path: Path) -> None:
+    """`mp4_c`: phase C's frames go through the clip's mp4 (`through_mp4`: exactly what
+    `make_clips`' file decodes to with `read_video`), phases A and B's do not; off (the
+    shipped recipe) phase C's are the in-memory render."""
+    from craft_adapters import read_video
+    from craft_world.train_backbone import Recipe, _parser, through_mp4
+
+    scene = sample_quiz(0, "test", 0)
+    root = make_clips(tmp_path / "q", 1, seed=0, family="quiz")
+    decoded = read_video(root / "video" / VIDEO_FOLDER / "quiz_test_000000.mp4", fps=2.0).frames
+    assert np.array_equal(through_mp4(render_crowd(scene)), np.asarray(decoded))
+    assert not np.array_equal(decoded, render_crowd(scene))
+    base = {"batch": 4, "family_c": "quiz", "crowd_share": 1.0}
+    plain, encoded = Recipe(**base), Recipe(**base, mp4_c=True)  # type: ignore[arg-type]
+    memory = _step_frames(plain, 2)
+    for j, frames in enumerate(memory):
+        assert np.array_equal(frames, render_crowd(sample_quiz(0, "train", 2 * 10**8 * 4 + j)))
+    through = _step_frames(encoded, 2)
+    assert all(np.array_equal(t, through_mp4(m)) for t, m in zip(through, memory, strict=True))
+    assert not any(np.array_equal(t, m) for t, m in zip(through, memory, strict=True))
+    for a, b in zip(_step_frames(plain, 1), _step_frames(encoded, 1), strict=True):
+        assert np.array_equal(a, b)  # phase B: in memory either way
+    assert not Recipe().mp4_c
+    assert _parser().parse_args(["--work", "w", "--out", "o", "--mp4-c"]).mp4_c
