@@ -224,6 +224,44 @@ def test_shuffled_teacher_teaches_each_row_another_rows_video(
     assert not torch.allclose(shuffled.teacher, plain.teacher)
 
 
+def test_kept_teacher_logits_are_the_teachers_and_spare_its_forward(
+    loaded: Any, tiny: TinySetup, tmp_path: Path
+) -> None:
+    """`distill.keep_teacher_logits`: a batch whose rows were all seen runs no teacher forward,
+    and gives the logits the teacher computes, row by row (the rows in another order, and
+    rolled by `shuffle_teacher`); a row not seen yet makes the teacher run again."""
+    _, bundle, plain, examples, _ = loaded
+    keep_cfg = load_config(
+        data=_config(tiny, tmp_path / "k", distill={"keep_teacher_logits": True})
+    )
+    keeper = Distiller(keep_cfg, bundle)
+    keeper.responses = plain.responses
+    encode = keeper.make_encoder(keep_cfg, bundle.processor)
+    items = [{**encode(e), "skipped_videos": []} for e in examples]
+    assert [i["teacher_key"] for i in items] == [example_key(e) for e in examples]
+    calls = []
+    handle = keeper.teacher.register_forward_hook(lambda *_: calls.append(1))
+    bundle.model.eval()
+    bundle.model.set_budget(ratio=4.0)
+    try:
+        with torch.no_grad():
+            for order, shuffle, runs in [([0], False, 1), ([0, 1], False, 1), ([1, 0], False, 0),
+                                         ([1, 0], True, 0), ([1], False, 0)]:  # fmt: skip
+                calls.clear()
+                plain.shuffle_teacher = keeper.shuffle_teacher = shuffle
+                batch = _batch([items[i] for i in order], bundle)
+                got = keeper.response_logits(bundle.model, batch)
+                ref = plain.response_logits(bundle.model, batch)
+                assert len(calls) == runs, (order, shuffle, len(calls))
+                torch.testing.assert_close(got.teacher, ref.teacher, rtol=1e-4, atol=1e-5)
+                torch.testing.assert_close(got.student, ref.student)
+    finally:
+        plain.shuffle_teacher = keeper.shuffle_teacher = False
+        handle.remove()
+    assert set(keeper.kept) == {example_key(e) for e in examples}
+    assert plain.kept == {}  # off by default
+
+
 @pytest.mark.parametrize("model_type", ["qwen3_5", "qwen2_5_vl", "qwen3_vl", "llava_onevision"])
 def test_every_backbone_teacher_is_the_plain_model_and_sees_the_video_once(
     model_type: str, tiny: TinySetup, tmp_path: Path

@@ -23,14 +23,16 @@ reset keeps none of the shipped gain), and from this start it is found in 90 ste
 from the untrained module (W_down random, its gradient zero until W_up moves) no run that
 short learns.
 
-Time: 3 min 5 s on 2 quiet cores, 351 CPU-seconds in all (docs/learning.md). How: craft-train's trainer runs in process, twice, forked (one
-core each); every training example is encoded once before that fork, half in each of two
-forked processes (the teacher's cached one-token responses, the decoded clips, the prompts),
-and handed to both runs through `train(encoder_factory=...)`; the held-out measures are computed 32 clips a
-forward, in two forked processes. `CRAFT_WORLD_LEARNING_SEED` picks the runs' seed (data
-order; the start is fixed): seeds 0-3 pass. `CRAFT_WORLD_LEARNING=1` adds the planted faults
-(the test must fail on them: the trained run at lr 1e-12; both runs on the wrong teacher),
-about 5 CPU minutes each. On labels, opt-in too: craft-train's `tests/test_world_learning.py`
+Time: about 2 min 40 s on 2 quiet cores, 305 CPU-seconds in all (docs/learning.md). How:
+craft-train's trainer runs in process, twice, forked (one core each); every training example
+is encoded once before that fork, half in each of two forked processes (the teacher's cached
+one-token responses, the decoded clips, the prompts), and handed to both runs through
+`train(encoder_factory=...)`; the teacher's logits are kept after their first forward
+(`distill.keep_teacher_logits`: 4.5 epochs of one-token answers); the held-out measures are
+computed 32 clips a forward, in two forked processes. `CRAFT_WORLD_LEARNING_SEED` picks the
+runs' seed (data order; the start is fixed): seeds 0-3 pass. `CRAFT_WORLD_LEARNING=1` adds the
+planted faults (the test must fail on them: the trained run at lr 1e-12; both runs on the
+wrong teacher), about 5 CPU minutes each. On labels, opt-in too: craft-train's `tests/test_world_learning.py`
 (the recipe's full stage 2 against frozen random answers: the shipped module, bit for bit;
 10 minutes).
 """
@@ -107,7 +109,8 @@ def _config(manifest: Path, out: Path, start: Path, *, shuffle: bool, lr: float 
     optim = {**STAGE2["optim"], "lr": lr, "max_steps": STEPS, "per_device_batch_size": BATCH,
              "grad_accum": 1}  # fmt: skip
     cache = str(manifest.parent / "teacher")
-    distill = {"max_new_tokens": 1, "cache_dir": cache, "shuffle_teacher": shuffle}
+    distill = {"max_new_tokens": 1, "cache_dir": cache, "shuffle_teacher": shuffle,
+               "keep_teacher_logits": True}  # fmt: skip
     cfg = craft_train_config(manifest, out, stage="distill", init_from=start, seed=SEED,
                              optim=optim, budget=STAGE2["budget"], distill=distill)  # fmt: skip
     cfg["train"].update(save_steps=STEPS, resume="never")

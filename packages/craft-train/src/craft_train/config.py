@@ -540,6 +540,14 @@ class DistillConfig(_Strict):
         "teacher's distributions of ANOTHER row (the rows rolled by one), i.e. of another "
         "video: nothing about its own video to learn. Needs optim.per_device_batch_size >= 2.",
     )
+    keep_teacher_logits: bool = Field(
+        default=False,
+        description="Keep each example's teacher logits (its last max_new_tokens positions) in "
+        "memory, on the training device, after their first forward and reuse them in later "
+        "epochs: the teacher is frozen, so from the second epoch on no teacher forward runs. "
+        "Costs max_new_tokens x vocabulary floats an example: for a small vocabulary or few "
+        "examples over many epochs (a learning test's one-token answers), not a 150k vocabulary.",
+    )
 
     @model_validator(mode="after")
     def _enough_prompts(self) -> DistillConfig:

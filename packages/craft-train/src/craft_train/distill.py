@@ -142,6 +142,7 @@ class DistillEncoder(ExampleEncoder):
         assert cfg.distill is not None
         self.max_new_tokens = cfg.distill.max_new_tokens
         self.responses = responses if responses is not None else {}
+        self.keyed = cfg.distill.keep_teacher_logits  # rows carry their key: Distiller.kept
 
     def prompt_inputs(self, example: Example, target_tokens: int | None = None) -> dict[str, Any]:
         """Processor outputs of the video + prompt + assistant prompt (`[1, L]` tensors), with
@@ -156,7 +157,10 @@ class DistillEncoder(ExampleEncoder):
         if isinstance(entry, str):
             raise DecodeError(f"the teacher could not read it: {entry}")
         answer = torch.tensor([entry], dtype=torch.long)
-        return _append_target(self.prompt_inputs(example), answer)
+        item = _append_target(self.prompt_inputs(example), answer)
+        if self.keyed:
+            item["teacher_key"] = example_key(example)
+        return item
 
 
 # --------------------------------------------------------------------------- the two passes
@@ -305,6 +309,10 @@ class Distiller:
         self.teacher_backbone: Any = teacher_model if self.separate else bundle.backbone
         self.teacher = wrap(self.teacher_backbone, Uncompressed(), ratio=1.0)
         self.responses: dict[str, list[int] | str] = {}
+        self.max_new_tokens = cfg.distill.max_new_tokens
+        # distill.keep_teacher_logits: example_key -> [max_new_tokens, V] teacher logits
+        self.keep_logits = cfg.distill.keep_teacher_logits
+        self.kept: dict[str, torch.Tensor] = {}
         self.last: dict[str, float] = {}
 
     @classmethod
@@ -416,7 +424,8 @@ class Distiller:
         tokens of `batch` (collated `[B, L]` inputs with `labels` on the response)."""
         batch = left_align(batch, self.bundle.pad_token_id)
         labels = batch["labels"]
-        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        keys = self._row_keys(batch)
+        inputs = {k: v for k, v in batch.items() if k not in ("labels", "teacher_key")}
         longest = int((labels != -100).sum(dim=1).max())
         if longest == 0:
             raise ValueError("distillation batch without response tokens (labels all -100)")
@@ -425,13 +434,44 @@ class Distiller:
         keep = longest + 1  # logits at L-R-1 .. L-2 predict the R response tokens
         adapters = [] if self.separate else [self.teacher.adapter, self.bundle.model.adapter]
         with shared_vision(adapters, inputs):
-            with torch.no_grad(), self.teacher_mode():
-                teacher = self.teacher(**inputs, logits_to_keep=keep).logits[:, :-1]
+            teacher = self._teacher_logits(inputs, keep, keys)
             if self.shuffle_teacher:  # the control: row b is taught row b-1's video
                 teacher = teacher.roll(1, dims=0)
             student = model(**inputs, logits_to_keep=keep).logits[:, :-1]
         rows = torch.arange(labels.shape[0], device=labels.device)[:, None].expand_as(tail)
         return ResponseLogits(teacher[mask], student[mask], tail[mask], rows[mask])
+
+    def _row_keys(self, batch: dict[str, Any]) -> list[str] | None:
+        """The rows' example keys where `distill.keep_teacher_logits` is on, else None."""
+        if not self.keep_logits:
+            return None
+        if "teacher_key" not in batch:
+            raise ValueError(
+                "distill.keep_teacher_logits: the batch's rows carry no 'teacher_key' (they were "
+                "encoded by another encoder than the Distiller's DistillEncoder)"
+            )
+        return list(batch["teacher_key"])
+
+    def _teacher_logits(
+        self, inputs: dict[str, Any], keep: int, keys: list[str] | None
+    ) -> torch.Tensor:
+        """`[B, keep - 1, V]`: the teacher's logits at the last `keep - 1` positions of each
+        (left-aligned) row. With `keys` (`distill.keep_teacher_logits`) every row's last
+        `max_new_tokens` positions are kept after their first forward and read back after
+        that: the teacher is frozen, so they are its logits, up to the float rounding of the
+        batch they were computed in."""
+
+        def forward(width: int) -> torch.Tensor:
+            with torch.no_grad(), self.teacher_mode():
+                return self.teacher(**inputs, logits_to_keep=width).logits[:, :-1]
+
+        if keys is None:
+            return forward(keep)
+        kept, width = self.kept, keep - 1
+        if any(key not in kept or kept[key].shape[0] < width for key in keys):
+            rows = forward(max(keep, self.max_new_tokens + 1))
+            kept.update((key, row.clone()) for key, row in zip(keys, rows))
+        return torch.stack([kept[key][-width:] for key in keys])
 
     def loss(self, model: Any, batch: dict[str, Any]) -> torch.Tensor:
         """The distillation loss of one micro-batch (mean over its response tokens).
