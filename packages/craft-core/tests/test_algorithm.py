@@ -60,8 +60,8 @@ def test_batches_in_any_composition_and_order_equal_one_video_alone() -> None:
     """Batch invariance: the 216 reference cases shuffled into batches (cases of one config
     and budget share a compressor), each video's tokens, owners, rounds and rows equal to
     compressing it alone (`exact` precision). On the other CPU instruction paths the
-    `core_paths` nox sessions run this test again (`ATEN_CPU_CAPABILITY=default`,
-    `MKL_CBWR=AVX2`)."""
+    `core_paths` nox session runs this test again (`ATEN_CPU_CAPABILITY=default` and
+    `MKL_CBWR=AVX2`, both set)."""
     groups: dict[tuple, list[Case]] = {}
     for case in reference_cases():
         key = (
