@@ -15,6 +15,8 @@ forward returns).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -247,6 +249,11 @@ class HFBackend:
         extra: dict[str, Any] = {}
         if log.rounds:
             extra["rounds"] = log.rounds
+        batch = (
+            max((call.batch for call in self.compressor.calls), default=1) if self.compressor else 1
+        )
+        if batch > 1:  # computed ahead (prefetch): compress_ms is this video's share
+            extra["compress_batch"] = batch
         if log.kept_digests:  # which tokens and rows each video kept (cross-path checks)
             extra["kept_digests"] = log.kept_digests
         if log.importance:  # and what ranked them
@@ -268,6 +275,30 @@ class HFBackend:
             extra=extra,
             first_logprobs=_log_softmax(out.logits[0][0]),
         )
+
+    def prefetch(self, questions: Sequence[tuple[Item, Prompt]]) -> None:
+        """Compress the videos of the next `questions` in ONE call of the method's batched
+        entry, ahead of their `generate` calls, which take the results (`methods/ahead.py`:
+        the same tokens and rows; a record's `compress_ms` is its video's share of that
+        call, `compress_batch` the videos in it). Only for a method with its own batched
+        entry (CRAFT); a question whose video cannot be read is left to its `generate`.
+        Results no `generate` took are dropped at the next call (`prefetch([])`: now)."""
+        from craft_eval.methods.ahead import Captured
+
+        compressor = self.compressor
+        if compressor is None or not compressor.batches:
+            return
+        pending = []
+        for item, prompt in questions:
+            try:
+                inputs = self._prepare(item, prompt)[3]
+            except VideoDecodeError:
+                continue
+            # the vision tower runs, then the compressor records the video and stops the call
+            with compressor.ahead.capturing() as seen, torch.inference_mode(), suppress(Captured):
+                self.model(**inputs, logits_to_keep=1)
+            pending.extend(seen)
+        compressor.compute_ahead(pending)
 
     @torch.inference_mode()
     def first_token_logprobs(self, item: Item, prompt: Prompt) -> torch.Tensor:

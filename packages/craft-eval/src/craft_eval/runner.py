@@ -48,6 +48,9 @@ class CorruptRecords(ValueError):
 
 
 _BUDGET_OPTIONS = ("--ratio", "--threshold", "--min-tokens")
+# Questions whose videos a backend with `prefetch` (HFBackend) compresses in one call ahead of
+# them: CRAFT's cost on a small video is mostly per-op overhead (methods/ahead.py).
+AHEAD = 16
 
 
 @dataclass
@@ -68,7 +71,9 @@ class Generation:
 
 
 class Backend(Protocol):
-    """Runs the model on one item: read the video, build inputs, compress, generate."""
+    """Runs the model on one item: read the video, build inputs, compress, generate. A
+    backend may also have `prefetch(questions)`: the runner hands it the next `AHEAD`
+    `(item, prompt)` pairs before their `generate` calls (and `[]` at the end of the run)."""
 
     def generate(self, item: Item, prompt: Prompt) -> Generation: ...
 
@@ -346,12 +351,20 @@ def _run_locked(
         if todo and not finished:
             model = cast(Backend, backend if hasattr(backend, "generate") else backend())  # type: ignore[operator]
             bar = _progress(len(shard), len(shard) - len(todo), config, rank, progress)
-            for count, item in enumerate(todo):
-                if stop_after is not None and count >= stop_after:
-                    bar.close()
-                    return None
-                writer.write(_evaluate(item, order[item.id], bench, config, model, scorers))
-                bar.update(1)
+            prefetch = getattr(model, "prefetch", None)  # HFBackend: videos compressed ahead
+            try:
+                for count, item in enumerate(todo):
+                    if stop_after is not None and count >= stop_after:
+                        bar.close()
+                        return None
+                    if prefetch is not None and count % AHEAD == 0:
+                        chunk = todo[count : count + AHEAD]
+                        prefetch([(i, bench.prompt(i, config.protocol)) for i in chunk])
+                    writer.write(_evaluate(item, order[item.id], bench, config, model, scorers))
+                    bar.update(1)
+            finally:
+                if prefetch is not None:
+                    prefetch([])  # nothing computed ahead outlives the run
             bar.close()
         if not finished:
             writer.write({"type": "done", "n": len(shard)})

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from craft_core import CompressionResult, TokenBudget, TokenCompressor
+from craft_eval.methods.ahead import AheadResults, Pending
 from craft_eval.methods.registry import MethodInfo, get_method_info, list_methods
 
 __all__ = [
@@ -192,6 +193,7 @@ class CallRecord:
     assignment: torch.Tensor
     digest: str
     importance: str | None = None  # what ranked the tokens, where the method records it
+    batch: int = 1  # videos in the compressor call it came from (> 1: computed ahead)
 
 
 class TimedCompressor:
@@ -205,6 +207,7 @@ class TimedCompressor:
     def __init__(self, method: TokenCompressor) -> None:
         self.method = method
         self.calls: list[CallRecord] = []
+        self.ahead = AheadResults()  # videos compressed ahead of their questions (ahead.py)
 
     def __getattr__(self, name: str) -> Any:
         if name == "method":  # not yet set (copy / unpickle): no recursion
@@ -214,6 +217,12 @@ class TimedCompressor:
     @property
     def needs_attention(self) -> bool:
         return bool(self.method.needs_attention)
+
+    @property
+    def batches(self) -> bool:
+        """The method has its own batched entry (CRAFT's `compress_many`): computing videos
+        ahead of their questions (`compute_ahead`) pays."""
+        return callable(getattr(self.method, "compress_many", None))
 
     @property
     def elapsed_ms(self) -> float:
@@ -235,6 +244,12 @@ class TimedCompressor:
         *,
         importance: torch.Tensor | None = None,
     ) -> CompressionResult:
+        if self.ahead.capture is not None:
+            self.ahead.record([features], [coords], budget)
+        if importance is None and (taken := self.ahead.take(features, coords, budget)):
+            result, ms, batch = taken
+            self.calls.append(_record(ms, coords, result, batch=batch))
+            return result
         _sync(features.device)
         start = time.perf_counter()
         result = self.method(features, coords, budget, importance=importance)
@@ -254,27 +269,63 @@ class TimedCompressor:
         """Several videos in ONE call of the method's own batched entry (CRAFT's
         `compress_many`), timed as one: each video's `CallRecord` gets the call's time shared
         by token counts (`elapsed_ms` is the call's time). A method without one: one timed
-        call a video (`__call__`), as `craft_core.compress_many` does."""
+        call a video (`__call__`), as `craft_core.compress_many` does. Videos computed ahead
+        (`compute_ahead`) are taken from there when every one of the call's videos was."""
         features, coords = list(features), list(coords)
-        own = getattr(self.method, "compress_many", None)
-        if not callable(own):
+        if self.ahead.capture is not None:
+            self.ahead.record(features, coords, budget)
+        if not callable(getattr(self.method, "compress_many", None)):
             imps = list(importance) if importance is not None else [None] * len(features)
             return [self(f, c, budget, importance=i) for f, c, i in zip(features, coords, imps)]
         if not features:
             return []
+        if importance is None or all(i is None for i in importance):
+            taken = [self.ahead.take(f, c, budget) for f, c in zip(features, coords)]
+            if all(t is not None for t in taken):
+                done = [t for t in taken if t is not None]
+                self.calls += [_record(ms, c, r, batch=b) for (r, ms, b), c in zip(done, coords)]
+                return [r for r, _, _ in done]
+        results, shares = self._timed_many(features, coords, budget, importance)
+        size = len(features)
+        self.calls += [_record(ms, c, r, batch=size) for ms, c, r in zip(shares, coords, results)]
+        return results
+
+    def compute_ahead(self, pending: Sequence[Pending]) -> None:
+        """Compress `pending` videos (recorded by `ahead.capturing()`) in ONE call of the
+        method's batched entry per budget; a later call with a video's same features, coords
+        and budget takes its result and its share of the time. Results not taken by the
+        next `compute_ahead` are dropped (an empty `pending` drops them all)."""
+        self.ahead.ready = []
+        for budget in {p.budget: None for p in pending}:  # first-seen order
+            group = [p for p in pending if p.budget == budget]
+            feats, coords = [p.features for p in group], [p.coords for p in group]
+            results, shares = self._timed_many(feats, coords, budget, None)
+            self.ahead.ready += [(p, r, ms, len(group)) for p, r, ms in zip(group, results, shares)]
+
+    def _timed_many(
+        self,
+        features: list[torch.Tensor],
+        coords: list[torch.Tensor],
+        budget: TokenBudget,
+        importance: Sequence[torch.Tensor | None] | None,
+    ) -> tuple[list[CompressionResult], list[float]]:
+        """The method's `compress_many` on the videos, timed: (results, each video's share
+        of the call's ms by token count)."""
         _sync(features[0].device)
         start = time.perf_counter()
+        own = self.method.compress_many  # type: ignore[attr-defined]
         results = list(own(features, coords, budget, importance=importance))
         _sync(features[0].device)
         ms = (time.perf_counter() - start) * 1000.0
         total = sum(int(f.shape[0]) for f in features) or 1
-        for feats, coord, result in zip(features, coords, results):
-            self.calls.append(_record(ms * int(feats.shape[0]) / total, coord, result))
-        return results
+        return results, [ms * int(f.shape[0]) / total for f in features]
 
 
-def _record(ms: float, coords: torch.Tensor, result: CompressionResult) -> CallRecord:
-    """What one video's compression left (on the CPU), timed `ms`."""
+def _record(
+    ms: float, coords: torch.Tensor, result: CompressionResult, *, batch: int = 1
+) -> CallRecord:
+    """What one video's compression left (on the CPU), timed `ms`, from a call of `batch`
+    videos."""
     return CallRecord(
         ms=ms,
         coords=coords.detach().cpu(),
@@ -282,6 +333,7 @@ def _record(ms: float, coords: torch.Tensor, result: CompressionResult) -> CallR
         assignment=result.assignment.detach().cpu(),
         digest=result_digest(result),
         importance=(result.info or {}).get("importance"),
+        batch=batch,
     )
 
 
