@@ -102,13 +102,17 @@ def tests(session: nox.Session, package: str) -> None:
 # The instruction paths a user's machine may take that CI's may not: ATen's generic kernels
 # instead of its AVX2 / AVX-512 ones, MKL's AVX2 code path instead of the newest it finds.
 OTHER_PATHS = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "AVX2"}
+# Not run again there: the padded rounds (`compile=True`, `cuda_graphs=True`) are CUDA-only for
+# users (a CPU runs them only with the test option `allow_cpu=True`), and test_compile_cache
+# spawns every path itself. They are the suite's costliest files (Inductor compiles).
+NOT_ON_OTHER_PATHS = ["test_compiled.py", "test_graphed.py", "test_compile_cache.py"]
 
 
 @nox.session
 def core_paths(session: nox.Session) -> None:
     """craft-core's suite again on the other CPU instruction paths (`OTHER_PATHS`, both at
-    once): a selection that depends on how a kernel rounds fails here, not on a user's
-    machine. Each path alone is checked in the default run too, in subprocesses, on the
+    once; the CPU's own runners: not `NOT_ON_OTHER_PATHS`): a selection that depends on how a
+    kernel rounds fails here, not on a user's machine. Each path alone is checked in the default run too, in subprocesses, on the
     pinned signatures (`test_determinism.py::test_instruction_paths_agree`, `test_paths.py`);
     one run with both set leaves the suite's cost at one more pass, not two."""
     _sync(session, "--package", "craft-core", "--group", "test")
@@ -121,6 +125,7 @@ def core_paths(session: nox.Session) -> None:
         "-p",
         "no:cacheprovider",
         "-q",
+        *(f"--ignore=packages/craft-core/tests/{name}" for name in NOT_ON_OTHER_PATHS),
         *XDIST,
         *session.posargs,
         env=OTHER_PATHS,

@@ -5,7 +5,7 @@ option `allow_cpu=True`.
 
 The default run checks a representative subset of the pinned cases (the gate with position
 weights at N = 33 and 64, both budget modes: one bucket, two graphs); `nox -s core_paths`
-runs it again under `ATEN_CPU_CAPABILITY=default` and `MKL_CBWR=AVX2`. `nox -s exhaustive`
+does not run it again (the loop is CUDA-only for users). `nox -s exhaustive`
 runs all 216 pinned cases compiled (about 18 graphs: 21 minutes of compile on 2 cores).
 
     uv run pytest packages/craft-core/tests/test_compiled.py -q -p no:cacheprovider
