@@ -28,6 +28,7 @@ __all__ = [
     "ladder_path",
     "load_backbone",
     "make_clips",
+    "quiz_backbone_path",
 ]
 
 WORLD_CRAFT: dict[str, Any] = {}
@@ -49,6 +50,16 @@ def _shipped(name: str, remake: str) -> Path:
 def backbone_path() -> Path:
     """Folder of the trained world backbone: `from_pretrained` loads model and processor."""
     return _shipped("backbone", "python -m craft_world.train_backbone")
+
+
+def quiz_backbone_path() -> Path:
+    """Folder of the quiz family's backbone (issue 54, part 1: 99.2% of 600 held-out quiz
+    questions uncompressed, DivPrune 79.0% at 8x): the shipped backbone's frozen tower with
+    three more phase-C runs on the quiz (`world_recipe.json` holds the chain; the commands
+    and figures: docs/varying-question.md). `load_backbone(quiz_backbone_path())` loads it."""
+    return _shipped(
+        "quiz-backbone", "python -m craft_world.train_backbone (docs/varying-question.md)"
+    )
 
 
 def craft_path() -> Path:
