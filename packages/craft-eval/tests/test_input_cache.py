@@ -14,12 +14,14 @@ import pytest
 import torch
 
 from craft_core import TokenBudget
+from craft_eval.in_model import scaled_stage_options
 from craft_eval.input_cache import InputCache
 from craft_eval.measure import Measure
 
 WORLD_04 = Path(__file__).parent / "fixtures" / "world-0.4"  # 3 squares clips, 2 questions each
 TASKS = "moving_count,object_existence"
-METHODS = ["none", "divprune", "craft-selection", "visionzip"]
+# visionzip, fastvid and holitom-llm read the tower's attention: their tower runs every time
+METHODS = ["none", "divprune", "craft-selection", "visionzip", "fastvid", "holitom-llm"]
 
 
 def _prepared(nbytes: int) -> Any:
@@ -74,7 +76,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
         if not cached:
             bench.inputs.max_bytes = 0  # nothing kept: every call builds
         records = {
-            name: bench.run(name, None if name == "none" else TokenBudget(ratio=8.0)).records
+            name: bench.run(
+                name,
+                None if name == "none" else TokenBudget(ratio=8.0),
+                method_kwargs=scaled_stage_options(name, model),  # holitom-llm's layer
+            ).records
             for name in METHODS
         }
         out[label] = {"records": records, "cache": bench.inputs}
@@ -88,6 +94,11 @@ def test_measure_builds_each_questions_inputs_once(runs: dict[str, dict[str, Any
     assert cache.misses == 6 and len(cache) == 6
     assert cache.hits >= (len(METHODS) - 1) * 6
     assert runs["plain"]["cache"].hits == 0
+    # the vision tower once a question for the methods that share it (those that read no
+    # attention: divprune encodes, craft-selection reads it twice, when its video is
+    # compressed ahead and in its generate); visionzip, fastvid, holitom-llm run their own
+    assert cache.vision_misses == 6 and cache.vision_hits == 2 * 6
+    assert runs["plain"]["cache"].vision_hits == 0
 
 
 @pytest.mark.parametrize("name", METHODS)

@@ -228,6 +228,26 @@ class HFBackend:
         self.merge_maps = merge_maps
         self._saved_maps = 0
         self.input_cache = input_cache
+        if input_cache is not None and self.compressor is not None:
+            self._share_vision(input_cache)
+
+    def _share_vision(self, cache: InputCache) -> None:
+        """The wrapped model encodes a clip through `cache.vision`: once for every backend
+        sharing `cache` (the same output object: the adapters build new outputs from it,
+        never change it). Not for a method that reads the tower's attention: its recording
+        needs the tower to run."""
+        from craft_adapters.attention import wants_attention
+
+        if wants_attention(self.compressor):
+            return
+        adapter = self.model.adapter
+        encode = adapter.encode_videos
+
+        def shared(inputs: dict[str, Any]) -> Any:
+            return cache.vision(inputs.get(adapter.video_pixels_key), lambda: encode(inputs))
+
+        # this backend's adapter only (`wrap` builds one a call)
+        adapter.encode_videos = shared  # type: ignore[method-assign]
 
     def generate(self, item: Item, prompt: Prompt) -> Generation:
         frames, _, capped, inputs = self._prepare(item, prompt)
