@@ -34,10 +34,11 @@ METHODS = ["divprune", "craft-selection", "craft-prune", "craft"]
 
 def tower_rows(model: Any, cache: Any, scene: Any) -> torch.Tensor:
     """The tower's output rows `[144, D]` of one scene (rendered in memory)."""
+    from craft_world.clips import FRAMES, SIZE
     from craft_world.crowd import render_crowd
 
     pixels = cache.pixels(render_crowd(scene)).float()
-    grid = torch.tensor([[4, 6, 6]])
+    grid = torch.tensor([[FRAMES // 2, SIZE // 14, SIZE // 14]])
     with torch.no_grad():
         return model.model.visual(pixels, grid_thw=grid).pooler_output
 
@@ -56,13 +57,6 @@ def fit_probe(rows: torch.Tensor, labels: torch.Tensor) -> Any:
         loss.backward()
         optim.step()
     return lambda x: linear((x - mean) / scale).detach()
-
-
-def asked_index(scene: Any) -> int:
-    """The asked colour x corner feature, colour-major (`corner_labels`' columns)."""
-    from craft_world.crowd import PALETTE
-
-    return list(PALETTE).index(scene.asked) * 4 + int(scene.corner)
 
 
 def summarize(yes: list[float], no: list[float]) -> dict[str, float]:
@@ -93,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     from craft_core import TokenBudget
     from craft_eval.methods.build import build_compressor
     from craft_world.backbone import world_processor
+    from craft_world.clips import FRAMES, SIZE
     from craft_world.crowd import sample_quiz
-    from craft_world.tower_probe import corner_labels
+    from craft_world.tower_probe import asked_feature, corner_labels
     from craft_world.train_backbone import PromptCache
 
     model, _ = craft_world.load_backbone(craft_world.quiz_backbone_path())
@@ -106,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     scenes = [sample_quiz(0, "test", i) for i in range(args.clips)]
     rows = [tower_rows(model, cache, s) for s in scenes]
-    coords = torch.stack(torch.unravel_index(torch.arange(144), (4, 6, 6)), dim=1)
+    grid = (FRAMES // 2, SIZE // 14, SIZE // 14)
+    coords = torch.stack(torch.unravel_index(torch.arange(len(rows[0])), grid), dim=1)
     width = int(rows[0].shape[1])
     methods: dict[str, Any] = {"none": None}
     for name in METHODS:
@@ -117,13 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     table: dict[str, Any] = {}
     for name, compressor in methods.items():
         for ratio in [1.0] if compressor is None else args.ratios:
+            kept = rows
+            if compressor is not None:  # every clip in one call (CRAFT's batched entry)
+                with torch.no_grad():
+                    done = compressor.compress_many(rows, [coords] * len(rows),
+                                                    TokenBudget(ratio=ratio))  # fmt: skip
+                kept = [result.features for result in done]
             yes, no = [], []  # per clip: the largest asked-feature logit over kept rows
-            for scene, x in zip(scenes, rows):
-                kept = x
-                if compressor is not None:
-                    with torch.no_grad():
-                        kept = compressor(x, coords, TokenBudget(ratio=ratio)).features
-                top = float(probe(kept)[:, asked_index(scene)].max())
+            for scene, x in zip(scenes, kept):
+                top = float(probe(x)[:, asked_feature(scene)].max())
                 (yes if scene.present else no).append(top)
             row = summarize(yes, no)
             table[f"{name}@{ratio:g}"] = row

@@ -53,6 +53,14 @@ def corner_labels(scene: CrowdScene) -> torch.Tensor:
     return out
 
 
+def asked_feature(scene: CrowdScene) -> int:
+    """The column of `corner_labels` that a corners or quiz scene asks about (colour-major:
+    `colour * 4 + corner`)."""
+    if scene.corner is None:
+        raise ValueError("asked_feature: the scene asks about no corner (a crowd scene)")
+    return list(PALETTE).index(scene.asked) * len(CORNERS) + scene.corner
+
+
 def new_corner_probe(hidden: int, seed: int) -> torch.nn.Linear:
     """The probe `[hidden -> 24]`, drawn from `seed` without touching the global generator."""
     with torch.random.fork_rng():

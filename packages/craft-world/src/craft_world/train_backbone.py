@@ -83,7 +83,13 @@ from craft_world.crowd import (
     tile_caption,
 )
 from craft_world.files import make_clips
-from craft_world.tower_probe import corner_labels, new_corner_probe, probe_lr, probe_step
+from craft_world.tower_probe import (
+    asked_feature,
+    corner_labels,
+    new_corner_probe,
+    probe_lr,
+    probe_step,
+)
 
 __all__ = ["Recipe", "TestBank", "main", "token_colours", "train_backbone"]
 
@@ -719,8 +725,7 @@ def _attention_aux(
         head = scene.corner if corner_heads else 0
         on_video = attentions[row, head, at][batch["input_ids"][row] == video]  # [144]
         if scene.present:
-            feature = list(PALETTE).index(scene.asked) * 4 + scene.corner
-            shows = corner_labels(scene)[:, feature] > 0
+            shows = corner_labels(scene)[:, asked_feature(scene)] > 0
             terms.append(-torch.log(on_video[shows].sum() + 1e-6))
         else:
             terms.append(-torch.log((1 - on_video.sum()).clamp_min(0) + 1e-6))

@@ -274,7 +274,7 @@ class TimedCompressor:
         features, coords = list(features), list(coords)
         if self.ahead.capture is not None:
             self.ahead.record(features, coords, budget)
-        if not callable(getattr(self.method, "compress_many", None)):
+        if not self.batches:
             imps = list(importance) if importance is not None else [None] * len(features)
             return [self(f, c, budget, importance=i) for f, c, i in zip(features, coords, imps)]
         if not features:
